@@ -1,0 +1,53 @@
+package couchq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// feedGrace is how long past the server-side timeout the client waits for
+// a long-poll to end by itself. Some servers (PouchDB Server) ignore the
+// timeout parameter; the client deadline ends the request there.
+const feedGrace = 5 * time.Second
+
+// WaitForChanges long-polls the _changes feed from since ("now" for only
+// future changes) for WorkItems of the given types (all types when empty)
+// and returns how many changes arrived and the sequence to continue from.
+// It returns (0, since, nil) when timeout passes with no change.
+func (c *Client) WaitForChanges(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
+	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
+	defer cancel()
+	params := map[string]any{
+		"feed":    "longpoll",
+		"since":   since,
+		"timeout": timeout.Milliseconds(),
+		"filter":  designdocs.Name + "/work",
+	}
+	if len(types) > 0 {
+		params["types"] = strings.Join(types, ",")
+	}
+	changes := c.db.Changes(reqCtx, kivik.Params(params))
+	defer changes.Close()
+	n := 0
+	for changes.Next() {
+		n++
+	}
+	if err := changes.Err(); err != nil {
+		if ctx.Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
+			return 0, since, nil // our own deadline: a quiet feed
+		}
+		return 0, since, fmt.Errorf("following changes since %s: %w", since, err)
+	}
+	last := since
+	if meta, err := changes.Metadata(); err == nil && meta.LastSeq != "" {
+		last = meta.LastSeq
+	}
+	return n, last, nil
+}

@@ -1,0 +1,200 @@
+// Package couchq is couchq's domain and claim protocol: WorkItem documents,
+// enqueueing, listing due work, and claiming and finishing jobs safely on a
+// single CouchDB node or a cluster.
+//
+// A claim is a PUT of the job with claimed=true and the _rev that was read.
+// On one node CouchDB answers 409 to every other claimant. On a cluster two
+// claims carrying the same _rev can both be accepted by different nodes and
+// become a stored conflict a moment later, so every protocol write is made
+// with w = n (the replica count) and confirmed by a read with r = n and
+// conflicts=true: the writer goes on only if the winning revision is its own,
+// and the winner deletes the losing revisions.
+package couchq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb" // the CouchDB driver, registered as "couch"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// Defaults for Config.
+const (
+	// MaxAttemptsDefault is how many times a job runs before it stays failed.
+	MaxAttemptsDefault = 25
+	// HistoryLimitDefault bounds a job's activity log.
+	HistoryLimitDefault = 50
+	// DBDefault is the database name when none is configured.
+	DBDefault = "couchq"
+)
+
+// Config configures a Client.
+type Config struct {
+	// Logger receives the protocol's warnings (skipped malformed documents,
+	// conflict clean-up). The zero value discards them.
+	Logger zerolog.Logger
+	// Actor names who makes the writes in the activity log when a call does
+	// not name a claimant (enqueue, operator commands); default "cli".
+	Actor string
+	// MaxAttempts applies to jobs without their own max_attempts.
+	MaxAttempts int
+	// HistoryLimit bounds each job's history; the oldest entries go first,
+	// but the first "enqueued" entry is kept.
+	HistoryLimit int
+	// Replicas overrides the replica count n read from the server. Leave 0.
+	Replicas int
+	// AlwaysConfirm makes every protocol write do the confirming read even
+	// on a single node (n = 1), where a 409 already settles every race. Tests
+	// use it to prove the cluster path against one server.
+	AlwaysConfirm bool
+	// Now is the clock; default time.Now. Tests and metrics scripts set it.
+	Now func() time.Time
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Actor == "" {
+		c.Actor = "cli"
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = MaxAttemptsDefault
+	}
+	if c.HistoryLimit <= 0 {
+		c.HistoryLimit = HistoryLimitDefault
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Client runs the queue protocol against one database.
+type Client struct {
+	db  *kivik.DB
+	cfg Config
+	log zerolog.Logger
+	// n is the database's replica count: writes wait for n replicas and
+	// are confirmed by reading from n replicas when n > 1.
+	n int
+}
+
+// New returns a Client for db. It asks the server for the database's
+// replica count (cluster.n); a server that reports none has one replica.
+func New(ctx context.Context, db *kivik.DB, cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	c := &Client{db: db, cfg: cfg, log: cfg.Logger, n: cfg.Replicas}
+	if c.n <= 0 {
+		stats, err := db.Stats(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading database %s info: %w", db.Name(), err)
+		}
+		c.n = 1
+		if stats.Cluster != nil && stats.Cluster.Replicas > 0 {
+			c.n = stats.Cluster.Replicas
+		}
+	}
+	return c, nil
+}
+
+// DB is the database the client works on.
+func (c *Client) DB() *kivik.DB { return c.db }
+
+// Replicas is the replica count n the protocol writes and reads with.
+func (c *Client) Replicas() int { return c.n }
+
+// Config returns the client's configuration with defaults applied.
+func (c *Client) Config() Config { return c.cfg }
+
+func (c *Client) now() time.Time { return c.cfg.Now() }
+
+// confirming reports whether writes need the confirming read.
+func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }
+
+// Init creates the database when it does not exist and installs or upgrades
+// the design document. Safe to run from many processes at once.
+func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.Logger) (designdocs.Outcome, error) {
+	exists, err := client.DBExists(ctx, dbName)
+	if err != nil {
+		return "", fmt.Errorf("checking database %s: %w", dbName, err)
+	}
+	if !exists {
+		if err := client.CreateDB(ctx, dbName); err != nil && kivik.HTTPStatus(err) != http.StatusPreconditionFailed {
+			return "", fmt.Errorf("creating database %s: %w", dbName, err)
+		}
+	}
+	want, err := designdocs.Default()
+	if err != nil {
+		return "", fmt.Errorf("building design document: %w", err)
+	}
+	return designdocs.Install(ctx, client.DB(dbName), want, log)
+}
+
+// Dial connects to the CouchDB server at rawURL. Credentials may be in the
+// URL or given as user and password; they are sent as basic auth and kept
+// out of the URL the driver holds, so no error message can carry them.
+func Dial(rawURL, user, password string) (*kivik.Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return nil, fmt.Errorf("invalid CouchDB URL %q: want http(s)://host:port", Redact(rawURL))
+	}
+	if u.User != nil {
+		if user == "" {
+			user = u.User.Username()
+		}
+		if p, ok := u.User.Password(); ok && password == "" {
+			password = p
+		}
+		u.User = nil
+	}
+	var opts []kivik.Option
+	if user != "" {
+		opts = append(opts, couchdb.BasicAuth(user, password))
+	}
+	client, err := kivik.New("couch", strings.TrimRight(u.String(), "/"), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", u.Redacted(), err)
+	}
+	return client, nil
+}
+
+// DialEnv is Dial with COUCHDB_USER and COUCHDB_PASSWORD filling in the
+// credentials the URL lacks.
+func DialEnv(rawURL string) (*kivik.Client, error) {
+	return Dial(rawURL, os.Getenv("COUCHDB_USER"), os.Getenv("COUCHDB_PASSWORD"))
+}
+
+// Redact hides the password in a URL for messages and logs.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// Where a password would sit in a broken URL is anyone's guess.
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
+
+// isStatus reports whether err carries the HTTP status code.
+func isStatus(err error, code int) bool {
+	return err != nil && kivik.HTTPStatus(err) == code
+}
+
+// wrapLost turns a 409 on a held claim into ErrClaimLost, keeping the cause.
+func wrapLost(what, id string, err error) error {
+	if isStatus(err, http.StatusConflict) || errors.Is(err, ErrClaimLost) {
+		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrClaimLost, err)
+	}
+	if isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrNotFound, err)
+	}
+	return fmt.Errorf("%s %s: %w", what, id, err)
+}

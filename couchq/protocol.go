@@ -1,0 +1,397 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+)
+
+// maxErrorLen bounds stored error messages so a chatty failure cannot grow
+// a document without limit.
+const maxErrorLen = 4096
+
+// queryParam is a kivik option that lands in the request's query string
+// whatever the call (kivik's Param goes into the body for _bulk_docs).
+type queryParam struct{ key, value string }
+
+func (q queryParam) Apply(target any) {
+	if o, ok := target.(*chttp.Options); ok {
+		if o.Query == nil {
+			o.Query = url.Values{}
+		}
+		o.Query.Set(q.key, q.value)
+	}
+}
+
+func (q queryParam) String() string { return q.key + "=" + q.value }
+
+// errLostRace marks a write CouchDB accepted whose revision did not win.
+var errLostRace = errors.New("write accepted but another revision won")
+
+// ClaimResult is the outcome of claiming one job with ClaimMany.
+type ClaimResult struct {
+	// Item is the claimed job (its Rev is the claim's revision) when Err is nil.
+	Item *WorkItem
+	// Err is ErrClaimConflict when another claimant won.
+	Err error
+}
+
+// Claim claims one job read from the due view: the job's Rev must be the
+// revision that was read. by names the claimant (host/pid/worker-id) and
+// lease is how long the claim holds without renewal. On success it returns
+// the claimed job; ErrClaimConflict means another claimant has it.
+func (c *Client) Claim(ctx context.Context, item *WorkItem, by string, lease time.Duration) (*WorkItem, error) {
+	return c.ClaimMany(ctx, []*WorkItem{item}, by, lease)[0].unpack()
+}
+
+func (r ClaimResult) unpack() (*WorkItem, error) { return r.Item, r.Err }
+
+// ClaimMany claims several jobs in one _bulk_docs round trip; each wins or
+// loses on its own. Results are in the order of items.
+func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, lease time.Duration) []ClaimResult {
+	results := make([]ClaimResult, len(items))
+	now := c.now()
+	docs := make([]any, 0, len(items))
+	index := make([]int, 0, len(items))
+	for i, it := range items {
+		if it.Claimed || it.Status != StatusQueued {
+			// The due view lags the document: someone got here first.
+			results[i].Err = fmt.Errorf("claiming %s: %w (status %s)", it.ID, ErrClaimConflict, it.Status)
+			continue
+		}
+		next := it.Clone()
+		next.Claimed = true
+		next.Status = StatusRunning
+		next.ClaimedBy = by
+		next.ClaimedAt = ToUnix(now)
+		next.LeaseUntil = ToUnix(now.Add(lease))
+		next.Attempts++
+		c.record(next, "claimed", by, "")
+		results[i].Item = next
+		docs = append(docs, next)
+		index = append(index, i)
+	}
+	if len(docs) == 0 {
+		return results
+	}
+	var bulk []kivik.BulkResult
+	var err error
+	if len(docs) == 1 {
+		// A plain PUT is cheaper for the server than a one-document batch.
+		var rev string
+		rev, err = c.db.Put(ctx, items[index[0]].ID, docs[0], c.writeOpts()...)
+		bulk = []kivik.BulkResult{{ID: items[index[0]].ID, Rev: rev, Error: err}}
+		err = nil
+	} else {
+		bulk, err = c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+	}
+	for k, i := range index {
+		var r kivik.BulkResult
+		switch {
+		case err != nil:
+			r.Error = err
+		case k < len(bulk):
+			r = bulk[k]
+		default:
+			r.Error = fmt.Errorf("server returned %d results for %d claims", len(bulk), len(index))
+		}
+		if r.Error != nil {
+			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
+			continue
+		}
+		results[i].Item.Rev = r.Rev
+	}
+	if c.confirming() {
+		c.confirmClaims(ctx, results, index)
+	}
+	return results
+}
+
+func (c *Client) claimError(id string, err error) error {
+	if isStatus(err, http.StatusConflict) || errors.Is(err, errLostRace) {
+		return fmt.Errorf("claiming %s: %w (%w)", id, ErrClaimConflict, err)
+	}
+	return fmt.Errorf("claiming %s: %w", id, err)
+}
+
+// confirmClaims confirms accepted claims concurrently: one read each.
+func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, index []int) {
+	var wg sync.WaitGroup
+	for _, i := range index {
+		if results[i].Err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func(r *ClaimResult) {
+			defer wg.Done()
+			id := r.Item.ID
+			won, err := c.Confirm(ctx, id, r.Item.Rev)
+			switch {
+			case err != nil:
+				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
+			case !won:
+				*r = ClaimResult{Err: c.claimError(id, errLostRace)}
+			}
+		}(&results[i])
+	}
+	wg.Wait()
+}
+
+// Confirm settles a write that CouchDB accepted as rev: it reads the
+// document back from every replica (r = n) with conflicts=true and reports
+// whether rev is the winning revision. The winner deletes the losing
+// revisions; a loser deletes its own losing revision and must not act on
+// the write (for a claim: must not run the job).
+//
+// Claim and every other protocol write call Confirm when the database has
+// more than one replica (or Config.AlwaysConfirm is set).
+func (c *Client) Confirm(ctx context.Context, id, rev string) (bool, error) {
+	winner, conflicts, found, err := c.readBack(ctx, id)
+	if err != nil || !found {
+		return false, err // not found: deleted under us, nothing of ours stands
+	}
+	if winner != rev {
+		for _, r := range conflicts {
+			if r == rev {
+				c.dropRevision(ctx, id, r)
+			}
+		}
+		return false, nil
+	}
+	for _, r := range conflicts {
+		c.dropRevision(ctx, id, r)
+	}
+	return true, nil
+}
+
+// readBack reads a document's winning revision and its conflicts from
+// every replica (r = n).
+func (c *Client) readBack(ctx context.Context, id string) (winner string, conflicts []string, found bool, err error) {
+	opts := map[string]any{"conflicts": true}
+	if c.n > 1 {
+		opts["r"] = c.n
+	}
+	var doc struct {
+		Rev       string   `json:"_rev"`
+		Conflicts []string `json:"_conflicts"`
+	}
+	if err := c.db.Get(ctx, id, kivik.Params(opts)).ScanDoc(&doc); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return "", nil, false, nil
+		}
+		return "", nil, false, fmt.Errorf("reading %s back: %w", id, err)
+	}
+	return doc.Rev, doc.Conflicts, true, nil
+}
+
+// dropRevision deletes a losing leaf revision. Failing is harmless: the
+// conflict stays until the next confirming read by a winner removes it.
+func (c *Client) dropRevision(ctx context.Context, id, rev string) {
+	if _, err := c.db.Delete(ctx, id, rev, c.writeOpts()...); err != nil &&
+		!isStatus(err, http.StatusNotFound) && !isStatus(err, http.StatusConflict) {
+		c.log.Warn().Err(err).Str("job", id).Str("rev", rev).Msg("could not delete losing revision")
+		return
+	}
+	c.log.Debug().Str("job", id).Str("rev", rev).Msg("deleted losing revision")
+}
+
+// put writes next over the held revision and confirms it when needed. On
+// success next carries its new Rev.
+func (c *Client) put(ctx context.Context, next *WorkItem) error {
+	rev, err := c.db.Put(ctx, next.ID, next, c.writeOpts()...)
+	if err != nil {
+		return err
+	}
+	if c.confirming() {
+		won, err := c.Confirm(ctx, next.ID, rev)
+		if err != nil {
+			return err
+		}
+		if !won {
+			return fmt.Errorf("%w: %w", ErrClaimLost, errLostRace)
+		}
+	}
+	next.Rev = rev
+	return nil
+}
+
+// transition applies change to a copy of a held job, writes it with the
+// held revision and, on success, updates item in place. A 409 (or a lost
+// confirmation) is ErrClaimLost: the job's stored state is left as it is.
+func (c *Client) transition(ctx context.Context, what string, item *WorkItem, change func(next *WorkItem)) error {
+	next := item.Clone()
+	change(next)
+	if err := c.put(ctx, next); err != nil {
+		return wrapLost(what, item.ID, err)
+	}
+	*item = *next
+	return nil
+}
+
+// Complete marks a claimed job done with its result (any JSON, or nil).
+func (c *Client) Complete(ctx context.Context, item *WorkItem, result json.RawMessage) error {
+	if result != nil && !json.Valid(result) {
+		return fmt.Errorf("completing %s: result is not valid JSON", item.ID)
+	}
+	return c.transition(ctx, "completing", item, func(next *WorkItem) {
+		now := ToUnix(c.now())
+		next.Status = StatusDone
+		next.Result = nonNull(result)
+		next.FinishedAt = now
+		c.unclaim(next)
+		c.record(next, "done", item.ClaimedBy, "")
+	})
+}
+
+// FailOptions steer Fail.
+type FailOptions struct {
+	// RetryAfter is the delay before the next attempt while attempts remain.
+	RetryAfter time.Duration
+	// Final fails the job now whatever attempts remain.
+	Final bool
+}
+
+// Fail records a failed attempt. While attempts remain (and opts.Final is
+// not set) the job goes back to queued, due after opts.RetryAfter;
+// otherwise it stays failed with its error.
+func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts FailOptions) error {
+	return c.transition(ctx, "failing", item, func(next *WorkItem) {
+		now := c.now()
+		next.LastError = truncate(cause)
+		by := item.ClaimedBy
+		c.unclaim(next)
+		if opts.Final || next.Attempts >= c.maxAttempts(next) {
+			next.Status = StatusFailed
+			next.FinishedAt = ToUnix(now)
+			c.record(next, "failed", by, cause)
+			return
+		}
+		next.Status = StatusQueued
+		next.Date = ToUnix(now.Add(opts.RetryAfter))
+		c.record(next, "retry-scheduled", by, cause)
+	})
+}
+
+// Snooze puts a claimed job back to queued, due after d, without charging
+// the attempt it was running.
+func (c *Client) Snooze(ctx context.Context, item *WorkItem, d time.Duration) error {
+	return c.transition(ctx, "snoozing", item, func(next *WorkItem) {
+		by := item.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusQueued
+		next.Date = ToUnix(c.now().Add(d))
+		next.Attempts = max(next.Attempts-1, 0)
+		c.record(next, "snoozed", by, "")
+	})
+}
+
+// Release gives a claimed job back to the queue, due now, without charging
+// the attempt (graceful shutdown).
+func (c *Client) Release(ctx context.Context, item *WorkItem, reason string) error {
+	return c.transition(ctx, "releasing", item, func(next *WorkItem) {
+		by := item.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusQueued
+		next.Attempts = max(next.Attempts-1, 0)
+		c.record(next, "released", by, reason)
+	})
+}
+
+// Cancel stops a claimed job for good.
+func (c *Client) Cancel(ctx context.Context, item *WorkItem, reason string) error {
+	return c.transition(ctx, "cancelling", item, func(next *WorkItem) {
+		by := item.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusCancelled
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(c.now())
+		c.record(next, "cancelled", by, reason)
+	})
+}
+
+// Extend renews a claim's lease to now + lease.
+func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration) error {
+	return c.transition(ctx, "extending lease of", item, func(next *WorkItem) {
+		next.LeaseUntil = ToUnix(c.now().Add(lease))
+	})
+}
+
+func (c *Client) unclaim(next *WorkItem) {
+	next.Claimed = false
+	next.ClaimedBy = ""
+	next.ClaimedAt = 0
+	next.LeaseUntil = 0
+}
+
+func (c *Client) maxAttempts(it *WorkItem) int {
+	if it.MaxAttempts > 0 {
+		return it.MaxAttempts
+	}
+	return c.cfg.MaxAttempts
+}
+
+// MaxAttempts is the number of attempts the job gets.
+func (c *Client) MaxAttempts(it *WorkItem) int { return c.maxAttempts(it) }
+
+// record appends to the job's activity log, keeping it bounded: the oldest
+// entries are dropped but the first "enqueued" stays, so a job's age is
+// never lost.
+func (c *Client) record(it *WorkItem, event, by, errMsg string) {
+	it.History = append(it.History, Event{
+		At: c.now().UTC().Format(time.RFC3339Nano), Event: event, By: by,
+		Attempt: it.Attempts, Error: truncate(errMsg),
+	})
+	limit := c.cfg.HistoryLimit
+	if len(it.History) <= limit {
+		return
+	}
+	keepFirst := it.History[0].Event == "enqueued"
+	tail := it.History[len(it.History)-limit:]
+	if keepFirst {
+		tail = it.History[len(it.History)-(limit-1):]
+		it.History = append([]Event{it.History[0]}, tail...)
+		return
+	}
+	it.History = append([]Event(nil), tail...)
+}
+
+func truncate(s string) string {
+	if len(s) <= maxErrorLen {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxErrorLen-3], "") + "..."
+}
+
+// DeleteFinished deletes a claimed job that finished, for job types that
+// keep no record of done work. A 409 is ErrClaimLost, as for Complete.
+func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
+	rev, err := c.db.Delete(ctx, item.ID, item.Rev, c.writeOpts()...)
+	if err != nil {
+		return wrapLost("deleting finished job", item.ID, err)
+	}
+	if c.confirming() {
+		// CouchDB prefers a live leaf over a deleted one, so a deletion
+		// that won reads back as 404; a live document means another
+		// writer's revision (a sweep, an operator) won.
+		_, _, found, err := c.readBack(ctx, item.ID)
+		if err != nil {
+			return wrapLost("deleting finished job", item.ID, err)
+		}
+		if found {
+			return wrapLost("deleting finished job", item.ID, fmt.Errorf("%w: %w", ErrClaimLost, errLostRace))
+		}
+	}
+	item.Rev = rev
+	item.Status = StatusDone
+	item.Claimed = false
+	return nil
+}

@@ -1,0 +1,161 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// Batch is a page of jobs read from a view.
+type Batch struct {
+	// Items are the well-formed jobs, in view order.
+	Items []*WorkItem
+	// Malformed are documents couchq cannot run (each already logged).
+	// Workers quarantine them so they stop blocking the queue.
+	Malformed []Malformed
+}
+
+// Malformed is a stored WorkItem that failed to decode.
+type Malformed struct {
+	ID  string
+	Rev string
+	Err *MalformedError
+	Raw json.RawMessage
+}
+
+// Due lists up to limit jobs of type worker that may run now, oldest due
+// first, read from the due view with their documents.
+func (c *Client) Due(ctx context.Context, worker string, limit int) (*Batch, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	// [worker] sorts before every [worker, date], so negative dates are
+	// found too.
+	rows := c.db.Query(ctx, designdocs.ID, "_view/due", kivik.Params(map[string]any{
+		"startkey":     []any{worker},
+		"endkey":       []any{worker, ToUnix(c.now())},
+		"include_docs": true,
+		"limit":        limit,
+	}))
+	return c.scan(rows, fmt.Sprintf("listing due %s jobs", worker))
+}
+
+// Next returns when the next job of type worker due at or after now is
+// due; ok is false when none is scheduled.
+func (c *Client) Next(ctx context.Context, worker string) (at time.Time, ok bool, err error) {
+	now := ToUnix(c.now())
+	rows := c.db.Query(ctx, designdocs.ID, "_view/due", kivik.Params(map[string]any{
+		"startkey": []any{worker, now},
+		"endkey":   []any{worker, map[string]any{}},
+		"limit":    1,
+	}))
+	defer rows.Close()
+	for rows.Next() {
+		var key []json.RawMessage
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		var date float64
+		if json.Unmarshal(key[1], &date) != nil {
+			continue
+		}
+		return FromUnix(date), true, nil
+	}
+	if err := rows.Err(); err != nil {
+		return time.Time{}, false, fmt.Errorf("finding next scheduled %s job: %w", worker, err)
+	}
+	return time.Time{}, false, nil
+}
+
+// Get reads one job.
+func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
+	var it WorkItem
+	if err := c.db.Get(ctx, id).ScanDoc(&it); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return nil, fmt.Errorf("reading job %s: %w (%w)", id, ErrNotFound, err)
+		}
+		var m *MalformedError
+		if errors.As(err, &m) {
+			return nil, fmt.Errorf("reading job %s: %w", id, m)
+		}
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	return &it, nil
+}
+
+// ListOptions narrow List.
+type ListOptions struct {
+	Worker string // job type; empty for all
+	Status Status // empty for all
+	Limit  int    // 0 for 100
+}
+
+// List returns jobs by type and status from the status view.
+func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
+	if opts.Limit <= 0 {
+		opts.Limit = 100
+	}
+	params := map[string]any{"include_docs": true, "reduce": false, "limit": opts.Limit}
+	switch {
+	case opts.Worker != "" && opts.Status != "":
+		params["key"] = []any{opts.Worker, string(opts.Status)}
+	case opts.Worker != "":
+		params["startkey"] = []any{opts.Worker}
+		params["endkey"] = []any{opts.Worker, map[string]any{}}
+	}
+	rows := c.db.Query(ctx, designdocs.ID, "_view/status", kivik.Params(params))
+	b, err := c.scan(rows, "listing jobs")
+	if err != nil || opts.Worker != "" || opts.Status == "" {
+		return b, err
+	}
+	// Status without a type: the view is keyed by type first, so filter.
+	kept := b.Items[:0]
+	for _, it := range b.Items {
+		if it.Status == opts.Status {
+			kept = append(kept, it)
+		}
+	}
+	b.Items = kept
+	return b, nil
+}
+
+// scan decodes view rows that carry documents, setting aside (and logging)
+// the ones that are not well-formed WorkItems.
+func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
+	defer rows.Close()
+	b := &Batch{}
+	for rows.Next() {
+		var raw json.RawMessage
+		if err := rows.ScanDoc(&raw); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		var it WorkItem
+		if err := json.Unmarshal(raw, &it); err != nil {
+			m := &MalformedError{Field: "document", Reason: err.Error()}
+			errors.As(err, &m)
+			if m.ID == "" {
+				m.ID, _ = rows.ID()
+			}
+			var meta struct {
+				Rev string `json:"_rev"`
+			}
+			_ = json.Unmarshal(raw, &meta)
+			c.log.Warn().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
+				Msg("skipping malformed WorkItem")
+			b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
+			continue
+		}
+		b.Items = append(b.Items, &it)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return b, nil
+}

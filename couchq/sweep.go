@@ -1,0 +1,79 @@
+package couchq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// SweepResult counts what one sweep did.
+type SweepResult struct {
+	// Requeued claims went back to queued for another attempt.
+	Requeued int
+	// Failed claims had used up their attempts and now stay failed.
+	Failed int
+	// Lost races: another sweeper, or the claimant itself, wrote first.
+	Lost int
+	// Malformed claimed documents that could not be decoded (logged).
+	Malformed int
+}
+
+// Sweep returns claims whose lease ran out before now to the queue: each
+// goes back to queued (its attempt was charged when it was claimed) with a
+// lease-expired entry naming the claimant presumed dead, or to failed when
+// its attempts are used up. It reads at most limit expired leases per call.
+// Any number of sweepers may run at once: every write carries the _rev that
+// was read, so a claim renewed or swept in between is left alone.
+func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, error) {
+	var res SweepResult
+	if limit <= 0 {
+		limit = 500
+	}
+	now := c.now()
+	rows := c.db.Query(ctx, designdocs.ID, "_view/leases", kivik.Params(map[string]any{
+		"endkey":       ToUnix(now),
+		"include_docs": true,
+		"limit":        limit,
+	}))
+	batch, err := c.scan(rows, "listing expired leases")
+	if err != nil {
+		return res, err
+	}
+	res.Malformed = len(batch.Malformed)
+	for _, it := range batch.Items {
+		if !it.Claimed || it.LeaseUntil > ToUnix(now) {
+			continue // renewed since the view was built
+		}
+		dead := it.ClaimedBy
+		cause := fmt.Sprintf("lease expired at %s; claimant %s presumed dead",
+			FromUnix(it.LeaseUntil).Format("2006-01-02T15:04:05.000Z07:00"), dead)
+		err := c.transition(ctx, "sweeping", it, func(next *WorkItem) {
+			c.unclaim(next)
+			next.LastError = truncate(cause)
+			if next.Attempts >= c.maxAttempts(next) {
+				next.Status = StatusFailed
+				next.FinishedAt = ToUnix(now)
+			} else {
+				next.Status = StatusQueued
+			}
+			c.record(next, "lease-expired", by, cause)
+		})
+		switch {
+		case errors.Is(err, ErrClaimLost):
+			res.Lost++
+		case err != nil:
+			return res, err
+		case it.Status == StatusFailed:
+			res.Failed++
+			c.log.Warn().Str("job", it.ID).Str("claimant", dead).Msg("lease expired with no attempts left; job failed")
+		default:
+			res.Requeued++
+			c.log.Info().Str("job", it.ID).Str("claimant", dead).Msg("lease expired; job requeued")
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,110 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/go-kivik/kivik/v4"
+)
+
+// WorkerDocType is the "type" of worker registry documents.
+const WorkerDocType = "Worker"
+
+// workerIDPrefix starts every registry document's id, so that one
+// _all_docs range lists them all.
+const workerIDPrefix = "worker:"
+
+// WorkerInfo is a worker process's registry document, updated on every
+// heartbeat and removed when the process exits cleanly. A document whose
+// last heartbeat is old belongs to a dead (or frozen) process.
+type WorkerInfo struct {
+	ID  string `json:"_id"`
+	Rev string `json:"_rev,omitempty"`
+	// Type is always WorkerDocType.
+	Type string `json:"type"`
+	// Claimant is how the process signs its claims: host/pid/worker-id.
+	Claimant    string   `json:"claimant"`
+	Host        string   `json:"host"`
+	PID         int      `json:"pid"`
+	Types       []string `json:"types"`
+	Concurrency int      `json:"concurrency"`
+	// Running lists the ids of the jobs in flight at the last heartbeat.
+	Running []string `json:"running"`
+	// StartedAt and LastHeartbeat are Unix seconds.
+	StartedAt     float64 `json:"started_at"`
+	LastHeartbeat float64 `json:"last_heartbeat"`
+	// BusySeconds sums the run time of finished jobs: utilization is
+	// BusySeconds / (uptime × concurrency × len(Types)).
+	BusySeconds float64 `json:"busy_seconds"`
+	// Counters since the process started.
+	Claimed   int64 `json:"claimed"`
+	Completed int64 `json:"completed"`
+	Failed    int64 `json:"failed"`
+	Conflicts int64 `json:"conflicts"`
+}
+
+// WorkerDocID is the registry document id for a claimant.
+func WorkerDocID(host string, pid int, workerID string) string {
+	return fmt.Sprintf("%s%s:%d:%s", workerIDPrefix, host, pid, workerID)
+}
+
+// PutWorker writes a registry document, taking over its current revision
+// if someone else (an operator, a restarted process) wrote it meanwhile.
+func (c *Client) PutWorker(ctx context.Context, info *WorkerInfo) error {
+	info.Type = WorkerDocType
+	for range 3 {
+		rev, err := c.db.Put(ctx, info.ID, info)
+		if err == nil {
+			info.Rev = rev
+			return nil
+		}
+		if !isStatus(err, http.StatusConflict) {
+			return fmt.Errorf("writing worker document %s: %w", info.ID, err)
+		}
+		current, err := c.db.GetRev(ctx, info.ID)
+		if err != nil && !isStatus(err, http.StatusNotFound) {
+			return fmt.Errorf("reading worker document %s: %w", info.ID, err)
+		}
+		info.Rev = current
+	}
+	return fmt.Errorf("writing worker document %s: still conflicting", info.ID)
+}
+
+// DeleteWorker removes a registry document.
+func (c *Client) DeleteWorker(ctx context.Context, info *WorkerInfo) error {
+	if info.Rev == "" {
+		return nil
+	}
+	if _, err := c.db.Delete(ctx, info.ID, info.Rev); err != nil && !isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("removing worker document %s: %w", info.ID, err)
+	}
+	return nil
+}
+
+// Workers lists the registry documents.
+func (c *Client) Workers(ctx context.Context) ([]*WorkerInfo, error) {
+	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{
+		"startkey":     workerIDPrefix,
+		"endkey":       workerIDPrefix + "\ufff0",
+		"include_docs": true,
+	}))
+	defer rows.Close()
+	var out []*WorkerInfo
+	for rows.Next() {
+		var raw json.RawMessage
+		if err := rows.ScanDoc(&raw); err != nil {
+			return nil, fmt.Errorf("listing workers: %w", err)
+		}
+		var info WorkerInfo
+		if err := json.Unmarshal(raw, &info); err != nil || info.Type != WorkerDocType {
+			continue
+		}
+		out = append(out, &info)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	return out, nil
+}

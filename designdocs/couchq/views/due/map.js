@@ -1,0 +1,23 @@
+function (doc) {
+  // due: unclaimed WorkItems that may still run, keyed [worker, date].
+  // startkey=[T,0]&endkey=[T,now] lists what job type T may run now;
+  // startkey=[T,now]&limit=1 finds the next scheduled one.
+  // A missing or null date means "due now" (0). A date that is not a finite
+  // number is also emitted at 0, so that couchq sees the document at once and
+  // quarantines it with a reason instead of leaving it invisible forever.
+  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string' || doc.worker === '') {
+    return;
+  }
+  if (doc.claimed === true) {
+    return;
+  }
+  var s = doc.status;
+  if (s === 'running' || s === 'done' || s === 'failed' || s === 'cancelled') {
+    return;
+  }
+  var date = doc.date;
+  if (typeof date !== 'number' || !isFinite(date)) {
+    date = 0;
+  }
+  emit([doc.worker, date], null);
+}

@@ -1,0 +1,165 @@
+// Package designdocs holds couchq's CouchDB design document and installs it.
+//
+// Every function the server runs (maps, reduces, the changes filter,
+// validate_doc_update) is a real JavaScript file under couchq/, embedded into
+// the binary. The layout of that tree is the layout of the design document:
+//
+//	couchq/views/NAME/map.js      a view's map function
+//	couchq/views/NAME/reduce.js   a custom reduce function, or
+//	couchq/views/NAME/reduce      a built-in reduce such as _count or _stats
+//	couchq/filters/NAME.js        a _changes filter function
+//	couchq/validate_doc_update.js the validation function
+package designdocs
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+)
+
+//go:embed couchq
+var embedded embed.FS
+
+// ID is the design document's id in every couchq database.
+const ID = "_design/couchq"
+
+// Name is the design document's name as used in view and filter paths
+// (couchq/_view/due, filter=couchq/work).
+const Name = "couchq"
+
+// SchemaVersion orders design documents written by different couchq
+// releases. Raise it whenever the views change meaning, so that a newer
+// couchq upgrades an older document and an older couchq (still running
+// during a rolling deploy) leaves the newer one alone.
+const SchemaVersion = 1
+
+// Source returns the embedded design document tree (rooted at couchq/).
+func Source() fs.FS {
+	sub, err := fs.Sub(embedded, "couchq")
+	if err != nil {
+		// fs.Sub only fails on an invalid path; "couchq" is a constant.
+		panic(err)
+	}
+	return sub
+}
+
+// View is one view of the design document.
+type View struct {
+	Map    string `json:"map"`
+	Reduce string `json:"reduce,omitempty"`
+}
+
+// Meta is couchq's own bookkeeping inside the design document.
+type Meta struct {
+	// Schema is the SchemaVersion of the couchq that wrote the document.
+	Schema int `json:"schema"`
+	// Hash is a digest of the functions, so that unchanged content is
+	// recognised without comparing every function.
+	Hash string `json:"hash"`
+}
+
+// Doc is the design document as couchq writes it.
+type Doc struct {
+	ID                string            `json:"_id"`
+	Rev               string            `json:"_rev,omitempty"`
+	Language          string            `json:"language"`
+	Views             map[string]View   `json:"views"`
+	Filters           map[string]string `json:"filters,omitempty"`
+	ValidateDocUpdate string            `json:"validate_doc_update,omitempty"`
+	Couchq            Meta              `json:"couchq"`
+}
+
+// Build reads a design document tree (see the package comment) into a Doc
+// stamped with schema and the content hash.
+func Build(fsys fs.FS, schema int) (*Doc, error) {
+	doc := &Doc{ID: ID, Language: "javascript", Views: map[string]View{}, Filters: map[string]string{}}
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", p, err)
+		}
+		src := strings.TrimSpace(string(b))
+		parts := strings.Split(p, "/")
+		switch {
+		case p == "validate_doc_update.js":
+			doc.ValidateDocUpdate = src
+		case len(parts) == 2 && parts[0] == "filters" && path.Ext(p) == ".js":
+			doc.Filters[strings.TrimSuffix(parts[1], ".js")] = src
+		case len(parts) == 3 && parts[0] == "views":
+			v := doc.Views[parts[1]]
+			switch parts[2] {
+			case "map.js":
+				v.Map = src
+			case "reduce.js", "reduce":
+				v.Reduce = src
+			default:
+				return fmt.Errorf("design document tree: unexpected file %s", p)
+			}
+			doc.Views[parts[1]] = v
+		default:
+			return fmt.Errorf("design document tree: unexpected file %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range doc.Views {
+		if v.Map == "" {
+			return nil, fmt.Errorf("design document tree: view %q has no map.js", name)
+		}
+	}
+	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash()}
+	return doc, nil
+}
+
+// Default is the design document embedded in this build of couchq.
+func Default() (*Doc, error) {
+	return Build(Source(), SchemaVersion)
+}
+
+// contentHash digests everything the server runs, in a stable order.
+func (d *Doc) contentHash() string {
+	h := sha256.New()
+	write := func(kind, name, src string) {
+		fmt.Fprintf(h, "%s\x00%s\x00%d\x00%s\x00", kind, name, len(src), src)
+	}
+	write("language", "", d.Language)
+	write("validate", "", d.ValidateDocUpdate)
+	for _, name := range sortedKeys(d.Views) {
+		write("map", name, d.Views[name].Map)
+		write("reduce", name, d.Views[name].Reduce)
+	}
+	for _, name := range sortedKeys(d.Filters) {
+		write("filter", name, d.Filters[name])
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// MarshalJSON keeps empty maps out of the stored document.
+func (d *Doc) MarshalJSON() ([]byte, error) {
+	type plain Doc
+	c := plain(*d)
+	if len(c.Filters) == 0 {
+		c.Filters = nil
+	}
+	return json.Marshal(c)
+}

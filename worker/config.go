@@ -1,0 +1,172 @@
+// Package worker is couchq's runtime: it runs handlers for one or more job
+// types, claiming due WorkItems from CouchDB, renewing their leases while
+// they run, retrying failures with backoff, sweeping claims of dead workers
+// and shutting down without losing a job.
+//
+// A Worker wakes on the database's _changes feed, so new work starts within
+// milliseconds; it sleeps exactly until the next scheduled job otherwise,
+// with a slow fallback poll for changes it might have missed. Any number of
+// worker processes on any number of machines can share one database.
+package worker
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Defaults for Config.
+const (
+	ConcurrencyDefault       = 4
+	LeaseDurationDefault     = 30 * time.Second
+	ClaimBatchDefault        = 16
+	PickAmongDefault         = 32
+	MaxAttemptsDefault       = 25
+	ShutdownTimeoutDefault   = 30 * time.Second
+	FeedTimeoutDefault       = 60 * time.Second
+	FallbackPollDefault      = 30 * time.Second
+	RetryCapDefault          = 24 * time.Hour
+	HeartbeatFractionDefault = 3 // heartbeat every lease / 3
+)
+
+// Config configures a Worker. The zero value of every field but Handlers
+// means its default; see WithDefaults.
+type Config struct {
+	// Handlers maps each job type this worker runs to its handler.
+	Handlers map[string]Handler
+	// Concurrency is how many jobs of each type run at once.
+	Concurrency int
+	// LeaseDuration is how long a claim holds without renewal. A worker
+	// that dies loses its jobs to the sweeper within about this long.
+	LeaseDuration time.Duration
+	// HeartbeatInterval is how often running jobs' leases are renewed and
+	// the worker's registry document is updated; default LeaseDuration/3.
+	HeartbeatInterval time.Duration
+	// ClaimBatch is the most jobs claimed in one _bulk_docs request.
+	ClaimBatch int
+	// PickAmong is K: each claim round picks at random among the first K
+	// due jobs, so that many workers do not all fight over the same rows.
+	PickAmong int
+	// SweepInterval is how often this process sweeps expired leases;
+	// default LeaseDuration/2. Negative disables the sweeper.
+	SweepInterval time.Duration
+	// Retry returns the delay before attempt+1 after attempt failed;
+	// default DefaultRetry (attempt^4 seconds plus jitter, capped at a day).
+	Retry func(attempt int) time.Duration
+	// MaxAttempts applies to jobs without their own max_attempts.
+	MaxAttempts int
+	// ShutdownTimeout is how long Stop lets running jobs finish before it
+	// cancels them and releases their claims.
+	ShutdownTimeout time.Duration
+	// FeedTimeout is how long one _changes long-poll waits for a change.
+	FeedTimeout time.Duration
+	// FallbackPoll is how often each type looks for due work even when the
+	// feed reported nothing (covers changes a broken feed missed).
+	FallbackPoll time.Duration
+	// Drain makes Run return once no due work of the worker's types remains
+	// and nothing is running: the self-regulating cron pattern.
+	Drain bool
+	// DeleteDone lists job types whose finished jobs are deleted instead of
+	// kept with status done.
+	DeleteDone map[string]bool
+	// ID names this worker process in claims (host/pid/ID); default random.
+	ID string
+	// Logger receives the worker's logs. The zero value discards them.
+	Logger zerolog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Concurrency <= 0 {
+		c.Concurrency = ConcurrencyDefault
+	}
+	if c.LeaseDuration <= 0 {
+		c.LeaseDuration = LeaseDurationDefault
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = c.LeaseDuration / HeartbeatFractionDefault
+	}
+	if c.ClaimBatch <= 0 {
+		c.ClaimBatch = ClaimBatchDefault
+	}
+	if c.PickAmong <= 0 {
+		c.PickAmong = PickAmongDefault
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = c.LeaseDuration / 2
+	}
+	if c.Retry == nil {
+		c.Retry = DefaultRetry
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = MaxAttemptsDefault
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = ShutdownTimeoutDefault
+	}
+	if c.FeedTimeout <= 0 {
+		c.FeedTimeout = FeedTimeoutDefault
+	}
+	if c.FallbackPoll <= 0 {
+		c.FallbackPoll = FallbackPollDefault
+	}
+	if c.ID == "" {
+		c.ID = fmt.Sprintf("w%06x", rand.IntN(1<<24))
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// validate reports configuration no worker could run with.
+func (c Config) validate() error {
+	if len(c.Handlers) == 0 {
+		return fmt.Errorf("worker config: no handlers: name at least one job type")
+	}
+	for typ, h := range c.Handlers {
+		if typ == "" {
+			return fmt.Errorf("worker config: empty job type")
+		}
+		if h == nil {
+			return fmt.Errorf("worker config: job type %q has a nil handler", typ)
+		}
+	}
+	if c.HeartbeatInterval >= c.LeaseDuration {
+		return fmt.Errorf("worker config: heartbeat interval %s must be shorter than the lease %s",
+			c.HeartbeatInterval, c.LeaseDuration)
+	}
+	return nil
+}
+
+// DefaultRetry waits attempt^4 seconds plus up to 10% jitter (so retries of
+// jobs that failed together spread out), capped at RetryCapDefault.
+func DefaultRetry(attempt int) time.Duration {
+	return RetryBackoff(attempt, time.Second, RetryCapDefault)
+}
+
+// RetryBackoff is attempt^4 × unit plus up to 10% jitter, capped at limit.
+func RetryBackoff(attempt int, unit, limit time.Duration) time.Duration {
+	base := math.Pow(float64(max(attempt, 1)), 4) * float64(unit)
+	if base > float64(limit) {
+		return limit
+	}
+	d := time.Duration(base + rand.Float64()*base/10)
+	return min(d, limit)
+}
+
+// hostname for claimant ids; unknown hosts still get unique ids via pid
+// and worker id.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown-host"
+	}
+	return h
+}

@@ -1,0 +1,56 @@
+package worker
+
+import (
+	"context"
+	"os"
+	"sort"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// registryInfo builds this process's registry document from live state.
+func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
+	w.mu.Lock()
+	running := make([]string, 0, len(w.running))
+	for id := range w.running {
+		running = append(running, id)
+	}
+	busy := w.busy
+	w.mu.Unlock()
+	sort.Strings(running)
+	st := w.Stats()
+	info.Claimant = w.by
+	info.Host = hostname()
+	info.PID = os.Getpid()
+	info.Types = w.Types()
+	info.Concurrency = w.cfg.Concurrency
+	info.Running = running
+	info.StartedAt = couchq.ToUnix(w.started)
+	info.LastHeartbeat = couchq.ToUnix(w.cfg.Now())
+	info.BusySeconds = busy.Seconds()
+	info.Claimed, info.Completed, info.Failed, info.Conflicts = st.Claimed, st.Completed, st.Failed, st.Conflicts
+}
+
+// register writes the registry document when the worker starts.
+func (w *Worker) register(ctx context.Context) error {
+	w.registry = &couchq.WorkerInfo{ID: couchq.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
+	w.registryInfo(w.registry)
+	return w.client.PutWorker(ctx, w.registry)
+}
+
+// heartbeatRegistry refreshes the registry document every heartbeat.
+func (w *Worker) heartbeatRegistry(ctx context.Context) {
+	for w.sleep(ctx, w.cfg.HeartbeatInterval) {
+		w.registryInfo(w.registry)
+		if err := w.client.PutWorker(ctx, w.registry); err != nil && ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("updating worker registry document failed")
+		}
+	}
+}
+
+// unregister removes the registry document on a clean exit.
+func (w *Worker) unregister(ctx context.Context) {
+	if err := w.client.DeleteWorker(ctx, w.registry); err != nil {
+		w.log.Warn().Err(err).Msg("removing worker registry document failed")
+	}
+}

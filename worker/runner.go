@@ -1,0 +1,336 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// finishTimeout bounds the write that records a job's outcome. It runs on a
+// context detached from shutdown so a stopping worker still records results.
+const finishTimeout = 30 * time.Second
+
+// runner claims and runs jobs of one type.
+type runner struct {
+	w       *Worker
+	typ     string
+	handler Handler
+	slots   chan struct{} // one token per running job
+	wake    chan struct{} // capacity 1: "look for due work"
+}
+
+func (r *runner) nudge() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) free() int { return cap(r.slots) - len(r.slots) }
+
+// loop finds and claims due work until claiming stops. In drain mode it
+// returns (calling drained) once nothing is due and nothing runs; otherwise
+// drained is called when the loop ends.
+func (r *runner) loop(ctx context.Context, drained func()) {
+	defer drained()
+	log := r.w.log.With().Str("type", r.typ).Logger()
+	backoff := 100 * time.Millisecond
+	for !r.w.stopping() && ctx.Err() == nil {
+		more, err := r.fetch(ctx)
+		if err != nil {
+			if ctx.Err() != nil || r.w.stopping() {
+				return
+			}
+			log.Warn().Err(err).Dur("retry_in", backoff).Msg("looking for due work failed")
+			if !r.w.sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, 10*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if more && r.free() > 0 {
+			continue
+		}
+		if r.w.cfg.Drain && !more && len(r.slots) == 0 {
+			return
+		}
+		wait := r.w.cfg.FallbackPoll
+		if r.w.cfg.Drain {
+			wait = 100 * time.Millisecond // drain: wait only for running jobs
+		} else if r.free() > 0 {
+			if at, ok, err := r.w.client.Next(ctx, r.typ); err == nil && ok {
+				until := time.Until(at)
+				if until < wait {
+					wait = max(until, time.Millisecond)
+				}
+			}
+		}
+		if !r.idle(ctx, wait) {
+			return
+		}
+	}
+}
+
+// idle waits for a wake-up, a timer, or the end.
+func (r *runner) idle(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.wake:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	case <-r.w.stopClaiming:
+		return false
+	}
+	return true
+}
+
+// fetch claims as many due jobs as there are free slots (at most one
+// batch) and starts them. more reports that due work may remain.
+func (r *runner) fetch(ctx context.Context) (more bool, err error) {
+	free := r.free()
+	if free == 0 {
+		return true, nil
+	}
+	k := max(r.w.cfg.PickAmong, free)
+	r.w.stats.queries.Add(1)
+	batch, err := r.w.client.Due(ctx, r.typ, k)
+	if err != nil {
+		return false, err
+	}
+	if len(batch.Malformed) > 0 {
+		r.w.quarantine(ctx, batch.Malformed)
+	}
+	items := batch.Items
+	if len(items) == 0 {
+		return len(batch.Malformed) > 0, nil
+	}
+	// Pick at random among the first K so that workers polling the same
+	// view spread over the candidates instead of all racing for row one.
+	rand.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
+	n := min(free, r.w.cfg.ClaimBatch, len(items))
+	results := r.w.client.ClaimMany(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
+	conflicts := 0
+	for _, res := range results {
+		switch {
+		case res.Err == nil:
+			r.w.stats.claimed.Add(1)
+			r.start(res.Item)
+		case errors.Is(res.Err, couchq.ErrClaimConflict):
+			conflicts++
+		default:
+			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
+		}
+	}
+	r.w.stats.conflicts.Add(int64(conflicts))
+	return len(items) == k || conflicts > 0 || n < len(items), nil
+}
+
+// runningJob is a job in flight. mu serialises the writes that carry its
+// revision: lease renewals and the final outcome.
+type runningJob struct {
+	mu       sync.Mutex
+	item     *couchq.WorkItem
+	cancel   context.CancelCauseFunc
+	finished bool // the outcome was written (or given up): no more writes
+	started  time.Time
+}
+
+// start takes a slot and runs the claimed job in its own goroutine.
+func (r *runner) start(item *couchq.WorkItem) {
+	r.slots <- struct{}{}
+	w := r.w
+	ctx, cancel := context.WithCancelCause(w.jobsCtx)
+	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now()}
+	w.mu.Lock()
+	w.running[item.ID] = rj
+	w.mu.Unlock()
+	w.jobs.Add(1)
+	go func() {
+		defer w.jobs.Done()
+		defer func() {
+			w.mu.Lock()
+			delete(w.running, item.ID)
+			w.busy += w.cfg.Now().Sub(rj.started)
+			w.mu.Unlock()
+			<-r.slots
+			r.nudge()
+		}()
+		defer cancel(nil)
+		r.run(ctx, rj)
+	}()
+}
+
+// run executes one attempt: handler plus heartbeat, then records the outcome.
+func (r *runner) run(ctx context.Context, rj *runningJob) {
+	w := r.w
+	item := rj.item
+	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
+	job := &Job{
+		ID: item.ID, Type: item.Worker, Attempt: item.Attempts, MaxAttempts: w.client.MaxAttempts(item),
+		Payload: item.Payload, Item: item.Clone(),
+	}
+
+	hbDone := make(chan struct{})
+	hbStopped := make(chan struct{})
+	go func() {
+		defer close(hbStopped)
+		r.heartbeat(ctx, rj, hbDone)
+	}()
+	log.Debug().Msg("job started")
+	err := r.invoke(ctx, job)
+	close(hbDone)
+	<-hbStopped
+
+	rj.mu.Lock()
+	defer rj.mu.Unlock()
+	if rj.finished {
+		return // released by a stuck shutdown: the outcome is not ours to write
+	}
+	rj.finished = true
+	cause := context.Cause(ctx)
+	if errors.Is(cause, errLeaseLost) {
+		w.stats.lost.Add(1)
+		log.Warn().AnErr("handler_err", err).Msg("claim was lost while running; result discarded")
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if errors.Is(cause, errShutdown) && err != nil {
+		// Cancelled by shutdown: the attempt did not really fail.
+		if rerr := w.client.Release(fctx, item, "worker shut down before the job finished"); rerr != nil {
+			log.Warn().Err(rerr).Msg("could not release job at shutdown; the sweeper will return it")
+			return
+		}
+		log.Info().Msg("job released at shutdown")
+		return
+	}
+	if ferr := r.finish(fctx, item, job, err); ferr != nil {
+		if errors.Is(ferr, couchq.ErrClaimLost) {
+			w.stats.lost.Add(1)
+			log.Warn().Err(ferr).Msg("result refused: the claim was lost (swept or cancelled) before it was written")
+			return
+		}
+		log.Error().Err(ferr).Msg("could not record the job's outcome; the sweeper will retry it")
+	}
+}
+
+// invoke calls the handler, turning a panic into an error.
+func (r *runner) invoke(ctx context.Context, job *Job) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.w.log.Error().Str("job", job.ID).Str("type", job.Type).Interface("panic", p).
+				Str("stack", string(debug.Stack())).Msg("handler panicked")
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return r.handler.Handle(ctx, job)
+}
+
+// finish records the handler's outcome, steered by its error.
+func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, herr error) error {
+	w := r.w
+	c := w.client
+	if herr == nil {
+		w.stats.completed.Add(1)
+		if w.cfg.DeleteDone[r.typ] {
+			return c.DeleteFinished(ctx, item)
+		}
+		return c.Complete(ctx, item, job.result)
+	}
+	snooze, cancel, fail := steering(herr)
+	switch {
+	case snooze != nil:
+		return c.Snooze(ctx, item, snooze.Delay)
+	case cancel != nil:
+		return c.Cancel(ctx, item, cancel.Error())
+	}
+	w.stats.failed.Add(1)
+	opts := couchq.FailOptions{Final: fail != nil, RetryAfter: w.cfg.Retry(item.Attempts)}
+	if err := c.Fail(ctx, item, herr.Error(), opts); err != nil {
+		return err
+	}
+	ev := w.log.Info()
+	if item.Status == couchq.StatusFailed {
+		ev = w.log.Warn()
+	}
+	ev.Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Str("status", string(item.Status)).
+		Str("error", herr.Error()).Msg("attempt failed")
+	return nil
+}
+
+// heartbeat renews the job's lease every HeartbeatInterval until done
+// closes. A renewal refused with 409 means the claim is gone: the handler's
+// context is cancelled and its result will not be written.
+func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan struct{}) {
+	w := r.w
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rj.mu.Lock()
+		if rj.finished {
+			rj.mu.Unlock()
+			return
+		}
+		err := w.client.Extend(ctx, rj.item, w.cfg.LeaseDuration)
+		rj.mu.Unlock()
+		switch {
+		case err == nil:
+		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
+			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal refused: cancelling the handler")
+			rj.cancel(errLeaseLost)
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			// The lease still has time: try again at the next beat.
+			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal failed; will retry")
+		}
+	}
+}
+
+// releaseStuck releases the claims of jobs whose handlers ignored
+// cancellation at shutdown, so they run again elsewhere at once.
+func (w *Worker) releaseStuck(ctx context.Context) {
+	w.mu.Lock()
+	stuck := make([]*runningJob, 0, len(w.running))
+	for _, rj := range w.running {
+		stuck = append(stuck, rj)
+	}
+	w.mu.Unlock()
+	for _, rj := range stuck {
+		rj.mu.Lock()
+		if !rj.finished {
+			rj.finished = true
+			if err := w.client.Release(ctx, rj.item, "handler did not stop at shutdown"); err != nil {
+				w.log.Warn().Err(err).Str("job", rj.item.ID).Msg("could not release stuck job; the sweeper will")
+			}
+		}
+		rj.mu.Unlock()
+	}
+}
+
+// quarantine marks malformed documents failed so they stop occupying the
+// front of the due view; the offending values are kept in the document.
+func (w *Worker) quarantine(ctx context.Context, bad []couchq.Malformed) {
+	for _, m := range bad {
+		if err := w.client.Quarantine(ctx, m, w.by); err != nil {
+			w.log.Warn().Err(err).Str("job", m.ID).Msg("could not quarantine malformed WorkItem; skipping it")
+		}
+	}
+}

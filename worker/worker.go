@@ -1,0 +1,292 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// errShutdown is the cause a job's context carries when the worker stops
+// before the job finished: its claim is released, not failed.
+var errShutdown = errors.New("worker shutting down")
+
+// errLeaseLost is the cause a job's context carries when a lease renewal
+// found the claim gone (swept or cancelled): its result will be refused.
+var errLeaseLost = errors.New("lease lost: the job was swept or cancelled")
+
+// Stats are counters a Worker keeps since it started.
+type Stats struct {
+	Claimed   int64 // jobs this worker claimed
+	Conflicts int64 // claims lost to another claimant (409 or confirmation)
+	Completed int64
+	Failed    int64 // failed attempts (retried or final)
+	Lost      int64 // results refused because the claim was gone
+	Queries   int64 // due-view queries
+}
+
+// Worker runs handlers for its job types. Create it with New, then Start
+// and Stop it, or Run it until its context ends.
+type Worker struct {
+	cfg    Config
+	client *couchq.Client
+	log    zerolog.Logger
+	by     string // claimant id: host/pid/worker-id
+
+	runners []*runner
+
+	// stopClaiming closes when Stop begins: no new claims after that.
+	stopClaiming chan struct{}
+	stopOnce     sync.Once
+	// jobsCtx is the parent of every job's context; cancelJobs is called
+	// (with errShutdown) when the shutdown timeout runs out.
+	jobsCtx    context.Context
+	cancelJobs context.CancelCauseFunc
+
+	loops   sync.WaitGroup // feed, sweeper, registry, runners
+	jobs    sync.WaitGroup // running jobs
+	done    chan struct{}  // closed when everything has stopped
+	drained chan struct{}  // closed when every runner drained (Drain mode)
+
+	mu      sync.Mutex
+	running map[string]*runningJob
+	started time.Time
+	busy    time.Duration // summed job run time, for utilization
+
+	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
+
+	stats struct {
+		claimed, conflicts, completed, failed, lost, queries atomic.Int64
+	}
+}
+
+// New returns a Worker running cfg's handlers against client.
+func New(client *couchq.Client, cfg Config) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		cfg:          cfg,
+		client:       client,
+		log:          cfg.Logger.With().Str("worker", cfg.ID).Logger(),
+		by:           fmt.Sprintf("%s/%d/%s", hostname(), os.Getpid(), cfg.ID),
+		stopClaiming: make(chan struct{}),
+		done:         make(chan struct{}),
+		drained:      make(chan struct{}),
+		running:      map[string]*runningJob{},
+	}
+	types := make([]string, 0, len(cfg.Handlers))
+	for typ := range cfg.Handlers {
+		types = append(types, typ)
+	}
+	sort.Strings(types)
+	for _, typ := range types {
+		w.runners = append(w.runners, &runner{
+			w: w, typ: typ, handler: cfg.Handlers[typ],
+			slots: make(chan struct{}, cfg.Concurrency),
+			wake:  make(chan struct{}, 1),
+		})
+	}
+	return w, nil
+}
+
+// ClaimantID is how this worker signs its claims: host/pid/worker-id.
+func (w *Worker) ClaimantID() string { return w.by }
+
+// Types lists the job types this worker runs.
+func (w *Worker) Types() []string {
+	types := make([]string, len(w.runners))
+	for i, r := range w.runners {
+		types[i] = r.typ
+	}
+	return types
+}
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{
+		Claimed: w.stats.claimed.Load(), Conflicts: w.stats.conflicts.Load(),
+		Completed: w.stats.completed.Load(), Failed: w.stats.failed.Load(),
+		Lost: w.stats.lost.Load(), Queries: w.stats.queries.Load(),
+	}
+}
+
+// Start begins claiming and running jobs. It returns at once; the work goes
+// on until Stop is called or ctx ends (which stops claiming, like Stop, but
+// with no grace for running jobs).
+func (w *Worker) Start(ctx context.Context) error {
+	w.started = w.cfg.Now()
+	w.jobsCtx, w.cancelJobs = context.WithCancelCause(context.WithoutCancel(ctx))
+	loopCtx, cancelLoops := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-w.stopClaiming:
+		case <-ctx.Done():
+			w.stopOnce.Do(func() { close(w.stopClaiming) })
+			w.cancelJobs(errShutdown)
+		}
+		cancelLoops()
+	}()
+
+	if err := w.register(ctx); err != nil {
+		cancelLoops()
+		return err
+	}
+	var drained sync.WaitGroup
+	for _, r := range w.runners {
+		w.loops.Add(1)
+		drained.Add(1)
+		go func() {
+			defer w.loops.Done()
+			r.loop(loopCtx, drained.Done)
+		}()
+	}
+	go func() {
+		drained.Wait()
+		close(w.drained)
+	}()
+	if !w.cfg.Drain {
+		w.loops.Add(1)
+		go func() {
+			defer w.loops.Done()
+			w.followChanges(loopCtx)
+		}()
+	}
+	if w.cfg.SweepInterval > 0 {
+		w.loops.Add(1)
+		go func() {
+			defer w.loops.Done()
+			w.sweepLoop(loopCtx)
+		}()
+	}
+	w.loops.Add(1)
+	go func() {
+		defer w.loops.Done()
+		w.heartbeatRegistry(loopCtx)
+	}()
+	w.log.Info().Strs("types", w.Types()).Int("concurrency", w.cfg.Concurrency).
+		Dur("lease", w.cfg.LeaseDuration).Str("claimant", w.by).Bool("drain", w.cfg.Drain).Msg("worker started")
+	return nil
+}
+
+// Stop stops claiming, lets running jobs finish for up to the shutdown
+// timeout (or until ctx ends), then cancels the rest and releases their
+// claims back to the queue without charging an attempt.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() { close(w.stopClaiming) })
+	w.loops.Wait()
+
+	grace, cancel := context.WithTimeout(ctx, w.cfg.ShutdownTimeout)
+	defer cancel()
+	finished := make(chan struct{})
+	go func() {
+		w.jobs.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-grace.Done():
+		w.mu.Lock()
+		n := len(w.running)
+		w.mu.Unlock()
+		w.log.Warn().Int("running", n).Msg("shutdown timeout: cancelling running jobs and releasing their claims")
+		w.cancelJobs(errShutdown)
+		select {
+		case <-finished:
+		case <-time.After(w.cfg.HeartbeatInterval):
+			// Handlers that ignore their context: release their claims
+			// now; their results will be refused later.
+			w.releaseStuck(context.WithoutCancel(ctx))
+		}
+	}
+	w.cancelJobs(errShutdown)
+	w.unregister(context.WithoutCancel(ctx))
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.log.Info().Msg("worker stopped")
+	return nil
+}
+
+// Run starts the worker and blocks until ctx ends (then stops gracefully)
+// or, in Drain mode, until no due work remains.
+func (w *Worker) Run(ctx context.Context) error {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := w.Start(runCtx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-w.drained:
+		w.log.Info().Msg("drained: no due work left")
+	}
+	return w.Stop(context.WithoutCancel(ctx))
+}
+
+// Drained is closed when every type has drained (Drain mode only).
+func (w *Worker) Drained() <-chan struct{} { return w.drained }
+
+// wakeAll nudges every runner to look for due work.
+func (w *Worker) wakeAll() {
+	for _, r := range w.runners {
+		r.nudge()
+	}
+}
+
+func (w *Worker) stopping() bool {
+	select {
+	case <-w.stopClaiming:
+		return true
+	default:
+		return false
+	}
+}
+
+// sleep waits for d or until claiming stops; false means stop.
+func (w *Worker) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-w.stopClaiming:
+		return false
+	}
+}
+
+// jitter spreads d by ±20% so that many workers do not act in lockstep.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + time.Duration(rand.Int64N(int64(d/5)*2+1))
+}
+
+// sweepLoop returns expired claims to the queue every SweepInterval.
+func (w *Worker) sweepLoop(ctx context.Context) {
+	for w.sleep(ctx, jitter(w.cfg.SweepInterval)) {
+		res, err := w.client.Sweep(ctx, w.by, 0)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn().Err(err).Msg("sweep failed; will retry")
+			}
+			continue
+		}
+		if res.Requeued+res.Failed > 0 {
+			w.log.Info().Int("requeued", res.Requeued).Int("failed", res.Failed).Msg("swept expired leases")
+			w.wakeAll()
+		}
+	}
+}
