@@ -22,6 +22,9 @@ const feedGrace = 5 * time.Second
 // and returns how many changes arrived and the sequence to continue from.
 // It returns (0, since, nil) when timeout passes with no change.
 func (c *Client) WaitForChanges(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
+	if c.selectorFeed != nil {
+		return c.waitForChangesSelector(ctx, since, types, timeout)
+	}
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
 	defer cancel()
 	params := map[string]any{

@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/go-kivik/kivik/v4/couchdb" // the CouchDB driver, registered as "couch"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/designdocs"
@@ -86,6 +87,9 @@ type Client struct {
 	// n is the database's replica count: writes wait for n replicas and
 	// are confirmed by reading from n replicas when n > 1.
 	n int
+	// selectorFeed, when set, follows _changes with a native _selector
+	// filter (see Server.Open); otherwise the design document's filter.
+	selectorFeed *chttp.Client
 }
 
 // New returns a Client for db. It asks the server for the database's
@@ -143,28 +147,41 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 // URL or given as user and password; they are sent as basic auth and kept
 // out of the URL the driver holds, so no error message can carry them.
 func Dial(rawURL, user, password string) (*kivik.Client, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		return nil, fmt.Errorf("invalid CouchDB URL %q: want http(s)://host:port", Redact(rawURL))
-	}
-	if u.User != nil {
-		if user == "" {
-			user = u.User.Username()
-		}
-		if p, ok := u.User.Password(); ok && password == "" {
-			password = p
-		}
-		u.User = nil
-	}
-	var opts []kivik.Option
-	if user != "" {
-		opts = append(opts, couchdb.BasicAuth(user, password))
-	}
-	client, err := kivik.New("couch", strings.TrimRight(u.String(), "/"), opts...)
+	base, user, password, err := splitCredentials(rawURL, user, password)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", u.Redacted(), err)
+		return nil, err
+	}
+	client, err := kivik.New("couch", base, authOption(user, password))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", base, err)
 	}
 	return client, nil
+}
+
+// splitCredentials takes the credentials out of rawURL; explicit ones win.
+func splitCredentials(rawURL, user, password string) (base, u, p string, err error) {
+	parsed, err := url.Parse(rawURL)
+	if err != nil || parsed.Scheme == "" || parsed.Host == "" {
+		return "", "", "", fmt.Errorf("invalid CouchDB URL %q: want http(s)://host:port", Redact(rawURL))
+	}
+	if parsed.User != nil {
+		if user == "" {
+			user = parsed.User.Username()
+		}
+		if pw, ok := parsed.User.Password(); ok && password == "" {
+			password = pw
+		}
+		parsed.User = nil
+	}
+	return strings.TrimRight(parsed.String(), "/"), user, password, nil
+}
+
+// authOption sends basic auth when there is a user, and nothing otherwise.
+func authOption(user, password string) kivik.Option {
+	if user == "" {
+		return kivik.Params(nil)
+	}
+	return couchdb.BasicAuth(user, password)
 }
 
 // DialEnv is Dial with COUCHDB_USER and COUCHDB_PASSWORD filling in the

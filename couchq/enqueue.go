@@ -120,7 +120,11 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d jobs: %w", len(docs), err)
 	}
-	for k, r := range bulk {
+	ids := make([]string, len(index))
+	for k, i := range index {
+		ids[k] = results[i].Item.ID
+	}
+	for k, r := range alignBulk(ids, bulk, nil) {
 		i := index[k]
 		if r.Error != nil {
 			results[i] = EnqueueResult{Err: fmt.Errorf("enqueueing %s job %s: %w", jobs[i].Worker, r.ID, r.Error)}

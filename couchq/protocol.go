@@ -94,16 +94,13 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 	} else {
 		bulk, err = c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 	}
+	ids := make([]string, len(index))
 	for k, i := range index {
-		var r kivik.BulkResult
-		switch {
-		case err != nil:
-			r.Error = err
-		case k < len(bulk):
-			r = bulk[k]
-		default:
-			r.Error = fmt.Errorf("server returned %d results for %d claims", len(bulk), len(index))
-		}
+		ids[k] = items[i].ID
+	}
+	aligned := alignBulk(ids, bulk, err)
+	for k, i := range index {
+		r := aligned[k]
 		if r.Error != nil {
 			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
 			continue
@@ -394,4 +391,30 @@ func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
 	item.Status = StatusDone
 	item.Claimed = false
 	return nil
+}
+
+// alignBulk matches _bulk_docs results to the documents sent, by id. CouchDB
+// answers in request order, but nothing in the protocol should depend on
+// it (PouchDB Server, for one, reorders). Ids repeated in one request are
+// matched in order. A document with no result gets an error.
+func alignBulk(ids []string, results []kivik.BulkResult, reqErr error) []kivik.BulkResult {
+	out := make([]kivik.BulkResult, len(ids))
+	if reqErr != nil {
+		for k := range out {
+			out[k] = kivik.BulkResult{ID: ids[k], Error: reqErr}
+		}
+		return out
+	}
+	byID := make(map[string][]kivik.BulkResult, len(results))
+	for _, r := range results {
+		byID[r.ID] = append(byID[r.ID], r)
+	}
+	for k, id := range ids {
+		if rs := byID[id]; len(rs) > 0 {
+			out[k], byID[id] = rs[0], rs[1:]
+			continue
+		}
+		out[k] = kivik.BulkResult{ID: id, Error: fmt.Errorf("server returned no result for document %s", id)}
+	}
+	return out
 }

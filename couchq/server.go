@@ -1,0 +1,126 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+)
+
+// Capabilities are what the server can do that couchq cares about.
+type Capabilities struct {
+	// Vendor is "couchdb" for Apache CouchDB, "pouchdb" for PouchDB Server,
+	// else what the server's welcome said.
+	Vendor  string
+	Version string
+	// SelectorFilter: the _changes feed takes filter=_selector, which
+	// CouchDB evaluates natively instead of in a JavaScript process.
+	SelectorFilter bool
+}
+
+// Server is a connection to a CouchDB server: the kivik client every call
+// goes through, plus what the server can do.
+type Server struct {
+	Client *kivik.Client
+	Caps   Capabilities
+	// feed speaks to the same server with the same credentials, for the one
+	// request kivik's API cannot make: a _changes long-poll whose _selector
+	// filter travels in the request body.
+	feed *chttp.Client
+}
+
+// Connect dials the server at rawURL (credentials in the URL or given as
+// user and password, see Dial) and detects its capabilities.
+func Connect(ctx context.Context, rawURL, user, password string) (*Server, error) {
+	client, err := Dial(rawURL, user, password)
+	if err != nil {
+		return nil, err
+	}
+	ver, err := client.Version(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("asking %s what it is: %w", Redact(rawURL), err)
+	}
+	s := &Server{Client: client, Caps: detectCaps(ver)}
+	if s.Caps.SelectorFilter {
+		base, user, password, _ := splitCredentials(rawURL, user, password) // Dial checked it
+		if s.feed, err = chttp.New(&http.Client{}, base, authOption(user, password)); err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", base, err)
+		}
+	}
+	return s, nil
+}
+
+// detectCaps reads the server's welcome document.
+func detectCaps(ver *kivik.ServerVersion) Capabilities {
+	var welcome map[string]json.RawMessage
+	_ = json.Unmarshal(ver.RawResponse, &welcome)
+	caps := Capabilities{Vendor: strings.ToLower(ver.Vendor), Version: ver.Version}
+	switch {
+	case welcome["couchdb"] != nil:
+		caps.Vendor = "couchdb"
+		major, _ := strconv.Atoi(strings.SplitN(ver.Version, ".", 2)[0])
+		caps.SelectorFilter = major >= 2
+	case welcome["express-pouchdb"] != nil:
+		// PouchDB Server has no _selector filter; asking it for one crashes
+		// the whole server process, so never probe it.
+		caps.Vendor = "pouchdb"
+	}
+	return caps
+}
+
+// Open returns a Client for the named database on this server, following
+// the changes feed with a _selector filter where the server has one.
+func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, error) {
+	c, err := New(ctx, s.Client.DB(dbName), cfg)
+	if err != nil {
+		return nil, err
+	}
+	if s.feed != nil {
+		c.selectorFeed = s.feed
+	}
+	return c, nil
+}
+
+// waitForChangesSelector is WaitForChanges with a native _selector filter.
+func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
+	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
+	defer cancel()
+	selector := map[string]any{"type": DocType}
+	if len(types) > 0 {
+		selector["worker"] = map[string]any{"$in": types}
+	}
+	q := url.Values{
+		"feed":    {"longpoll"},
+		"since":   {since},
+		"timeout": {strconv.FormatInt(timeout.Milliseconds(), 10)},
+		"filter":  {"_selector"},
+	}
+	var resp struct {
+		Results []json.RawMessage `json:"results"`
+		LastSeq json.RawMessage   `json:"last_seq"`
+	}
+	err := c.selectorFeed.DoJSON(reqCtx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_changes",
+		&chttp.Options{Query: q, JSON: map[string]any{"selector": selector}}, &resp)
+	if err != nil {
+		if ctx.Err() == nil && reqCtx.Err() != nil {
+			return 0, since, nil
+		}
+		return 0, since, fmt.Errorf("following changes since %s: %w", since, err)
+	}
+	last := since
+	var s string
+	switch {
+	case json.Unmarshal(resp.LastSeq, &s) == nil && s != "":
+		last = s
+	case len(resp.LastSeq) > 0 && string(resp.LastSeq) != "null":
+		last = string(resp.LastSeq) // CouchDB 1.x numbers
+	}
+	return len(resp.Results), last, nil
+}

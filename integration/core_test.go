@@ -1,0 +1,574 @@
+package integration
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
+)
+
+// 32 goroutines race to claim 200 jobs: every job is claimed exactly once
+// and every loser is told so with ErrClaimConflict.
+func TestClaimRaceEveryJobClaimedOnce(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	ctx := tb.ctx
+	const jobs, claimants = 200, 32
+	newJobs := make([]couchq.NewJob, jobs)
+	for i := range newJobs {
+		newJobs[i] = couchq.NewJob{Worker: "race", Payload: map[string]int{"n": i}}
+	}
+	res, err := tb.client.EnqueueMany(ctx, newJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+
+	var mu sync.Mutex
+	winner := map[string]string{}
+	var conflicts atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, claimants)
+	for c := range claimants {
+		by := fmt.Sprintf("test/%d/c%d", c, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				batch, err := tb.client.Due(ctx, "race", 20)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(batch.Items) == 0 {
+					return
+				}
+				it := batch.Items[rand.IntN(len(batch.Items))]
+				claimed, err := tb.client.Claim(ctx, it, by, time.Minute)
+				switch {
+				case err == nil:
+					mu.Lock()
+					if prev, ok := winner[it.ID]; ok {
+						errs <- fmt.Errorf("job %s claimed twice: by %s and %s", it.ID, prev, by)
+					}
+					winner[it.ID] = by
+					mu.Unlock()
+					if claimed.ClaimedBy != by || !claimed.Claimed || claimed.Status != couchq.StatusRunning {
+						errs <- fmt.Errorf("claim result wrong: %+v", claimed)
+					}
+				case errors.Is(err, couchq.ErrClaimConflict):
+					conflicts.Add(1)
+					if kivik.HTTPStatus(err) != http.StatusConflict && !strings.Contains(err.Error(), "status") {
+						errs <- fmt.Errorf("a claim conflict should carry CouchDB's 409: %v", err)
+					}
+				default:
+					errs <- fmt.Errorf("loser not told with ErrClaimConflict: %w", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(winner) != jobs {
+		t.Fatalf("%d jobs claimed, want %d", len(winner), jobs)
+	}
+	for id, by := range winner {
+		it, err := tb.client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.ClaimedBy != by || it.Attempts != 1 {
+			t.Errorf("job %s: stored claimant %q attempts %d, want %q and 1", id, it.ClaimedBy, it.Attempts, by)
+		}
+	}
+	t.Logf("%d claims, %d conflicts among %d claimants", jobs, conflicts.Load(), claimants)
+}
+
+// A document written by hand over raw HTTP, with no couchq code, is listed
+// due and claimed.
+func TestHandWrittenMinimalDocumentIsClaimed(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	for id, body := range map[string]string{
+		"by-hand-1": `{"type":"WorkItem","worker":"email","date":0}`,
+		"by-hand-2": `{"type":"WorkItem","worker":"email"}`,
+	} {
+		if code, resp := tb.raw(t, http.MethodPut, "/"+id, body); code != http.StatusCreated {
+			t.Fatalf("PUT %s: %d %s", id, code, resp)
+		}
+	}
+	batch, err := tb.client.Due(tb.ctx, "email", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch.Items) != 2 || len(batch.Malformed) != 0 {
+		t.Fatalf("due: %d items, %d malformed; want 2, 0", len(batch.Items), len(batch.Malformed))
+	}
+	for _, it := range batch.Items {
+		claimed, err := tb.client.Claim(tb.ctx, it, "test/1/w", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.client.Complete(tb.ctx, claimed, json.RawMessage(`{"sent":true}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The application's own fields survive couchq's writes.
+	code, body := tb.raw(t, http.MethodGet, "/by-hand-1", "")
+	if code != http.StatusOK || !strings.Contains(body, `"status":"done"`) || !strings.Contains(body, `"sent":true`) {
+		t.Fatalf("after completion: %d %s", code, body)
+	}
+}
+
+// Scheduled jobs are not due before their date and are found as "next".
+func TestScheduledJobsWaitForTheirDate(t *testing.T) {
+	clock := newClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	tb := setup(t, couchq.Config{Now: clock.Now})
+	at := clock.Now().Add(10 * time.Second)
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "report", At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if due := tb.due(t, "report"); len(due) != 0 {
+		t.Fatalf("job due before its date: %v", due)
+	}
+	next, ok, err := tb.client.Next(tb.ctx, "report")
+	if err != nil || !ok || !next.Equal(at) {
+		t.Fatalf("next = %v %v %v, want %v", next, ok, err, at)
+	}
+	clock.Add(9 * time.Second)
+	if due := tb.due(t, "report"); len(due) != 0 {
+		t.Fatalf("job due a second early: %v", due)
+	}
+	clock.Add(time.Second)
+	if due := tb.due(t, "report"); len(due) != 1 || due[0] != job.ID {
+		t.Fatalf("job not due at its date: %v", due)
+	}
+	if due := tb.due(t, "other-type"); len(due) != 0 {
+		t.Fatalf("another type sees the job: %v", due)
+	}
+}
+
+// Eight installers race on a database that does not exist yet: all
+// succeed, one design document results; an edited function is upgraded and
+// an older schema never downgrades a newer one.
+func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	ctx := tb.ctx
+	name := tb.freshName(t)
+	var wg sync.WaitGroup
+	outcomes := make(chan designdocs.Outcome, 8)
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, err := couchq.Init(ctx, tb.kivik, name, tb.log)
+			if err != nil {
+				errs <- err
+				return
+			}
+			outcomes <- o
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(outcomes)
+	for err := range errs {
+		t.Fatalf("installer failed: %v", err)
+	}
+	counts := map[designdocs.Outcome]int{}
+	for o := range outcomes {
+		counts[o]++
+	}
+	if counts[designdocs.Created] != 1 || counts[designdocs.Unchanged] != 7 {
+		t.Fatalf("outcomes %v, want one created and seven unchanged", counts)
+	}
+	db := tb.kivik.DB(name)
+	ddocs := db.AllDocs(ctx, kivik.Params(map[string]any{"startkey": "_design/", "endkey": "_design0"}))
+	n := 0
+	for ddocs.Next() {
+		n++
+	}
+	if err := ddocs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d design documents, want 1", n)
+	}
+	var stored map[string]any
+	if err := db.Get(ctx, designdocs.ID, kivik.Param("conflicts", true)).ScanDoc(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := stored["_conflicts"]; ok {
+		t.Fatalf("design document has conflicts: %v", stored["_conflicts"])
+	}
+
+	// An edited function (as a newer couchq would ship) is upgraded.
+	edited := copyFS(t, designdocs.Source())
+	edited["views/due/map.js"].Data = []byte(strings.Replace(string(edited["views/due/map.js"].Data),
+		"emit([doc.worker, date], null);", "emit([doc.worker, date], 'v2');", 1))
+	newer, err := designdocs.Build(edited, designdocs.SchemaVersion+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := designdocs.Install(ctx, db, newer, tb.log); err != nil || o != designdocs.Upgraded {
+		t.Fatalf("upgrade: %v %v", o, err)
+	}
+	if o, err := designdocs.Install(ctx, db, newer, tb.log); err != nil || o != designdocs.Unchanged {
+		t.Fatalf("re-install: %v %v", o, err)
+	}
+	// This build's (older) document must not replace the newer one.
+	if o, err := couchq.Init(ctx, tb.kivik, name, tb.log); err != nil || o != designdocs.KeptNewer {
+		t.Fatalf("older install over newer: %v %v", o, err)
+	}
+	client, err := couchq.New(ctx, db, couchq.Config{Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(ctx, couchq.NewJob{Worker: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	rows := db.Query(ctx, designdocs.ID, "_view/due")
+	defer rows.Close()
+	var value string
+	for rows.Next() {
+		if err := rows.ScanValue(&value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if value != "v2" {
+		t.Fatalf("upgraded view not in use: value %q", value)
+	}
+}
+
+// validate_doc_update rejects each malformed shape with a message naming
+// the field; other documents and valid jobs pass.
+func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	cases := []struct{ body, want string }{
+		{`{"type":"WorkItem"}`, "worker is required"},
+		{`{"type":"WorkItem","worker":5}`, "worker must be a string"},
+		{`{"type":"WorkItem","worker":""}`, "worker must not be empty"},
+		{`{"type":"WorkItem","worker":"a","date":"tomorrow"}`, "date must be a number"},
+		{`{"type":"WorkItem","worker":"a","status":"paused"}`, "status must be one of"},
+		{`{"type":"WorkItem","worker":"a","claimed":"yes"}`, "claimed must be a boolean"},
+		{`{"type":"WorkItem","worker":"a","attempts":-1}`, "attempts must be a whole number"},
+		{`{"type":"WorkItem","worker":"a","lease_until":"soon"}`, "lease_until must be a number"},
+		{`{"type":"WorkItem","worker":"a","history":{}}`, "history must be an array"},
+	}
+	for i, c := range cases {
+		code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/bad-%d", i), c.body)
+		if code != http.StatusForbidden || !strings.Contains(body, "forbidden") || !strings.Contains(body, c.want) {
+			t.Errorf("%s: got %d %s, want 403 forbidden mentioning %q", c.body, code, body, c.want)
+		}
+	}
+	for i, ok := range []string{
+		`{"type":"WorkItem","worker":"a"}`,
+		`{"type":"WorkItem","worker":"a","date":null,"status":"queued","attempts":0,"claimed":false}`,
+		`{"type":"SomethingElse","worker":5}`,
+	} {
+		if code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/good-%d", i), ok); code != http.StatusCreated {
+			t.Errorf("%s: got %d %s, want 201", ok, code, body)
+		}
+	}
+}
+
+// Malformed documents written before validation existed are skipped with a
+// logged reason (never a crash), then quarantined as failed with their
+// offending values kept; good jobs beside them are unaffected.
+func TestMalformedDocumentsAreSkippedAndQuarantined(t *testing.T) {
+	tb := setupWithout(t, couchq.Config{}) // no design document yet: nothing validates
+	bad := map[string]string{
+		"bad-date":     `{"type":"WorkItem","worker":"mail","date":"tomorrow","tenant":"acme"}`,
+		"bad-status":   `{"type":"WorkItem","worker":"mail","status":"paused"}`,
+		"bad-attempts": `{"type":"WorkItem","worker":"mail","attempts":"three","date":"x"}`,
+		"bad-history":  `{"type":"WorkItem","worker":"mail","history":"oops"}`,
+	}
+	for id, body := range bad {
+		if code, resp := tb.raw(t, http.MethodPut, "/"+id, body); code != http.StatusCreated {
+			t.Fatalf("PUT %s: %d %s", id, code, resp)
+		}
+	}
+	if code, resp := tb.raw(t, http.MethodPut, "/good", `{"type":"WorkItem","worker":"mail"}`); code != http.StatusCreated {
+		t.Fatalf("PUT good: %d %s", code, resp)
+	}
+	tb.install(t)
+
+	batch, err := tb.client.Due(tb.ctx, "mail", 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch.Items) != 1 || batch.Items[0].ID != "good" {
+		t.Fatalf("due items %v, want only the good job", ids(batch.Items))
+	}
+	// The due view surfaces all four (an unknown status is not a terminal
+	// one) so that couchq can set them aside instead of leaving them stuck.
+	if len(batch.Malformed) != 4 {
+		t.Fatalf("%d malformed seen, want 4: %v", len(batch.Malformed), batch.Malformed)
+	}
+	for _, m := range batch.Malformed {
+		if m.Err == nil || m.Err.Field == "" || m.Err.Reason == "" {
+			t.Fatalf("malformed without a reason: %+v", m)
+		}
+		if err := tb.client.Quarantine(tb.ctx, m, "test/1/w"); err != nil {
+			t.Fatalf("quarantine %s: %v", m.ID, err)
+		}
+	}
+	batch, err = tb.client.Due(tb.ctx, "mail", 50)
+	if err != nil || len(batch.Malformed) != 0 || len(batch.Items) != 1 {
+		t.Fatalf("after quarantine: %v, %d malformed, %d items", err, len(batch.Malformed), len(batch.Items))
+	}
+	it, err := tb.client.Get(tb.ctx, "bad-date")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.Status != couchq.StatusFailed || !strings.Contains(it.LastError, "date") {
+		t.Fatalf("quarantined job: status %s, last_error %q", it.Status, it.LastError)
+	}
+	if inv, _ := it.Extra("invalid"); !strings.Contains(string(inv), `"tomorrow"`) {
+		t.Fatalf("offending value not kept: invalid = %s", inv)
+	}
+	if tenant, _ := it.Extra("tenant"); string(tenant) != `"acme"` {
+		t.Fatalf("application field lost: tenant = %s", tenant)
+	}
+	two, err := tb.client.Get(tb.ctx, "bad-attempts")
+	if err != nil || !strings.Contains(two.LastError, "attempts") || !strings.Contains(two.LastError, "date") {
+		t.Fatalf("a document with two bad fields: %v %+v", err, two)
+	}
+}
+
+// On a cluster two claims of the same _rev can both be accepted and become
+// a stored conflict. Simulated on one server by injecting the competing
+// claim with new_edits=false: whichever revision CouchDB picks as the
+// winner, exactly one claimant confirms and runs the job, and the conflict
+// is cleaned up.
+func TestInjectedConflictExactlyOneClaimantKeepsTheJob(t *testing.T) {
+	tb := setup(t, couchq.Config{AlwaysConfirm: true})
+	ctx := tb.ctx
+	wins := map[string]int{}
+	for i := range 12 {
+		job, err := tb.client.Enqueue(ctx, couchq.NewJob{Worker: "dup", Payload: i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		item, err := tb.client.Get(ctx, job.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Claimant A's write, accepted by "its" node.
+		a := item.Clone()
+		a.Claimed, a.Status, a.ClaimedBy, a.Attempts = true, couchq.StatusRunning, "host-a/1/a", 1
+		revA, err := tb.db.Put(ctx, a.ID, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Claimant B's write of the same parent, accepted by another node.
+		// Alternate B's revision id above and below A's so both outcomes of
+		// CouchDB's deterministic winner choice are exercised.
+		revB := fmt.Sprintf("2-%s%015x", map[bool]string{true: "f", false: "0"}[i%2 == 0], rand.Uint64()>>4)
+		revB += strings.Repeat("0", 34-len(revB))
+		b := map[string]any{
+			"_id": item.ID, "_rev": revB, "type": "WorkItem", "worker": "dup", "payload": i,
+			"claimed": true, "status": "running", "claimed_by": "host-b/2/b", "attempts": 1,
+			"_revisions": map[string]any{"start": 2, "ids": []string{revB[2:], strings.SplitN(item.Rev, "-", 2)[1]}},
+		}
+		tb.injectRevision(t, b)
+
+		wonA, errA := tb.client.Confirm(ctx, item.ID, revA)
+		wonB, errB := tb.client.Confirm(ctx, item.ID, revB)
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		if wonA == wonB {
+			t.Fatalf("job %s: A won %v, B won %v; want exactly one", item.ID, wonA, wonB)
+		}
+		stored, err := tb.client.Get(ctx, item.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conflicts map[string]any
+		if err := tb.db.Get(ctx, item.ID, kivik.Param("conflicts", true)).ScanDoc(&conflicts); err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := conflicts["_conflicts"]; ok {
+			t.Fatalf("conflict left behind: %v", c)
+		}
+		want := "host-a/1/a"
+		if wonB {
+			want = "host-b/2/b"
+		}
+		if stored.ClaimedBy != want {
+			t.Fatalf("winner %s but stored claimant %s", want, stored.ClaimedBy)
+		}
+		wins[want]++
+	}
+	if wins["host-a/1/a"] == 0 || wins["host-b/2/b"] == 0 {
+		t.Fatalf("both claimants should win some races: %v", wins)
+	}
+	t.Logf("winners over 12 races: %v", wins)
+}
+
+// A claim made through ClaimMany with confirmation on loses cleanly when a
+// competing revision wins the conflict.
+func TestClaimManyConfirmsEachClaim(t *testing.T) {
+	tb := setup(t, couchq.Config{AlwaysConfirm: true})
+	var jobs []couchq.NewJob
+	for i := range 5 {
+		jobs = append(jobs, couchq.NewJob{Worker: "many", Payload: i})
+	}
+	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := tb.client.Due(tb.ctx, "many", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := batch.Items[0].Clone()
+	res := tb.client.ClaimMany(tb.ctx, batch.Items, "test/1/w", time.Minute)
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("claim %d: %v", i, r.Err)
+		}
+	}
+	// The same rev again: every claim conflicts, none is half-applied.
+	again := tb.client.ClaimMany(tb.ctx, []*couchq.WorkItem{stale}, "test/2/w", time.Minute)
+	if !errors.Is(again[0].Err, couchq.ErrClaimConflict) || kivik.HTTPStatus(again[0].Err) != http.StatusConflict {
+		t.Fatalf("stale claim: %v (status %d)", again[0].Err, kivik.HTTPStatus(again[0].Err))
+	}
+}
+
+// Complete, fail, release and extend each write over the held revision; a
+// 409 means the claim was lost and nothing is overwritten.
+func TestHeldClaimTransitions(t *testing.T) {
+	clock := newClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	tb := setup(t, couchq.Config{Now: clock.Now, MaxAttempts: 2})
+	claim := func() *couchq.WorkItem {
+		t.Helper()
+		batch, err := tb.client.Due(tb.ctx, "t", 1)
+		if err != nil || len(batch.Items) != 1 {
+			t.Fatalf("due: %v %d", err, len(batch.Items))
+		}
+		it, err := tb.client.Claim(tb.ctx, batch.Items[0], "test/1/w", 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return it
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "t"}); err != nil {
+		t.Fatal(err)
+	}
+
+	it := claim()
+	stale := it.Clone()
+	if err := tb.client.Extend(tb.ctx, it, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if want := couchq.ToUnix(clock.Now().Add(time.Minute)); it.LeaseUntil != want {
+		t.Fatalf("lease_until %v, want %v", it.LeaseUntil, want)
+	}
+	// The stale copy lost: a 409, reported as a lost claim, nothing written.
+	err := tb.client.Complete(tb.ctx, stale, nil)
+	if !errors.Is(err, couchq.ErrClaimLost) || kivik.HTTPStatus(err) != http.StatusConflict {
+		t.Fatalf("complete with a stale rev: %v", err)
+	}
+	if err := tb.client.Fail(tb.ctx, it, "boom", couchq.FailOptions{RetryAfter: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if it.Status != couchq.StatusQueued || it.LastError != "boom" || it.Date != couchq.ToUnix(clock.Now().Add(5*time.Second)) {
+		t.Fatalf("after a retryable failure: %+v", it)
+	}
+	clock.Add(5 * time.Second)
+	it = claim()
+	if it.Attempts != 2 {
+		t.Fatalf("attempts %d, want 2", it.Attempts)
+	}
+	if err := tb.client.Release(tb.ctx, it, "shutdown"); err != nil {
+		t.Fatal(err)
+	}
+	if it.Attempts != 1 || it.Status != couchq.StatusQueued || it.Claimed {
+		t.Fatalf("release must not charge the attempt: %+v", it)
+	}
+	it = claim()
+	if err := tb.client.Fail(tb.ctx, it, "boom again", couchq.FailOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if it.Status != couchq.StatusFailed || it.FinishedAt == 0 {
+		t.Fatalf("attempts used up: want failed, got %+v", it)
+	}
+	events := []string{}
+	for _, e := range it.History {
+		events = append(events, e.Event)
+	}
+	want := "enqueued claimed retry-scheduled claimed released claimed failed"
+	if strings.Join(events, " ") != want {
+		t.Fatalf("history %v, want %s", events, want)
+	}
+	if _, err := tb.client.Get(tb.ctx, "no-such-job"); !errors.Is(err, couchq.ErrNotFound) || kivik.HTTPStatus(err) != http.StatusNotFound {
+		t.Fatalf("missing job: %v", err)
+	}
+}
+
+func ids(items []*couchq.WorkItem) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.ID
+	}
+	return out
+}
+
+func copyFS(t *testing.T, src fs.FS) fstest.MapFS {
+	t.Helper()
+	out := fstest.MapFS{}
+	err := fs.WalkDir(src, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(src, p)
+		out[p] = &fstest.MapFile{Data: b}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// clock is a settable clock for tests of scheduling.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock(t time.Time) *clock { return &clock{now: t} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+

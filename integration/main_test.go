@@ -1,0 +1,113 @@
+// Package integration proves couchq's queue semantics against a real
+// CouchDB-compatible server (see internal/couchtest for which one).
+package integration
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
+)
+
+// server is the package's test server, started once by TestMain.
+var server *couchtest.Server
+
+func TestMain(m *testing.M) {
+	couchtest.Main(m, func(s *couchtest.Server) { server = s })
+}
+
+// testBundle is what most tests need: a fresh database with couchq's
+// design document and a Client on it.
+type testBundle struct {
+	ctx    context.Context
+	kivik  *kivik.Client
+	db     *kivik.DB
+	client *couchq.Client
+	log    zerolog.Logger
+}
+
+// setup creates a database for the test, installs the design document and
+// returns a Client configured with cfg.
+func setup(t *testing.T, cfg couchq.Config) *testBundle {
+	t.Helper()
+	tb := setupWithout(t, cfg)
+	tb.install(t)
+	return tb
+}
+
+// setupWithout is setup without the design document (nothing validates
+// writes yet), for tests of documents written before couchq was installed.
+func setupWithout(t *testing.T, cfg couchq.Config) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	tb := &testBundle{
+		ctx:   ctx,
+		kivik: server.Client(t),
+		db:    server.NewDB(t),
+		log:   zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel).With().Timestamp().Logger(),
+	}
+	cfg.Logger = tb.log
+	client, err := couchq.New(ctx, tb.db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.client = client
+	return tb
+}
+
+// install installs couchq's design document into the bundle's database.
+func (tb *testBundle) install(t *testing.T) {
+	t.Helper()
+	if _, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freshName is a database name for this test that does not exist yet.
+func (tb *testBundle) freshName(t *testing.T) string {
+	return server.UniqueDBName(t)
+}
+
+// raw sends an HTTP request to a path inside the bundle's database with
+// no couchq code involved, as an application writing jobs by hand would.
+func (tb *testBundle) raw(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(tb.ctx, method, server.DBURL(tb.db.Name())+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// due lists the ids of jobs of type worker due now.
+func (tb *testBundle) due(t *testing.T, worker string) []string {
+	t.Helper()
+	batch, err := tb.client.Due(tb.ctx, worker, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids(batch.Items)
+}
+
+// injectRevision stores a competing revision as a cluster would.
+func (tb *testBundle) injectRevision(t *testing.T, doc map[string]any) {
+	t.Helper()
+	couchtest.InjectRevision(tb.ctx, t, server, tb.db.Name(), doc)
+}

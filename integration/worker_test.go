@@ -1,0 +1,351 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
+)
+
+// fastWorker is a worker config with short, test-sized timings.
+func fastWorker(tb *testBundle, handlers map[string]worker.Handler) worker.Config {
+	return worker.Config{
+		Handlers:        handlers,
+		Concurrency:     4,
+		LeaseDuration:   2 * time.Second,
+		SweepInterval:   200 * time.Millisecond,
+		Retry:           func(int) time.Duration { return 20 * time.Millisecond },
+		ShutdownTimeout: 2 * time.Second,
+		FeedTimeout:     2 * time.Second,
+		FallbackPoll:    time.Minute, // a test that passes proves the feed, not the poll
+		Logger:          tb.log,
+	}
+}
+
+// startWorker starts a worker and stops it when the test ends.
+func startWorker(t *testing.T, tb *testBundle, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(tb.client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	return w
+}
+
+// waitStatus polls a job until it reaches status or the deadline passes.
+func waitStatus(t *testing.T, tb *testBundle, id string, status couchq.Status, within time.Duration) *couchq.WorkItem {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		it, err := tb.client.Get(tb.ctx, id)
+		if err == nil && it.Status == status {
+			return it
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s did not reach %s within %s: %+v (err %v)", id, status, within, it, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func events(it *couchq.WorkItem) string {
+	var out []string
+	for _, e := range it.History {
+		out = append(out, e.Event)
+	}
+	return strings.Join(out, " ")
+}
+
+func TestRetryThenSuccess(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var calls atomic.Int32
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"flaky": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if calls.Add(1) < 3 {
+				return errors.New("temporary trouble")
+			}
+			return job.SetResult(map[string]int{"attempt": job.Attempt})
+		}),
+	}))
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "flaky"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := waitStatus(t, tb, job.ID, couchq.StatusDone, 10*time.Second)
+	if it.Attempts != 3 || string(it.Result) != `{"attempt":3}` || it.LastError != "temporary trouble" {
+		t.Fatalf("done job: attempts %d result %s last_error %q", it.Attempts, it.Result, it.LastError)
+	}
+	if got := events(it); got != "enqueued claimed retry-scheduled claimed retry-scheduled claimed done" {
+		t.Fatalf("history: %s", got)
+	}
+}
+
+func TestErrorsUntilFailed(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"doomed": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			return errors.New("still broken")
+		}),
+	}))
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "doomed", MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := waitStatus(t, tb, job.ID, couchq.StatusFailed, 10*time.Second)
+	if it.Attempts != 3 || it.LastError != "still broken" || it.Claimed {
+		t.Fatalf("failed job: %+v", it)
+	}
+}
+
+func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var snoozed atomic.Bool
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"snooze": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if !snoozed.Swap(true) {
+				return worker.JobSnooze(100 * time.Millisecond)
+			}
+			return nil
+		}),
+		"cancel": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			return worker.JobCancel(errors.New("customer closed the account"))
+		}),
+		"failnow": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			return worker.JobFail(errors.New("bad input, no retry"))
+		}),
+		"panic": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if job.Attempt == 1 {
+				panic("nil map somewhere")
+			}
+			return nil
+		}),
+	}))
+	ids := map[string]string{}
+	for _, typ := range []string{"snooze", "cancel", "failnow", "panic"} {
+		job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: typ})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[typ] = job.ID
+	}
+	it := waitStatus(t, tb, ids["snooze"], couchq.StatusDone, 10*time.Second)
+	if it.Attempts != 1 || events(it) != "enqueued claimed snoozed claimed done" {
+		t.Fatalf("snooze must not count an attempt: attempts %d, history %s", it.Attempts, events(it))
+	}
+	it = waitStatus(t, tb, ids["cancel"], couchq.StatusCancelled, 10*time.Second)
+	if !strings.Contains(it.LastError, "customer closed the account") {
+		t.Fatalf("cancel reason lost: %q", it.LastError)
+	}
+	it = waitStatus(t, tb, ids["failnow"], couchq.StatusFailed, 10*time.Second)
+	if it.Attempts != 1 || it.LastError != "bad input, no retry" {
+		t.Fatalf("fail-now: attempts %d last_error %q", it.Attempts, it.LastError)
+	}
+	it = waitStatus(t, tb, ids["panic"], couchq.StatusDone, 10*time.Second)
+	if it.Attempts != 2 || !strings.Contains(it.History[2].Error, "nil map somewhere") {
+		t.Fatalf("panic: attempts %d, history %+v", it.Attempts, it.History)
+	}
+}
+
+// A job scheduled 2 s ahead does not start early and starts within 500 ms
+// after its time, with no poll interval involved (FallbackPoll is a minute).
+func TestScheduledJobStartsOnTime(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	started := make(chan time.Time, 1)
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"later": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			started <- time.Now()
+			return nil
+		}),
+	}))
+	time.Sleep(200 * time.Millisecond) // the worker is idle, waiting on the feed
+	at := time.Now().Add(2 * time.Second)
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "later", At: at}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-started:
+		if s.Before(at) {
+			t.Fatalf("started %s early", at.Sub(s))
+		}
+		if late := s.Sub(at); late > 500*time.Millisecond {
+			t.Fatalf("started %s late", late)
+		}
+		t.Logf("started %s after its time", s.Sub(at))
+	case <-time.After(5 * time.Second):
+		t.Fatal("scheduled job never started")
+	}
+}
+
+// An idle worker wakes on the changes feed: a new job starts at once.
+func TestIdleWorkerWakesOnChanges(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	started := make(chan time.Time, 1)
+	w := startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"ping": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			started <- time.Now()
+			return nil
+		}),
+	}))
+	time.Sleep(300 * time.Millisecond)
+	before := w.Stats().Queries
+	time.Sleep(time.Second)
+	if idle := w.Stats().Queries - before; idle > 1 {
+		t.Fatalf("idle worker made %d due queries in a second: busy polling", idle)
+	}
+	enq := time.Now()
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "ping"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-started:
+		t.Logf("wake-up latency %s", s.Sub(enq))
+		if s.Sub(enq) > time.Second {
+			t.Fatalf("wake-up took %s", s.Sub(enq))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("job never started: the worker did not wake on the feed")
+	}
+}
+
+// A job whose handler runs three times the lease is not swept while its
+// worker lives: heartbeats renew the lease.
+func TestLongJobKeepsItsLease(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var runs atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"long": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			runs.Add(1)
+			select {
+			case <-time.After(3 * time.Second):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}),
+	})
+	cfg.LeaseDuration = time.Second
+	cfg.HeartbeatInterval = 250 * time.Millisecond
+	cfg.SweepInterval = 100 * time.Millisecond
+	startWorker(t, tb, cfg)
+	// A second worker process's sweeper, eager to sweep.
+	sweeper := cfg
+	sweeper.Handlers = map[string]worker.Handler{"other": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })}
+	startWorker(t, tb, sweeper)
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "long"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := waitStatus(t, tb, job.ID, couchq.StatusDone, 10*time.Second)
+	if runs.Load() != 1 || it.Attempts != 1 || strings.Contains(events(it), "lease-expired") {
+		t.Fatalf("long job swept while alive: runs %d, attempts %d, history %s", runs.Load(), it.Attempts, events(it))
+	}
+}
+
+// Graceful shutdown with jobs in flight: one finishes within the timeout;
+// one that outlives it is cancelled and released, not failed, not lost.
+func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	running := make(chan string, 2)
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"quick": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			running <- job.ID
+			time.Sleep(300 * time.Millisecond)
+			return nil
+		}),
+		"slow": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			running <- job.ID
+			<-ctx.Done()
+			return ctx.Err()
+		}),
+	})
+	cfg.ShutdownTimeout = time.Second
+	w, err := worker.New(tb.client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	quick, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "quick"})
+	slow, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slow"})
+	for range 2 {
+		select {
+		case <-running:
+		case <-time.After(5 * time.Second):
+			t.Fatal("jobs did not start")
+		}
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if it, _ := tb.client.Get(tb.ctx, quick.ID); it.Status != couchq.StatusDone {
+		t.Fatalf("quick job: %s", it.Status)
+	}
+	it, _ := tb.client.Get(tb.ctx, slow.ID)
+	if it.Status != couchq.StatusQueued || it.Claimed || it.Attempts != 0 || !strings.HasSuffix(events(it), "released") {
+		t.Fatalf("slow job must be released without charging an attempt: %+v", it)
+	}
+	workers, err := tb.client.Workers(tb.ctx)
+	if err != nil || len(workers) != 0 {
+		t.Fatalf("registry after a clean exit: %v %d", err, len(workers))
+	}
+}
+
+// Drain mode exits once no due work remains and leaves nothing claimed.
+func TestDrainModeExitsWhenEmpty(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var jobs []couchq.NewJob
+	for i := range 40 {
+		jobs = append(jobs, couchq.NewJob{Worker: "cron", Payload: i})
+	}
+	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	var done atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"cron": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			done.Add(1)
+			return nil
+		}),
+	})
+	cfg.Drain = true
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for range 2 { // overlapping runs share the work
+		w, err := worker.New(tb.client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(tb.ctx, 20*time.Second)
+			defer cancel()
+			errs <- w.Run(ctx)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if done.Load() != 40 {
+		t.Fatalf("%d jobs ran, want 40", done.Load())
+	}
+	batch, err := tb.client.List(tb.ctx, couchq.ListOptions{Worker: "cron", Status: couchq.StatusRunning})
+	if err != nil || len(batch.Items) != 0 {
+		t.Fatalf("left claimed: %v %d", err, len(batch.Items))
+	}
+}
