@@ -571,4 +571,3 @@ func (c *clock) Add(d time.Duration) {
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
 }
-
