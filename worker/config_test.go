@@ -1,0 +1,100 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRetryBackoffGrowsAndIsCapped(t *testing.T) {
+	prev := time.Duration(0)
+	for attempt := 1; attempt <= 6; attempt++ {
+		d := RetryBackoff(attempt, time.Second, time.Hour)
+		base := time.Duration(attempt*attempt*attempt*attempt) * time.Second
+		if d < base || d > base+base/10 {
+			t.Fatalf("attempt %d: %s not within [%s, %s]", attempt, d, base, base+base/10)
+		}
+		if d <= prev {
+			t.Fatalf("attempt %d: %s does not grow past %s", attempt, d, prev)
+		}
+		prev = d
+	}
+	if d := RetryBackoff(100, time.Second, time.Hour); d != time.Hour {
+		t.Fatalf("cap: %s", d)
+	}
+	if d := DefaultRetry(25); d != RetryCapDefault {
+		t.Fatalf("default cap: %s", d)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	ok := HandlerFunc(func(context.Context, *Job) error { return nil })
+	cases := map[string]Config{
+		"no handlers":  {},
+		"empty type":   {Handlers: map[string]Handler{"": ok}},
+		"nil handler":  {Handlers: map[string]Handler{"a": nil}},
+		"slow beating": {Handlers: map[string]Handler{"a": ok}, LeaseDuration: time.Second, HeartbeatInterval: time.Second},
+	}
+	for name, cfg := range cases {
+		if err := cfg.WithDefaults().validate(); err == nil {
+			t.Errorf("%s: want an error", name)
+		}
+	}
+	cfg := Config{Handlers: map[string]Handler{"a": ok}}.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HeartbeatInterval != LeaseDurationDefault/3 || cfg.SweepInterval != LeaseDurationDefault/2 {
+		t.Fatalf("derived defaults: heartbeat %s sweep %s", cfg.HeartbeatInterval, cfg.SweepInterval)
+	}
+}
+
+func TestSteeringErrorsSurviveWrapping(t *testing.T) {
+	snooze, cancel, fail := steering(errors.Join(errors.New("ctx"), JobSnooze(time.Minute)))
+	if snooze == nil || snooze.Delay != time.Minute || cancel != nil || fail != nil {
+		t.Fatal("wrapped snooze not recognised")
+	}
+	_, cancel, _ = steering(JobCancel(errors.New("gone")))
+	if cancel == nil || !strings.Contains(cancel.Error(), "gone") {
+		t.Fatal("cancel not recognised")
+	}
+	_, _, fail = steering(JobFail(errors.New("bad")))
+	if fail == nil || fail.Error() != "bad" {
+		t.Fatal("fail not recognised")
+	}
+}
+
+func TestTypedDecodesOrFailsWithoutRetry(t *testing.T) {
+	type args struct {
+		To string `json:"to"`
+	}
+	var got string
+	h := Typed(func(ctx context.Context, job *Job, a args) error {
+		got = a.To
+		return nil
+	})
+	if err := h.Handle(context.Background(), &Job{Payload: json.RawMessage(`{"to":"x@y"}`)}); err != nil || got != "x@y" {
+		t.Fatalf("decode: %v %q", err, got)
+	}
+	err := h.Handle(context.Background(), &Job{ID: "j1", Payload: json.RawMessage(`{"to":5}`)})
+	var fail *FailError
+	if !errors.As(err, &fail) || !strings.Contains(err.Error(), "j1") {
+		t.Fatalf("bad payload must fail without retry, naming the job: %v", err)
+	}
+}
+
+func TestSetResult(t *testing.T) {
+	j := &Job{ID: "j"}
+	if err := j.SetResult(json.RawMessage(`{bad`)); err == nil {
+		t.Fatal("invalid raw JSON accepted")
+	}
+	if err := j.SetResult(map[string]int{"n": 1}); err != nil || string(j.Result()) != `{"n":1}` {
+		t.Fatalf("%v %s", err, j.Result())
+	}
+	if err := j.SetResult(func() {}); err == nil {
+		t.Fatal("unencodable result accepted")
+	}
+}
