@@ -1,0 +1,135 @@
+package localserver
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+func testLogger(t *testing.T) zerolog.Logger {
+	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
+}
+
+func do(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestStartWriteRestartStop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute) // includes a possible npm ci
+	defer cancel()
+	dataDir := t.TempDir()
+	srv, err := Start(ctx, Options{DataDir: dataDir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+
+	if !strings.HasPrefix(srv.URL(), "http://127.0.0.1:") || srv.Port() == 0 {
+		t.Fatalf("URL() = %q, Port() = %d", srv.URL(), srv.Port())
+	}
+	if srv.DataDir() != dataDir {
+		t.Fatalf("DataDir() = %q, want %q", srv.DataDir(), dataDir)
+	}
+	if code, body := do(t, http.MethodPut, srv.URL()+"/things", ""); code != http.StatusCreated {
+		t.Fatalf("create db: %d %s", code, body)
+	}
+	if code, body := do(t, http.MethodPut, srv.URL()+"/things/a", `{"v":1}`); code != http.StatusCreated {
+		t.Fatalf("put doc: %d %s", code, body)
+	}
+	// pouchdb-server must run with cwd = data dir: its log and config land there, not in the repo.
+	for _, f := range []string{"config.json", "log.txt"} {
+		if _, err := os.Stat(filepath.Join(dataDir, f)); err != nil {
+			t.Errorf("expected %s in data dir: %v", f, err)
+		}
+	}
+
+	url := srv.URL()
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if srv.URL() != url {
+		t.Fatalf("Restart moved the server from %s to %s", url, srv.URL())
+	}
+	code, body := do(t, http.MethodGet, srv.URL()+"/things/a", "")
+	if code != http.StatusOK || !strings.Contains(body, `"v":1`) {
+		t.Fatalf("doc after restart: %d %s", code, body)
+	}
+
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get(srv.URL() + "/"); err == nil {
+		t.Fatal("server still answers after Stop")
+	}
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+func TestStartFailsWhenPortTaken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	first, err := Start(ctx, Options{DataDir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Stop(context.Background()) })
+
+	// An explicit port is never changed: the second server must fail, and say why.
+	_, err = Start(ctx, Options{DataDir: t.TempDir(), Port: first.Port(), Logger: testLogger(t)})
+	if err == nil {
+		t.Fatal("second server on the same port started")
+	}
+	if !strings.Contains(err.Error(), "already in use") {
+		t.Fatalf("error does not carry the server's output: %v", err)
+	}
+}
+
+func TestModulePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"module github.com/couchq/couchq\n\ngo 1.26\n": "github.com/couchq/couchq",
+		"// x\nmodule \"github.com/couchq/couchq\"\n":  "github.com/couchq/couchq",
+		"modulex foo\n": "",
+	} {
+		if got := modulePath([]byte(in)); got != want {
+			t.Errorf("modulePath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestToolsDirOverride(t *testing.T) {
+	t.Setenv(DirEnv, "/some/where")
+	if dir, err := ToolsDir(); err != nil || dir != "/some/where" {
+		t.Fatalf("ToolsDir() = %q, %v", dir, err)
+	}
+}
+
+func TestToolsDirFromRepo(t *testing.T) {
+	t.Setenv(DirEnv, "")
+	dir, err := ToolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "package.json")); err != nil {
+		t.Fatalf("ToolsDir() = %q: %v", dir, err)
+	}
+}
