@@ -15,6 +15,11 @@ import (
 	"github.com/go-kivik/kivik/v4/couchdb/chttp"
 )
 
+// HistoryTimeFormat is the ISO-8601 form of Event.At: UTC with
+// milliseconds, which every JavaScript engine's Date.parse reads (the
+// metrics views parse it).
+const HistoryTimeFormat = "2006-01-02T15:04:05.000Z"
+
 // maxErrorLen bounds stored error messages so a chatty failure cannot grow
 // a document without limit.
 const maxErrorLen = 4096
@@ -75,6 +80,9 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 		next.ClaimedAt = ToUnix(now)
 		next.LeaseUntil = ToUnix(now.Add(lease))
 		next.Attempts++
+		if next.StartedAt == 0 {
+			next.StartedAt = next.ClaimedAt
+		}
 		c.record(next, "claimed", by, "")
 		results[i].Item = next
 		docs = append(docs, next)
@@ -344,7 +352,7 @@ func (c *Client) MaxAttempts(it *WorkItem) int { return c.maxAttempts(it) }
 // never lost.
 func (c *Client) record(it *WorkItem, event, by, errMsg string) {
 	it.History = append(it.History, Event{
-		At: c.now().UTC().Format(time.RFC3339Nano), Event: event, By: by,
+		At: c.now().UTC().Format(HistoryTimeFormat), Event: event, By: by,
 		Attempt: it.Attempts, Error: truncate(errMsg),
 	})
 	limit := c.cfg.HistoryLimit

@@ -20,6 +20,8 @@ type Batch struct {
 	// Malformed are documents couchq cannot run (each already logged).
 	// Workers quarantine them so they stop blocking the queue.
 	Malformed []Malformed
+	// At is the "now" a Due query listed jobs up to.
+	At time.Time
 }
 
 // Malformed is a stored WorkItem that failed to decode.
@@ -38,22 +40,30 @@ func (c *Client) Due(ctx context.Context, worker string, limit int) (*Batch, err
 	}
 	// [worker] sorts before every [worker, date], so negative dates are
 	// found too.
+	now := c.now()
 	rows := c.db.Query(ctx, designdocs.ID, "_view/due", kivik.Params(map[string]any{
 		"startkey":     []any{worker},
-		"endkey":       []any{worker, ToUnix(c.now())},
+		"endkey":       []any{worker, ToUnix(now)},
 		"include_docs": true,
+		"reduce":       false,
 		"limit":        limit,
 	}))
-	return c.scan(rows, fmt.Sprintf("listing due %s jobs", worker))
+	b, err := c.scan(rows, fmt.Sprintf("listing due %s jobs", worker))
+	if b != nil {
+		b.At = now
+	}
+	return b, err
 }
 
-// Next returns when the next job of type worker due at or after now is
-// due; ok is false when none is scheduled.
-func (c *Client) Next(ctx context.Context, worker string) (at time.Time, ok bool, err error) {
-	now := ToUnix(c.now())
+// Next returns when the first job of type worker due at or after `after`
+// is due; ok is false when none is scheduled. Pass the time a Due query
+// used, so that a job falling due between the two queries is not missed.
+func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at time.Time, ok bool, err error) {
+	now := ToUnix(after)
 	rows := c.db.Query(ctx, designdocs.ID, "_view/due", kivik.Params(map[string]any{
 		"startkey": []any{worker, now},
 		"endkey":   []any{worker, map[string]any{}},
+		"reduce":   false,
 		"limit":    1,
 	}))
 	defer rows.Close()

@@ -84,8 +84,10 @@ type WorkItem struct {
 	LastError   string
 	Result      json.RawMessage
 	CreatedAt   float64
-	FinishedAt  float64
-	History     []Event
+	// StartedAt is when the job was first claimed (wait time ends there).
+	StartedAt  float64
+	FinishedAt float64
+	History    []Event
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -133,6 +135,7 @@ type wireItem struct {
 	LastError   string          `json:"last_error,omitempty"`
 	Result      json.RawMessage `json:"result,omitempty"`
 	CreatedAt   float64         `json:"created_at,omitempty"`
+	StartedAt   float64         `json:"started_at,omitempty"`
 	FinishedAt  float64         `json:"finished_at,omitempty"`
 	History     []Event         `json:"history,omitempty"`
 }
@@ -142,7 +145,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "finished_at", "history":
+		"created_at", "started_at", "finished_at", "history":
 		return true
 	}
 	return false
@@ -158,7 +161,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		ID: w.ID, Rev: w.Rev, Type: DocType, Worker: w.Worker, Date: w.Date, Payload: w.Payload,
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
-		Result: w.Result, CreatedAt: w.CreatedAt, FinishedAt: w.FinishedAt, History: w.History,
+		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -221,6 +224,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.str("last_error", &w.LastError)
 	w.Result = nonNull(raw["result"])
 	p.num("created_at", &w.CreatedAt)
+	p.num("started_at", &w.StartedAt)
 	p.num("finished_at", &w.FinishedAt)
 	p.history(&w.History)
 	if c, ok := raw["_conflicts"]; ok {

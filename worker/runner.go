@@ -42,7 +42,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 	log := r.w.log.With().Str("type", r.typ).Logger()
 	backoff := 100 * time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
-		more, err := r.fetch(ctx)
+		more, listedUpTo, err := r.fetch(ctx)
 		if err != nil {
 			if ctx.Err() != nil || r.w.stopping() {
 				return
@@ -65,7 +65,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if r.w.cfg.Drain {
 			wait = 100 * time.Millisecond // drain: wait only for running jobs
 		} else if r.free() > 0 {
-			if at, ok, err := r.w.client.Next(ctx, r.typ); err == nil && ok {
+			if at, ok, err := r.w.client.Next(ctx, r.typ, listedUpTo); err == nil && ok {
 				until := time.Until(at)
 				if until < wait {
 					wait = max(until, time.Millisecond)
@@ -94,24 +94,26 @@ func (r *runner) idle(ctx context.Context, d time.Duration) bool {
 }
 
 // fetch claims as many due jobs as there are free slots (at most one
-// batch) and starts them. more reports that due work may remain.
-func (r *runner) fetch(ctx context.Context) (more bool, err error) {
+// batch) and starts them. more reports that due work may remain; upTo is
+// the time the due list ran up to (where "next scheduled" starts).
+func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err error) {
 	free := r.free()
 	if free == 0 {
-		return true, nil
+		return true, r.w.cfg.Now(), nil
 	}
 	k := max(r.w.cfg.PickAmong, free)
 	r.w.stats.queries.Add(1)
 	batch, err := r.w.client.Due(ctx, r.typ, k)
 	if err != nil {
-		return false, err
+		return false, time.Time{}, err
 	}
+	upTo = batch.At
 	if len(batch.Malformed) > 0 {
 		r.w.quarantine(ctx, batch.Malformed)
 	}
 	items := batch.Items
 	if len(items) == 0 {
-		return len(batch.Malformed) > 0, nil
+		return len(batch.Malformed) > 0, upTo, nil
 	}
 	// Pick at random among the first K so that workers polling the same
 	// view spread over the candidates instead of all racing for row one.
@@ -131,7 +133,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, err error) {
 		}
 	}
 	r.w.stats.conflicts.Add(int64(conflicts))
-	return len(items) == k || conflicts > 0 || n < len(items), nil
+	return len(items) == k || conflicts > 0 || n < len(items), upTo, nil
 }
 
 // runningJob is a job in flight. mu serialises the writes that carry its
