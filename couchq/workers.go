@@ -35,6 +35,8 @@ type WorkerInfo struct {
 	// StartedAt and LastHeartbeat are Unix seconds.
 	StartedAt     float64 `json:"started_at"`
 	LastHeartbeat float64 `json:"last_heartbeat"`
+	// HeartbeatInterval is how often (seconds) the process reports.
+	HeartbeatInterval float64 `json:"heartbeat_interval"`
 	// BusySeconds sums the run time of finished jobs: utilization is
 	// BusySeconds / (uptime × concurrency × len(Types)).
 	BusySeconds float64 `json:"busy_seconds"`

@@ -27,6 +27,7 @@ func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
 	info.Running = running
 	info.StartedAt = couchq.ToUnix(w.started)
 	info.LastHeartbeat = couchq.ToUnix(w.cfg.Now())
+	info.HeartbeatInterval = w.cfg.HeartbeatInterval.Seconds()
 	info.BusySeconds = busy.Seconds()
 	info.Claimed, info.Completed, info.Failed, info.Conflicts = st.Claimed, st.Completed, st.Failed, st.Conflicts
 }

@@ -1,0 +1,251 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// opsScript runs a known script of jobs on a controlled clock and returns
+// the bundle and the clock, now at T0+20s. See TestStatsFromAKnownScript for
+// the figures it must produce.
+func opsScript(t *testing.T) (*testBundle, *clock, time.Time) {
+	t.Helper()
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	clk := newClock(t0)
+	tb := setup(t, couchq.Config{Now: clk.Now})
+	c := tb.client
+	at := func(sec int) { clk.Set(t0.Add(time.Duration(sec) * time.Second)) }
+	enqueue := func(id string, due time.Time) {
+		if _, err := c.Enqueue(tb.ctx, couchq.NewJob{ID: id, Worker: "mail", At: due}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(id string) *couchq.WorkItem {
+		it, err := c.Get(tb.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it, err = c.Claim(tb.ctx, it, "host/1/w1", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return it
+	}
+	at(0)
+	enqueue("A", time.Time{})
+	enqueue("B", time.Time{})
+	enqueue("C", time.Time{})
+	enqueue("E", time.Time{})
+	at(2)
+	a := claim("A")
+	at(3)
+	enqueue("D", t0.Add(100*time.Second))
+	at(4)
+	b := claim("B")
+	at(5)
+	if err := c.Complete(tb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Fail(tb.ctx, b, "smtp timeout", couchq.FailOptions{RetryAfter: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	at(6)
+	b = claim("B")
+	at(7)
+	claim("E")
+	at(10)
+	if err := c.Complete(tb.ctx, b, nil); err != nil {
+		t.Fatal(err)
+	}
+	at(20)
+	return tb, clk, t0
+}
+
+// Metrics from a known script: exact counts and times.
+func TestStatsFromAKnownScript(t *testing.T) {
+	tb, _, t0 := opsScript(t)
+	st, err := tb.client.Stats(tb.ctx, couchq.StatsOptions{Since: t0.Add(-time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Types) != 1 || st.Types[0].Type != "mail" {
+		t.Fatalf("types: %+v", st.Types)
+	}
+	m := st.Types[0]
+	if m.Added != 5 || m.Started != 4 || m.Finished != 2 || m.Failed != 0 || m.Retried != 1 {
+		t.Errorf("events: added %d started %d finished %d failed %d retried %d; want 5 4 2 0 1",
+			m.Added, m.Started, m.Finished, m.Failed, m.Retried)
+	}
+	checkSummary(t, "wait", m.Wait, 3, 2, 13.0/3, 7, 4, 7)
+	checkSummary(t, "service", m.Service, 2, 5, 7.5, 10, 5, 10)
+	checkSummary(t, "execution", m.Execution, 3, 1, 8.0/3, 4, 3, 4)
+	want := couchq.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
+	if m.Queue != want {
+		t.Errorf("queue now %+v, want %+v", m.Queue, want)
+	}
+	// A window that starts after the script saw nothing happen.
+	later, err := tb.client.Stats(tb.ctx, couchq.StatsOptions{Worker: "mail", Since: t0.Add(15 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := later.Types[0]; l.Added != 0 || l.Finished != 0 || l.Service.Count != 0 || l.Queue.Due != 1 {
+		t.Errorf("late window: %+v", l)
+	}
+}
+
+func checkSummary(t *testing.T, name string, s couchq.Summary, count int64, lo, mean, hi, p50, p95 float64) {
+	t.Helper()
+	near := func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
+	if s.Count != count || !near(s.Min, lo) || !near(s.Mean, mean) || !near(s.Max, hi) ||
+		s.P50 == nil || s.P95 == nil || !near(*s.P50, p50) || !near(*s.P95, p95) {
+		t.Errorf("%s: %+v (p50 %v p95 %v), want count %d min %v mean %v max %v p50 %v p95 %v",
+			name, s, deref(s.P50), deref(s.P95), count, lo, mean, hi, p50, p95)
+	}
+}
+
+func deref(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestOperatorRetryCancelRequeue(t *testing.T) {
+	tb, _, _ := opsScript(t)
+	c := tb.client
+	// E is running: it can be requeued, not retried.
+	if _, err := c.Retry(tb.ctx, "E", "cli"); !errors.Is(err, couchq.ErrWrongState) {
+		t.Fatalf("retrying a running job: %v", err)
+	}
+	e, err := c.Requeue(tb.ctx, "E", "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Status != couchq.StatusQueued || e.Claimed || !strings.Contains(e.History[len(e.History)-1].Error, "host/1/w1") {
+		t.Fatalf("requeued: %+v", e)
+	}
+	// C is queued: cancel it, then retry it.
+	cj, err := c.CancelJob(tb.ctx, "C", "cli", "")
+	if err != nil || cj.Status != couchq.StatusCancelled {
+		t.Fatalf("cancel: %v %+v", err, cj)
+	}
+	if _, err := c.CancelJob(tb.ctx, "C", "cli", ""); !errors.Is(err, couchq.ErrWrongState) {
+		t.Fatalf("cancelling twice: %v", err)
+	}
+	r, err := c.Retry(tb.ctx, "C", "cli")
+	if err != nil || r.Status != couchq.StatusQueued || r.Attempts != 0 || r.History[len(r.History)-1].Event != "requeued" {
+		t.Fatalf("retry: %v %+v", err, r)
+	}
+	if _, err := c.Retry(tb.ctx, "nope", "cli"); !errors.Is(err, couchq.ErrNotFound) {
+		t.Fatalf("missing id: %v", err)
+	}
+}
+
+// History stays bounded under 100 retries, keeping the first "enqueued".
+func TestHistoryBoundedUnderManyRetries(t *testing.T) {
+	tb := setup(t, couchq.Config{HistoryLimit: 20, MaxAttempts: 1000})
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := job
+	for i := range 100 {
+		if it, err = tb.client.Get(tb.ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+		if it, err = tb.client.Claim(tb.ctx, it, "h/1/w", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.client.Fail(tb.ctx, it, fmt.Sprintf("try %d", i), couchq.FailOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	it, _ = tb.client.Get(tb.ctx, job.ID)
+	if len(it.History) != 20 || it.History[0].Event != "enqueued" || it.Attempts != 100 {
+		t.Fatalf("history %d entries (first %q), attempts %d", len(it.History), it.History[0].Event, it.Attempts)
+	}
+	if last := it.History[19]; last.Error != "try 99" || last.Attempt != 100 {
+		t.Fatalf("newest entry: %+v", last)
+	}
+}
+
+// Purge on a few thousand jobs removes only old jobs of the given status.
+func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	clk := newClock(t0)
+	tb := setup(t, couchq.Config{Now: clk.Now})
+	c := tb.client
+	// 3,000 jobs of two types, written in bulk as finished documents would
+	// look: 1,500 done long ago, 300 failed, 200 done recently, 1,000 queued.
+	old := couchq.ToUnix(t0)
+	recent := couchq.ToUnix(t0.Add(10 * 24 * time.Hour))
+	var docs []any
+	for i := range 3000 {
+		doc := map[string]any{"_id": fmt.Sprintf("job-%04d", i), "type": "WorkItem", "worker": []string{"p1", "p2"}[i%2],
+			"created_at": old, "attempts": 1}
+		switch {
+		case i < 1500:
+			doc["status"], doc["finished_at"] = "done", old
+		case i < 1800:
+			doc["status"], doc["finished_at"], doc["last_error"] = "failed", old, "x"
+		case i < 2000:
+			doc["status"], doc["finished_at"] = "done", recent
+		}
+		docs = append(docs, doc)
+	}
+	for start := 0; start < len(docs); start += 1000 {
+		results, err := tb.db.BulkDocs(tb.ctx, docs[start:start+1000])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range results {
+			if r.Error != nil {
+				t.Fatal(r.Error)
+			}
+		}
+	}
+	totals := func() map[couchq.Status]int64 {
+		counts, err := c.Counts(tb.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[couchq.Status]int64{}
+		for _, byStatus := range counts {
+			for st, k := range byStatus {
+				out[st] += k
+			}
+		}
+		return out
+	}
+	want := map[couchq.Status]int64{couchq.StatusDone: 1700, couchq.StatusFailed: 300, couchq.StatusQueued: 1000}
+	if got := totals(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("before purge: %v, want %v", got, want)
+	}
+	clk.Set(t0.Add(10*24*time.Hour + time.Hour))
+	progress := 0
+	deleted, err := c.Purge(tb.ctx, couchq.PurgeOptions{Status: couchq.StatusDone, OlderThan: 7 * 24 * time.Hour,
+		Progress: func(n int) { progress = n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 1500 || progress != 1500 {
+		t.Fatalf("purged %d (progress %d), want 1500", deleted, progress)
+	}
+	want[couchq.StatusDone] = 200
+	if got := totals(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after purge: %v, want %v", got, want)
+	}
+	// CouchDB counts tombstones in doc_del_count; PouchDB Server reports none.
+	if ts, err := c.Tombstones(tb.ctx); err != nil || (server.Caps().Vendor == "couchdb" && ts < 1500) {
+		t.Fatalf("tombstones %d %v", ts, err)
+	}
+	if _, err := c.Purge(tb.ctx, couchq.PurgeOptions{Status: couchq.StatusRunning}); err == nil {
+		t.Fatal("purging running jobs must be refused")
+	}
+}
+
