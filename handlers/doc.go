@@ -7,6 +7,8 @@
 //     non-2xx status (see Webhook).
 //   - exec runs a command fixed when the worker starts, with the job on
 //     its stdin (see Exec).
+//   - noop succeeds at once and does nothing, for measuring the queue
+//     itself (see Noop).
 //
 // New builds a handler by name for the CLI; the handler types can also be
 // used directly.

@@ -28,5 +28,5 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// {"sent": true}
-	// unknown handler "ftp" (built-in handlers: exec, http-check, webhook)
+	// unknown handler "ftp" (built-in handlers: exec, http-check, noop, webhook)
 }

@@ -37,7 +37,7 @@ func decodeResult[T any](t *testing.T, job *worker.Job) T {
 
 func TestNames(t *testing.T) {
 	got := handlers.Names()
-	want := []string{"exec", "http-check", "webhook"}
+	want := []string{"exec", "http-check", "noop", "webhook"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}

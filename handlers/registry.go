@@ -16,6 +16,7 @@ import (
 const (
 	NameExec      = "exec"
 	NameHTTPCheck = "http-check"
+	NameNoop      = "noop"
 	NameWebhook   = "webhook"
 )
 
@@ -45,7 +46,7 @@ type Options struct {
 
 // Names lists the handler names New accepts, sorted.
 func Names() []string {
-	return []string{NameExec, NameHTTPCheck, NameWebhook}
+	return []string{NameExec, NameHTTPCheck, NameNoop, NameWebhook}
 }
 
 // New builds the built-in handler called name. It fails on an unknown name
@@ -66,6 +67,8 @@ func New(name string, opts Options) (worker.Handler, error) {
 	switch name {
 	case NameHTTPCheck:
 		return &HTTPCheck{Client: client, Timeout: opts.HTTPTimeout}, nil
+	case NameNoop:
+		return Noop{}, nil
 	case NameWebhook:
 		return &Webhook{Client: client, Timeout: opts.HTTPTimeout}, nil
 	case NameExec:

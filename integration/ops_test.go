@@ -248,4 +248,3 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 		t.Fatal("purging running jobs must be refused")
 	}
 }
-
