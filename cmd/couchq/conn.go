@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// defaultURL is the server used when neither --url nor $COUCHDB_URL is set.
+const defaultURL = "http://127.0.0.1:5984"
+
+// connUsage documents the flags every command shares.
+const connUsage = `	--url URL         CouchDB server; credentials may be in the URL or in
+	                  $COUCHDB_USER / $COUCHDB_PASSWORD
+	                  (default $COUCHDB_URL, else ` + defaultURL + `)
+	--db NAME         database (default $COUCHQ_DB, else ` + couchq.DBDefault + `)
+	--json            machine-readable JSON on stdout
+	--log-level LVL   debug, info, warn, error or disabled (default warn)
+`
+
+// connFlags are the connection and output flags every command takes.
+type connFlags struct {
+	url      string
+	db       string
+	json     bool
+	logLevel string
+
+	// rawURL is the URL with any credentials: for Dial only, never printed.
+	rawURL string
+	level  zerolog.Level
+}
+
+// newFlagSet returns a flag set for a command that prints usage (the
+// command's text; flag's own listing would show defaults taken from the
+// environment, credentials included) to stderr on -h, and leaves reporting
+// parse errors to Main.exit so they are one line.
+func (m *Main) newFlagSet(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet("couchq "+name, flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), commandUsage(usage)) }
+	return fs
+}
+
+// commandUsage is a command's help: its own text, then the shared flags.
+func commandUsage(usage string) string {
+	return usage + "\nConnection flags:\n\n" + connUsage
+}
+
+// addConnFlags registers the shared flags on fs. Their defaults are
+// resolved after parsing (resolve), not shown as flag defaults, because
+// $COUCHDB_URL may carry a password.
+func addConnFlags(fs *flag.FlagSet) *connFlags {
+	c := &connFlags{}
+	fs.StringVar(&c.url, "url", "", "CouchDB server URL")
+	fs.StringVar(&c.db, "db", "", "database name")
+	fs.BoolVar(&c.json, "json", false, "JSON output")
+	fs.StringVar(&c.logLevel, "log-level", "warn", "log level")
+	return c
+}
+
+// parseArgs parses args into fs, allowing flags after positional arguments
+// (couchq show ID --json), and returns the positional arguments. -h
+// prints the usage and returns flag.ErrHelp; other mistakes return a
+// usage error.
+func (m *Main) parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		// Parse errors are reported by Main.exit as one line; keep flag's
+		// own message and usage dump out of the output.
+		fs.SetOutput(io.Discard)
+		err := fs.Parse(args)
+		fs.SetOutput(m.Stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			fs.Usage()
+			return nil, flag.ErrHelp
+		}
+		if err != nil {
+			return nil, &usageError{err: err}
+		}
+		rest := fs.Args()
+		consumed := len(args) - len(rest)
+		if consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// resolve fills in the defaults from the environment and validates the
+// shared flags.
+func (c *connFlags) resolve(m *Main) error {
+	if err := c.resolveURL(m); err != nil {
+		return err
+	}
+	return c.resolveOthers(m)
+}
+
+// resolveURL settles the server URL: --url, else $COUCHDB_URL, else the default.
+func (c *connFlags) resolveURL(m *Main) error {
+	c.rawURL = c.url
+	if c.rawURL == "" {
+		c.rawURL = m.Getenv("COUCHDB_URL")
+	}
+	if c.rawURL == "" {
+		c.rawURL = defaultURL
+	}
+	c.url = couchq.Redact(c.rawURL)
+	u, err := url.Parse(c.rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageErrorf("invalid --url %q: want http(s)://[user:password@]host:port", c.url)
+	}
+	return nil
+}
+
+// resolveOthers settles the flags other than --url.
+func (c *connFlags) resolveOthers(m *Main) error {
+	if c.db == "" {
+		c.db = m.Getenv("COUCHQ_DB")
+	}
+	if c.db == "" {
+		c.db = couchq.DBDefault
+	}
+	if !validDBName(c.db) {
+		return usageErrorf("invalid --db %q: a database name starts with a lowercase letter and has only a-z, 0-9 and _$()+-/", c.db)
+	}
+	level, err := zerolog.ParseLevel(strings.ToLower(c.logLevel))
+	if err != nil || c.logLevel == "" {
+		return usageErrorf("invalid --log-level %q: want debug, info, warn, error or disabled", c.logLevel)
+	}
+	c.level = level
+	return nil
+}
+
+var dbNameRE = regexp.MustCompile(`^[a-z][a-z0-9_$()+/-]*$`)
+
+// validDBName applies CouchDB's rule for database names, so a typo is a
+// usage error here rather than a 400 from the server.
+func validDBName(name string) bool { return dbNameRE.MatchString(name) }
+
+// dial connects to the server (no request is made yet).
+func (m *Main) dial(c *connFlags) (*kivik.Client, error) {
+	client, err := couchq.Dial(c.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"))
+	if err != nil {
+		return nil, &usageError{err: err}
+	}
+	return client, nil
+}
+
+// openQueue connects to the server and the queue database, which must
+// exist (couchq init creates it). close releases the connection.
+func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) (q *couchq.Client, close func(), err error) {
+	client, err := m.dial(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli"})
+	if err != nil {
+		_ = client.Close()
+		if kivik.HTTPStatus(err) == http.StatusNotFound && !isNetError(err) {
+			return nil, nil, fmt.Errorf("database %s does not exist on %s: run 'couchq init' first (%w)", c.db, c.url, err)
+		}
+		return nil, nil, serverError(c.url, err)
+	}
+	return q, func() { _ = client.Close() }, nil
+}
+
+// serverError adds where the server is to errors that mean it could not be
+// reached at all.
+func serverError(where string, err error) error {
+	if isNetError(err) && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("cannot reach CouchDB at %s (is it running? set --url or COUCHDB_URL): %w", where, err)
+	}
+	return err
+}
+
+// isNetError reports whether err is a transport failure rather than an
+// answer from the server (kivik reports those as HTTP 502).
+func isNetError(err error) bool {
+	var ue *url.Error
+	var ne net.Error
+	return errors.As(err, &ue) || errors.As(err, &ne)
+}
+
+// statusCoder is how kivik errors carry the server's HTTP status.
+type statusCoder interface{ HTTPStatus() int }
+
+// describeError renders a failure for the one-line message: interrupted
+// runs say so, and answers from the server end with their HTTP status.
+func describeError(err error) string {
+	if errors.Is(err, context.Canceled) {
+		return "interrupted"
+	}
+	msg := err.Error()
+	var sc statusCoder
+	if errors.As(err, &sc) && !isNetError(err) {
+		if status := sc.HTTPStatus(); status != 0 {
+			msg += fmt.Sprintf(" (HTTP %d %s)", status, http.StatusText(status))
+		}
+	}
+	return msg
+}
+
+// newLogger returns the run's logger: readable lines for a person at a
+// terminal, JSON for anything else. Commands set the level from --log-level.
+func newLogger(w io.Writer, terminal bool) zerolog.Logger {
+	out := w
+	if terminal {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05"}
+	}
+	return zerolog.New(out).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// secretsIn collects the passwords this run might know: the one in
+// $COUCHDB_PASSWORD and the ones in any URL on the command line or in
+// $COUCHDB_URL.
+func secretsIn(args []string, getenv func(string) string) []string {
+	var secrets []string
+	add := func(s string) {
+		if s != "" {
+			secrets = append(secrets, s)
+		}
+	}
+	add(getenv("COUCHDB_PASSWORD"))
+	for _, s := range append([]string{getenv("COUCHDB_URL")}, args...) {
+		// The user information of anything URL-shaped, as typed (maybe
+		// percent-encoded) and decoded; parsing is not required, so that a
+		// URL too broken to parse is covered as well.
+		i, j := strings.Index(s, "://"), strings.LastIndex(s, "@")
+		if i < 0 || j < i {
+			continue
+		}
+		userinfo := s[i+3 : j]
+		_, password, ok := strings.Cut(userinfo, ":")
+		if !ok {
+			continue // a user name alone is not secret
+		}
+		add(password)
+		if p, err := url.PathUnescape(password); err == nil && p != password {
+			add(p)
+		}
+	}
+	return secrets
+}
+
+// scrubWriter replaces known secrets in everything written through it.
+// Each write is one log line or message, so a secret is never split.
+type scrubWriter struct {
+	w       io.Writer
+	secrets []string
+}
+
+func (s *scrubWriter) Write(p []byte) (int, error) {
+	out := string(p)
+	for _, secret := range s.secrets {
+		out = strings.ReplaceAll(out, secret, "***")
+	}
+	if _, err := io.WriteString(s.w, out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

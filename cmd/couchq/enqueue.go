@@ -1,0 +1,472 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const enqueueUsage = `Usage:
+	couchq enqueue --type TYPE [--payload JSON] [--at TIME | --in DURATION]
+	               [--max-attempts N] [--id ID] [flags]
+	couchq enqueue --file FILE [flags]
+
+Adds a job and prints its id. The job is due now unless --at or --in
+schedules it.
+
+	--type TYPE         job type: the workers for TYPE run it (required)
+	--payload JSON      any JSON value handed to the handler, e.g. '{"to":"ada@example.com"}'
+	--at TIME           due at an RFC 3339 time, e.g. 2030-01-02T15:04:05Z
+	--in DURATION       due after a Go duration, e.g. 90s, 10m, 2h
+	--max-attempts N    attempts before the job stays failed (default: the workers')
+	--id ID             document id (default: a time-ordered job:<uuid>)
+	--file FILE         enqueue every line of a JSON Lines file ('-' for stdin):
+	                    {"type": "email", "payload": {...}, "at": "TIME" | "in": "10s",
+	                     "max_attempts": 5, "id": "..."}  ("worker" may stand for "type")
+	                    The whole file is checked first: one bad line and nothing is
+	                    enqueued. --type, --at/--in and --max-attempts are defaults
+	                    for lines that do not set them. Jobs go in batches of 500.
+`
+
+// bulkBatch is how many jobs one _bulk_docs request carries.
+const bulkBatch = 500
+
+// maxLine bounds one line of a --file (CouchDB's default document limit is 8 MiB).
+const maxLine = 16 << 20
+
+// maxReported bounds how many bad lines or failed jobs are listed one by one.
+const maxReported = 10
+
+// jobSpec is one job as given on the command line or on a line of --file,
+// before its schedule is resolved.
+type jobSpec struct {
+	Type        string          `json:"type"`
+	Worker      string          `json:"worker"`
+	Payload     json.RawMessage `json:"payload"`
+	At          string          `json:"at"`
+	In          string          `json:"in"`
+	MaxAttempts *int            `json:"max_attempts"`
+	ID          string          `json:"id"`
+}
+
+// fileJob is a validated job of a --file and the line it came from.
+type fileJob struct {
+	line int
+	job  couchq.NewJob
+}
+
+func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("enqueue", enqueueUsage)
+	conn := addConnFlags(fs)
+	var spec jobSpec
+	var payload, file string
+	var maxAttempts int
+	fs.StringVar(&spec.Type, "type", "", "job type")
+	fs.StringVar(&payload, "payload", "", "JSON payload")
+	fs.StringVar(&spec.At, "at", "", "RFC 3339 due time")
+	fs.StringVar(&spec.In, "in", "", "due after this duration")
+	fs.IntVar(&maxAttempts, "max-attempts", 0, "attempts before failing for good")
+	fs.StringVar(&spec.ID, "id", "", "document id")
+	fs.StringVar(&file, "file", "", "JSON Lines file, - for stdin")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q (a payload goes in --payload)", rest[0])
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	if flagSet(fs, "max-attempts") { // else lines of a --file keep their own
+		if maxAttempts < 0 {
+			return usageErrorf("invalid --max-attempts %d: must be >= 0 (0 means the workers' default)", maxAttempts)
+		}
+		spec.MaxAttempts = &maxAttempts
+	}
+	now := m.Now()
+
+	if file != "" {
+		if payload != "" || spec.ID != "" {
+			return usageErrorf("--payload and --id name one job: with --file, put them on each line")
+		}
+		// Defaults are checked on their own so a bad flag is not blamed on a line.
+		if _, err := spec.schedule(now); err != nil {
+			return &usageError{err: errors.New(flagNames.Replace(err.Error()))}
+		}
+		jobs, err := m.readJobFile(file, spec, now)
+		if err != nil {
+			return err
+		}
+		q, closeQueue, err := m.openQueue(ctx, conn, log)
+		if err != nil {
+			return err
+		}
+		defer closeQueue()
+		return m.enqueueFile(ctx, q, file, jobs, conn.json)
+	}
+
+	if payload != "" {
+		spec.Payload = json.RawMessage(payload)
+		if err := checkJSON(spec.Payload); err != nil {
+			return usageErrorf("invalid --payload: %v (want JSON, e.g. '{\"to\":\"ada@example.com\"}' or '\"text\"')", err)
+		}
+	}
+	if spec.Type == "" {
+		return usageErrorf("--type is required (or --file)")
+	}
+	job, err := spec.newJob(now)
+	if err != nil {
+		return &usageError{err: errors.New(flagNames.Replace(err.Error()))}
+	}
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	it, err := enqueueOne(ctx, q, job)
+	if err != nil {
+		return err
+	}
+	return printEnqueued(m.Stdout, it, conn.json)
+}
+
+// flagNames turns the JSON field names in a jobSpec error into the flags
+// they came from.
+var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id")
+
+// enqueueOne stores job, explaining the failures a user can act on.
+func enqueueOne(ctx context.Context, q *couchq.Client, job couchq.NewJob) (*couchq.WorkItem, error) {
+	it, err := q.Enqueue(ctx, job)
+	switch {
+	case err == nil:
+		return it, nil
+	case errors.Is(err, couchq.ErrInvalidJob):
+		return nil, &usageError{err: err}
+	case kivik.HTTPStatus(err) == http.StatusConflict && !isNetError(err):
+		return nil, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
+	}
+	return nil, err
+}
+
+// enqueued is a new job as printed with --json.
+type enqueued struct {
+	ID    string     `json:"id"`
+	Rev   string     `json:"rev"`
+	Type  string     `json:"type"`
+	DueAt *time.Time `json:"due_at,omitempty"`
+}
+
+func newEnqueued(it *couchq.WorkItem) enqueued {
+	e := enqueued{ID: it.ID, Rev: it.Rev, Type: it.Worker}
+	if it.Date != 0 {
+		due := it.DueAt()
+		e.DueAt = &due
+	}
+	return e
+}
+
+func printEnqueued(w io.Writer, it *couchq.WorkItem, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, newEnqueued(it))
+	}
+	_, err := fmt.Fprintln(w, it.ID)
+	return err
+}
+
+// newJob validates s and turns it into a couchq.NewJob; errors name the
+// JSON field at fault.
+func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
+	job := couchq.NewJob{Worker: s.Type, ID: s.ID}
+	if s.Worker != "" {
+		if s.Type != "" && s.Type != s.Worker {
+			return job, fmt.Errorf(`"type" %q and "worker" %q disagree: give one of them`, s.Type, s.Worker)
+		}
+		job.Worker = s.Worker
+	}
+	if job.Worker == "" {
+		return job, errors.New(`"type" is required: the job type, e.g. "email"`)
+	}
+	if strings.HasPrefix(s.ID, "_") {
+		return job, fmt.Errorf(`invalid "id" %q: ids starting with _ are reserved by CouchDB`, s.ID)
+	}
+	if s.MaxAttempts != nil {
+		if *s.MaxAttempts < 0 {
+			return job, fmt.Errorf("invalid max_attempts %d: must be >= 0", *s.MaxAttempts)
+		}
+		job.MaxAttempts = *s.MaxAttempts
+	}
+	if len(s.Payload) > 0 && string(s.Payload) != "null" {
+		job.Payload = s.Payload
+	}
+	at, err := s.schedule(now)
+	if err != nil {
+		return job, err
+	}
+	job.At = at
+	return job, nil
+}
+
+// schedule resolves "at" or "in" against now; the zero time means due now.
+func (s jobSpec) schedule(now time.Time) (time.Time, error) {
+	switch {
+	case s.At != "" && s.In != "":
+		return time.Time{}, errors.New(`give "at" or "in", not both`)
+	case s.At != "":
+		t, err := time.Parse(time.RFC3339, s.At)
+		if err != nil {
+			return time.Time{}, fmt.Errorf(`invalid "at" %q: want an RFC 3339 time such as 2030-01-02T15:04:05Z`, s.At)
+		}
+		return t, nil
+	case s.In != "":
+		d, err := time.ParseDuration(s.In)
+		if err != nil {
+			return time.Time{}, fmt.Errorf(`invalid "in" %q: want a duration such as 90s, 10m or 2h`, s.In)
+		}
+		if d < 0 {
+			return time.Time{}, fmt.Errorf(`invalid "in" %q: must not be negative (use "at" for a past time)`, s.In)
+		}
+		return now.Add(d), nil
+	}
+	return time.Time{}, nil
+}
+
+// checkJSON reports why b is not one JSON value.
+func checkJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("more than one JSON value")
+	}
+	return nil
+}
+
+// readJobFile reads and validates every line of the --file before anything
+// is written, so a bad line never leaves half a file enqueued. Bad lines are
+// listed on stderr and make a usage error.
+func (m *Main) readJobFile(name string, defaults jobSpec, now time.Time) ([]fileJob, error) {
+	var r io.Reader = m.Stdin
+	label := "stdin"
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, &usageError{err: fmt.Errorf("reading --file: %w", err)}
+		}
+		defer f.Close()
+		r, label = f, name
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
+	var jobs []fileJob
+	bad := 0
+	ids := map[string]int{}
+	for line := 1; sc.Scan(); line++ {
+		text := bytes.TrimSpace(sc.Bytes())
+		if line == 1 {
+			text = bytes.TrimPrefix(text, []byte("\uFEFF"))
+		}
+		if len(text) == 0 {
+			continue
+		}
+		job, err := parseJobLine(text, defaults, now)
+		if err == nil && job.ID != "" {
+			if first, dup := ids[job.ID]; dup {
+				err = fmt.Errorf("id %q is already used on line %d", job.ID, first)
+			}
+			ids[job.ID] = line
+		}
+		if err != nil {
+			bad++
+			if bad <= maxReported {
+				fmt.Fprintf(m.Stderr, "%s:%d: %v\n", label, line, err)
+			}
+			continue
+		}
+		jobs = append(jobs, fileJob{line: line, job: job})
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, usageErrorf("%s:%d: line longer than %d MiB; nothing was enqueued", label, len(jobs)+bad+1, maxLine>>20)
+		}
+		return nil, &usageError{err: fmt.Errorf("reading %s: %w; nothing was enqueued", label, err)}
+	}
+	if bad > maxReported {
+		fmt.Fprintf(m.Stderr, "%s: ... and %d more bad lines\n", label, bad-maxReported)
+	}
+	if bad > 0 {
+		return nil, usageErrorf("%d bad %s in %s; nothing was enqueued", bad, plural(bad, "line", "lines"), label)
+	}
+	return jobs, nil
+}
+
+// parseJobLine decodes one line strictly: an unknown field is an error,
+// since a misspelt "paylaod" would otherwise silently enqueue no payload.
+func parseJobLine(text []byte, defaults jobSpec, now time.Time) (couchq.NewJob, error) {
+	var s jobSpec
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return couchq.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
+		}
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, id)", field)
+		}
+		if text[0] != '{' {
+			return couchq.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
+		}
+		return couchq.NewJob{}, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return couchq.NewJob{}, errors.New("more than one JSON value on the line")
+	}
+	if s.Type == "" && s.Worker == "" {
+		s.Type = defaults.Type
+	}
+	if s.At == "" && s.In == "" {
+		s.At, s.In = defaults.At, defaults.In
+	}
+	if s.MaxAttempts == nil {
+		s.MaxAttempts = defaults.MaxAttempts
+	}
+	return s.newJob(now)
+}
+
+func jsonKind(field string) string {
+	switch field {
+	case "max_attempts":
+		return "a whole number"
+	default:
+		return "a string"
+	}
+}
+
+// enqueueFile stores jobs in batches. Once validated, the jobs are written
+// batch by batch: a failure part way leaves earlier batches enqueued, which
+// the summary says.
+func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, jobs []fileJob, asJSON bool) error {
+	if label == "-" {
+		label = "stdin"
+	}
+	bar := newProgress(m.Stderr, m.stderrTTY, len(jobs))
+	type failure struct {
+		Line  int    `json:"line"`
+		ID    string `json:"id,omitempty"`
+		Error string `json:"error"`
+	}
+	var ids []string
+	var failed []failure
+	for start := 0; start < len(jobs); start += bulkBatch {
+		batch := jobs[start:min(start+bulkBatch, len(jobs))]
+		newJobs := make([]couchq.NewJob, len(batch))
+		for i, fj := range batch {
+			newJobs[i] = fj.job
+		}
+		results, err := q.EnqueueMany(ctx, newJobs)
+		if err != nil {
+			bar.done()
+			return fmt.Errorf("%s: lines %d-%d: %w (%d jobs from earlier lines were enqueued)",
+				label, batch[0].line, batch[len(batch)-1].line, err, len(ids))
+		}
+		for i, r := range results {
+			if r.Err != nil {
+				msg := describeError(r.Err)
+				if kivik.HTTPStatus(r.Err) == http.StatusConflict {
+					msg = fmt.Sprintf("a document with id %s already exists", batch[i].job.ID)
+				}
+				failed = append(failed, failure{Line: batch[i].line, ID: batch[i].job.ID, Error: msg})
+				continue
+			}
+			ids = append(ids, r.Item.ID)
+		}
+		bar.set(start + len(batch))
+	}
+	bar.done()
+	for i, f := range failed {
+		if i == maxReported {
+			fmt.Fprintf(m.Stderr, "%s: ... and %d more failed jobs\n", label, len(failed)-maxReported)
+			break
+		}
+		fmt.Fprintf(m.Stderr, "%s:%d: %s\n", label, f.Line, f.Error)
+	}
+	if asJSON {
+		if ids == nil {
+			ids = []string{}
+		}
+		if failed == nil {
+			failed = []failure{}
+		}
+		if err := writeJSON(m.Stdout, map[string]any{"enqueued": len(ids), "failed": failed, "ids": ids}); err != nil {
+			return err
+		}
+	} else if len(failed) == 0 {
+		fmt.Fprintf(m.Stdout, "%d enqueued\n", len(ids))
+	} else {
+		fmt.Fprintf(m.Stdout, "%d enqueued, %d failed\n", len(ids), len(failed))
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d jobs from %s failed", len(failed), len(jobs), label)
+	}
+	return nil
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// progress draws a one-line bar on a terminal's stderr; elsewhere it is
+// silent, so logs and pipes stay clean.
+type progress struct {
+	w     io.Writer
+	on    bool
+	total int
+}
+
+func newProgress(w io.Writer, terminal bool, total int) *progress {
+	return &progress{w: w, on: terminal && total > bulkBatch, total: total}
+}
+
+func (p *progress) set(n int) {
+	if !p.on {
+		return
+	}
+	const width = 30
+	filled := width * n / p.total
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), n, p.total)
+}
+
+// done erases the bar.
+func (p *progress) done() {
+	if p.on {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
+)
+
+const lsUsage = `Usage: couchq ls [--type TYPE] [--status STATUS] [--limit N] [flags]
+
+Lists jobs ordered by type, status and id, as a table or, with --json, as
+an array of the stored documents.
+
+	--type TYPE       only jobs of this type
+	--status STATUS   only jobs in this status: queued, running, done, failed or cancelled
+	--limit N         at most N jobs (default 100)
+`
+
+// lastErrorWidth is how much of a job's last error the table shows.
+const lastErrorWidth = 50
+
+func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("ls", lsUsage)
+	conn := addConnFlags(fs)
+	var opts couchq.ListOptions
+	var status string
+	fs.StringVar(&opts.Worker, "type", "", "job type")
+	fs.StringVar(&status, "status", "", "job status")
+	fs.IntVar(&opts.Limit, "limit", 100, "maximum number of jobs")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q (filter with --type and --status)", rest[0])
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	if status != "" {
+		opts.Status = couchq.Status(status)
+		if !opts.Status.Valid() {
+			return usageErrorf("invalid --status %q: want one of %s", status, statusList())
+		}
+	}
+	if opts.Limit < 1 {
+		return usageErrorf("invalid --limit %d: must be at least 1", opts.Limit)
+	}
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	batch, err := listJobs(ctx, q, opts)
+	if err != nil {
+		return err
+	}
+	return printJobs(m.Stdout, q, batch, opts.Limit, m.Now(), conn.json)
+}
+
+func statusList() string {
+	var names []string
+	for _, s := range couchq.Statuses() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
+}
+
+// listJobs is couchq.List, except that a status without a type is answered
+// exactly: List reads limit rows of every status and filters them, so it
+// can come back short while matching jobs exist further on. Here the
+// status view's counts name the types that have jobs in that status, and
+// each is read with the exact [type, status] key.
+func listJobs(ctx context.Context, q *couchq.Client, opts couchq.ListOptions) (*couchq.Batch, error) {
+	if opts.Status == "" || opts.Worker != "" {
+		return q.List(ctx, opts)
+	}
+	types, err := typesWithStatus(ctx, q.DB(), opts.Status)
+	if err != nil {
+		return nil, err
+	}
+	all := &couchq.Batch{}
+	for _, t := range types {
+		left := opts.Limit - len(all.Items) - len(all.Malformed)
+		if left <= 0 {
+			break
+		}
+		b, err := q.List(ctx, couchq.ListOptions{Worker: t, Status: opts.Status, Limit: left})
+		if err != nil {
+			return nil, err
+		}
+		all.Items = append(all.Items, b.Items...)
+		all.Malformed = append(all.Malformed, b.Malformed...)
+	}
+	return all, nil
+}
+
+// typesWithStatus reads the status view grouped by [type, status].
+func typesWithStatus(ctx context.Context, db *kivik.DB, status couchq.Status) ([]string, error) {
+	rows := db.Query(ctx, designdocs.ID, "_view/status", kivik.Params(map[string]any{"group": true}))
+	defer rows.Close()
+	var types []string
+	for rows.Next() {
+		var key []json.RawMessage
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		var t, s string
+		// Keys of documents whose type is not a string cannot be asked
+		// for by type; List without filters still shows them.
+		if json.Unmarshal(key[0], &t) != nil || json.Unmarshal(key[1], &s) != nil {
+			continue
+		}
+		if s == string(status) {
+			types = append(types, t)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("counting jobs by type and status: %w", err)
+	}
+	return types, nil
+}
+
+// printJobs writes batch as a table, or with asJSON as an array of the
+// stored documents (malformed ones as they are stored).
+func printJobs(w io.Writer, q *couchq.Client, batch *couchq.Batch, limit int, now time.Time, asJSON bool) error {
+	if asJSON {
+		docs := make([]any, 0, len(batch.Items)+len(batch.Malformed))
+		for _, it := range batch.Items {
+			docs = append(docs, it)
+		}
+		for _, bad := range batch.Malformed {
+			docs = append(docs, bad.Raw)
+		}
+		return writeJSON(w, docs)
+	}
+	n := len(batch.Items) + len(batch.Malformed)
+	if n == 0 {
+		_, err := fmt.Fprintln(w, "no jobs")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tTYPE\tSTATUS\tATTEMPTS\tDUE\tLAST ERROR")
+	for _, it := range batch.Items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", it.ID, it.Worker, it.Status, it.Attempts,
+			q.MaxAttempts(it), dueString(it, now), oneLine(it.LastError, lastErrorWidth))
+	}
+	for _, bad := range batch.Malformed {
+		fmt.Fprintf(tw, "%s\t?\tmalformed\t-\t-\t%s\n", bad.ID, oneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n >= limit {
+		_, err := fmt.Fprintf(w, "(first %d jobs; --limit shows more)\n", n)
+		return err
+	}
+	return nil
+}
+
+// dueString says when a job is due, relative to now when that is close.
+func dueString(it *couchq.WorkItem, now time.Time) string {
+	if it.Date == 0 {
+		return "now"
+	}
+	return relTime(it.DueAt(), now)
+}
+
+// relTime renders t as "in 2s" or "5m0s ago" within a day of now, and as a
+// UTC date and time further away.
+func relTime(t, now time.Time) string {
+	d := t.Sub(now)
+	switch {
+	case d.Abs() < time.Second:
+		return "now"
+	case d.Abs() >= 24*time.Hour:
+		return t.UTC().Format("2006-01-02 15:04Z")
+	case d > 0:
+		return "in " + d.Round(time.Second).String()
+	default:
+		return (-d).Round(time.Second).String() + " ago"
+	}
+}
+
+// oneLine shortens s to its first line and at most width characters.
+func oneLine(s string, width int) string {
+	s, _, cut := strings.Cut(strings.TrimSpace(s), "\n")
+	s = strings.TrimSpace(s)
+	if utf8.RuneCountInString(s) > width {
+		r := []rune(s)
+		return string(r[:width-1]) + "…"
+	}
+	if cut {
+		return s + " …"
+	}
+	return s
+}
+
+// trimmedTable is a tabwriter that drops the padding left at the end of
+// lines whose last cell is empty.
+type trimmedTable struct {
+	buf bytes.Buffer
+	*tabwriter.Writer
+	out io.Writer
+}
+
+func newTable(w io.Writer) *trimmedTable {
+	t := &trimmedTable{out: w}
+	t.Writer = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
+	return t
+}
+
+// Flush aligns the table and writes it out.
+func (t *trimmedTable) Flush() error {
+	if err := t.Writer.Flush(); err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	for line := range strings.Lines(t.buf.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteByte('\n')
+	}
+	t.buf.Reset()
+	_, err := t.out.Write(out.Bytes())
+	return err
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the server or the file system failed, or a job was missing
+	exitUsage   = 2 // the command line or its input (flags, JSON, times) is wrong
+)
+
+// Main is one invocation of the couchq command. Its fields are the
+// process's environment so that tests can run commands in-process, in
+// parallel, without touching the real one.
+type Main struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads configuration variables (COUCHDB_URL, COUCHDB_USER,
+	// COUCHDB_PASSWORD, COUCHQ_DB).
+	Getenv func(string) string
+	// Now is the clock behind --in and the relative due times.
+	Now func() time.Time
+	// IsTerminal decides between human-friendly and machine-friendly stderr
+	// (coloured logs, the progress bar).
+	IsTerminal func(w io.Writer) bool
+
+	// stderrTTY is IsTerminal(Stderr) taken before Run wraps Stderr.
+	stderrTTY bool
+}
+
+// NewMain returns a Main that uses the process environment.
+func NewMain(stdin io.Reader, stdout, stderr io.Writer) *Main {
+	return &Main{
+		Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		Getenv: os.Getenv, Now: time.Now, IsTerminal: isTerminal,
+	}
+}
+
+// command is one subcommand. run gets the arguments after its name and a
+// logger at the default level; it returns an error made by usageErrorf for
+// mistakes on the command line (exit 2) and any other error for failures
+// (exit 1).
+type command struct {
+	name    string
+	summary string
+	usage   string
+	run     func(m *Main, ctx context.Context, log zerolog.Logger, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"init", "create the database and install or upgrade the design document", initUsage, (*Main).runInit},
+		{"enqueue", "add jobs to the queue, one from flags or many from a JSON Lines file", enqueueUsage, (*Main).runEnqueue},
+		{"ls", "list jobs by type and status", lsUsage, (*Main).runLs},
+		{"show", "show one job: its fields, payload and history", showUsage, (*Main).runShow},
+		{"demo", "start a server (or use $COUCHDB_URL), enqueue a few jobs and look at them", demoUsage, (*Main).runDemo},
+	}
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// Run runs the command line args (without the program name) and returns
+// the process exit code.
+func (m *Main) Run(ctx context.Context, args []string) int {
+	m = m.forRun(args)
+	log := newLogger(m.Stderr, m.stderrTTY)
+
+	if len(args) == 0 {
+		m.printUsage(m.Stderr)
+		return exitUsage
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		return m.runHelp(args[1:])
+	}
+	cmd, ok := lookup(name)
+	if !ok {
+		fmt.Fprintf(m.Stderr, "couchq: unknown command %q\nrun 'couchq help' for usage\n", name)
+		return exitUsage
+	}
+	return m.exit(name, cmd.run(m, ctx, log, args[1:]))
+}
+
+// forRun returns the copy of m that one Run works with: defaults filled
+// in, and stderr wrapped so that everything written to it (errors, logs,
+// flag messages) passes through the scrubber, which keeps a password given
+// in --url or the environment out even of messages nobody foresaw.
+func (m *Main) forRun(args []string) *Main {
+	r := *m
+	r.fillDefaults()
+	r.stderrTTY = r.IsTerminal(r.Stderr)
+	r.Stderr = &scrubWriter{w: r.Stderr, secrets: secretsIn(args, r.Getenv)}
+	return &r
+}
+
+func (m *Main) fillDefaults() {
+	if m.Stdin == nil {
+		m.Stdin = strings.NewReader("")
+	}
+	if m.Stdout == nil {
+		m.Stdout = io.Discard
+	}
+	if m.Stderr == nil {
+		m.Stderr = io.Discard
+	}
+	if m.Getenv == nil {
+		m.Getenv = func(string) string { return "" }
+	}
+	if m.Now == nil {
+		m.Now = time.Now
+	}
+	if m.IsTerminal == nil {
+		m.IsTerminal = func(io.Writer) bool { return false }
+	}
+}
+
+// exit prints err, if any, as one line prefixed with the command, and maps
+// it to an exit code.
+func (m *Main) exit(name string, err error) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(m.Stderr, "couchq %s: %v\nrun 'couchq help %s' for usage\n", name, ue.err, name)
+		return exitUsage
+	default:
+		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
+		return exitFailure
+	}
+}
+
+// usageError marks a mistake on the command line or in its input: exit 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+func (m *Main) runHelp(args []string) int {
+	if len(args) == 0 {
+		m.printUsage(m.Stdout)
+		return exitOK
+	}
+	cmd, ok := lookup(args[0])
+	if !ok {
+		fmt.Fprintf(m.Stderr, "couchq help: unknown command %q\nrun 'couchq help' for usage\n", args[0])
+		return exitUsage
+	}
+	fmt.Fprint(m.Stdout, commandUsage(cmd.usage))
+	return exitOK
+}
+
+func (m *Main) printUsage(w io.Writer) {
+	fmt.Fprint(w, `couchq is a job queue whose only moving part is CouchDB.
+
+Usage:
+
+	couchq <command> [flags]
+
+Commands:
+
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "	%-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Every command takes the connection flags:
+
+`+connUsage+`
+Run 'couchq help <command>' or 'couchq <command> -h' for a command's flags.
+Exit status: 0 success, 1 a server or job failure, 2 a usage or input error.
+`)
+}

@@ -1,0 +1,391 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// Tests against the real server of couchtest (see TestMain).
+
+func TestInitIsIdempotent(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	r := c.run(t, "init")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "created database "+c.env["COUCHQ_DB"]) || !strings.Contains(r.stdout, "installed design document") {
+		t.Errorf("first init: %q", r.stdout)
+	}
+	r = c.run(t, "init")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "using database") || !strings.Contains(r.stdout, "up to date") {
+		t.Errorf("second init: %q", r.stdout)
+	}
+	r = c.run(t, "init", "--json")
+	expect(t, r, exitOK)
+	var res initResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("init --json: %v: %q", err, r.stdout)
+	}
+	if res.DBCreated || res.DesignDoc != "unchanged" || res.Database != c.env["COUCHQ_DB"] {
+		t.Errorf("third init: %+v", res)
+	}
+}
+
+func TestCommandsNeedInit(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	for _, args := range [][]string{{"ls"}, {"show", "job:x"}, {"enqueue", "--type", "x"}} {
+		expect(t, c.run(t, args...), exitFailure, "run 'couchq init' first", "HTTP 404")
+	}
+}
+
+func TestEnqueueListShow(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+
+	r := c.run(t, "enqueue", "--type", "email", "--payload", `{"to":"ada@example.com","tags":["a","b"]}`)
+	expect(t, r, exitOK)
+	emailID := strings.TrimSpace(r.stdout)
+	if !strings.HasPrefix(emailID, "job:") {
+		t.Fatalf("enqueue printed %q, want a job id", r.stdout)
+	}
+
+	r = c.run(t, "enqueue", "--type", "report", "--in", "1h", "--max-attempts", "3", "--id", "report-1", "--json")
+	expect(t, r, exitOK)
+	var e enqueued
+	if err := json.Unmarshal([]byte(r.stdout), &e); err != nil {
+		t.Fatalf("enqueue --json: %v: %q", err, r.stdout)
+	}
+	if e.ID != "report-1" || e.Type != "report" || e.Rev == "" || e.DueAt == nil || time.Until(*e.DueAt) < 59*time.Minute {
+		t.Errorf("enqueue --json: %+v", e)
+	}
+	expect(t, c.run(t, "enqueue", "--type", "report", "--id", "report-1"), exitFailure, "report-1 already exists", "HTTP 409")
+
+	r = c.run(t, "ls")
+	expect(t, r, exitOK)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[0], "LAST ERROR") {
+		t.Fatalf("ls: want a header and 2 rows:\n%s", r.stdout)
+	}
+	if f := strings.Fields(lines[1]); f[0] != emailID || f[1] != "email" || f[2] != "queued" || f[3] != "0/25" || f[4] != "now" {
+		t.Errorf("ls row for the email job: %q", lines[1])
+	}
+	if f := strings.Fields(lines[2]); f[0] != "report-1" || f[3] != "0/3" || f[4] != "in" {
+		t.Errorf("ls row for the report job: %q", lines[2])
+	}
+
+	r = c.run(t, "ls", "--type", "email", "--status", "queued", "--json")
+	expect(t, r, exitOK)
+	var docs []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &docs); err != nil {
+		t.Fatalf("ls --json: %v", err)
+	}
+	if len(docs) != 1 || docs[0]["_id"] != emailID || docs[0]["type"] != "WorkItem" {
+		t.Errorf("ls --type email --json: %v", docs)
+	}
+	r = c.run(t, "ls", "--status", "done")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "no jobs" {
+		t.Errorf("ls --status done: %q", r.stdout)
+	}
+
+	r = c.run(t, "show", emailID)
+	expect(t, r, exitOK)
+	for _, want := range []string{emailID, "type      email", "status    queued", "attempts  0 of 25",
+		"payload\n  {\n    \"to\": \"ada@example.com\",", "history\n", "enqueued  by cli"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show does not contain %q:\n%s", want, r.stdout)
+		}
+	}
+	// Flags after the id, and the bare uuid without "job:".
+	r = c.run(t, "show", strings.TrimPrefix(emailID, "job:"), "--json")
+	expect(t, r, exitOK)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+		t.Fatalf("show --json: %v", err)
+	}
+	if raw["_id"] != emailID || raw["_rev"] == nil || raw["worker"] != "email" {
+		t.Errorf("show --json: %v", raw)
+	}
+
+	r = c.run(t, "show", "job:nope")
+	expect(t, r, exitFailure, "job job:nope not found")
+	if strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Errorf("want one line, got:\n%s", r.stderr)
+	}
+}
+
+// ls --status without --type must find jobs however many jobs of other
+// statuses sort before them in the status view.
+func TestListByStatusAcrossTypes(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	for range 5 {
+		expect(t, c.run(t, "enqueue", "--type", "a"), exitOK)
+	}
+	expect(t, c.run(t, "enqueue", "--type", "z", "--id", "z-1"), exitOK)
+
+	// Run the z job to completion with the library, as a worker would.
+	ctx := context.Background()
+	q, err := couchq.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), couchq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, err := q.Due(ctx, "z", 10)
+	if err != nil || len(due.Items) != 1 {
+		t.Fatalf("due z jobs: %v, %v", due, err)
+	}
+	it, err := q.Claim(ctx, due.Items[0], "test", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Complete(ctx, it, json.RawMessage(`{"ok":true}`)); err != nil {
+		t.Fatal(err)
+	}
+
+	r := c.run(t, "ls", "--status", "done", "--limit", "1")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "z-1") || !strings.Contains(r.stdout, "done") {
+		t.Errorf("ls --status done --limit 1 missed the done job:\n%s", r.stdout)
+	}
+	r = c.run(t, "ls", "--status", "queued", "--limit", "3", "--json")
+	var docs []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &docs); err != nil || len(docs) != 3 {
+		t.Errorf("ls --status queued --limit 3: %d docs, %v", len(docs), err)
+	}
+	r = c.run(t, "show", "z-1")
+	expect(t, r, exitOK)
+	for _, want := range []string{"status    done", "attempts  1 of 25", "finished", "result\n  {\n    \"ok\": true", "claimed   by test, attempt 1"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show of a done job lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func writeJobs(t *testing.T, n int, line func(i int) string) string {
+	t.Helper()
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		b.WriteString(line(i))
+		b.WriteByte('\n')
+	}
+	path := filepath.Join(t.TempDir(), "jobs.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// jobCount counts the documents other than design documents.
+func jobCount(t *testing.T, db string) int {
+	t.Helper()
+	rows := srv.Client(t).DB(db).AllDocs(context.Background())
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		if id, _ := rows.ID(); !strings.HasPrefix(id, "_design/") {
+			n++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestEnqueueFileBulk(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	c.terminal = true // draws the progress bar on stderr
+	path := writeJobs(t, 1000, func(i int) string {
+		switch i % 4 {
+		case 0:
+			return fmt.Sprintf(`{"type":"email","payload":{"n":%d}}`, i)
+		case 1:
+			return fmt.Sprintf(`{"worker":"resize","payload":[%d],"in":"10s","max_attempts":2}`, i)
+		case 2:
+			return fmt.Sprintf(`{"payload":"%d","at":"2030-01-01T00:00:00Z"}`, i) // --type default
+		default:
+			return fmt.Sprintf(`{"type":"ping","id":"ping-%d"}`, i)
+		}
+	})
+	r := c.run(t, "enqueue", "--file", path, "--type", "default")
+	expect(t, r, exitOK, "1000/1000")
+	if strings.TrimSpace(r.stdout) != "1000 enqueued" {
+		t.Errorf("summary: %q", r.stdout)
+	}
+	if strings.Contains(r.stdout, "[=") {
+		t.Errorf("the progress bar went to stdout")
+	}
+	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 1000 {
+		t.Errorf("%d jobs stored, want 1000", n)
+	}
+	r = c.run(t, "show", "ping-3", "--json")
+	expect(t, r, exitOK)
+	r = c.run(t, "ls", "--type", "default", "--limit", "1000", "--json")
+	var docs []couchq.WorkItem
+	if err := json.Unmarshal([]byte(r.stdout), &docs); err != nil || len(docs) != 250 {
+		t.Fatalf("ls --type default: %d jobs, %v", len(docs), err)
+	}
+	if want, _ := time.Parse(time.RFC3339, "2030-01-01T00:00:00Z"); !docs[0].DueAt().Equal(want) {
+		t.Errorf("due %v, want %v", docs[0].DueAt(), want)
+	}
+
+	// The same ids again: each is a conflict, reported by line.
+	r = c.withStdin(`{"type":"ping","id":"ping-3"}`+"\n"+`{"type":"ping","id":"new"}`+"\n").
+		run(t, "enqueue", "--file", "-", "--json")
+	expect(t, r, exitFailure, "stdin:1: a document with id ping-3 already exists", "1 of 2 jobs from stdin failed")
+	var sum struct {
+		Enqueued int `json:"enqueued"`
+		Failed   []struct {
+			Line int `json:"line"`
+		} `json:"failed"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil || sum.Enqueued != 1 || len(sum.Failed) != 1 || sum.Failed[0].Line != 1 {
+		t.Errorf("enqueue --file --json: %+v, %v", sum, err)
+	}
+}
+
+func TestEnqueueFileBadLineWritesNothing(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	path := writeJobs(t, 1000, func(i int) string {
+		switch i {
+		case 700:
+			return `{"type":"email","payload":{"n":700}` // unterminated
+		case 900:
+			return `{"type":"email","in":"ten seconds"}`
+		}
+		return fmt.Sprintf(`{"type":"email","payload":{"n":%d}}`, i)
+	})
+	r := c.run(t, "enqueue", "--file", path)
+	expect(t, r, exitUsage, path+":700: invalid JSON", path+`:900: invalid "in" "ten seconds"`,
+		"2 bad lines in "+path+"; nothing was enqueued")
+	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 0 {
+		t.Errorf("%d jobs stored after a rejected file, want 0", n)
+	}
+	// Duplicate ids within the file are caught up front too.
+	r = c.withStdin(`{"type":"a","id":"x"}`+"\n"+`{"type":"a","id":"x"}`+"\n").run(t, "enqueue", "--file", "-")
+	expect(t, r, exitUsage, `stdin:2: id "x" is already used on line 1`)
+	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 0 {
+		t.Errorf("%d jobs stored after a rejected file, want 0", n)
+	}
+}
+
+// Wrong credentials make the server answer 401; neither the password in
+// the URL nor the one in the environment may appear in any output.
+func TestCredentialsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	host := strings.TrimPrefix(strings.TrimPrefix(srv.URL(), "http://"), "https://")
+	bad := c.withEnv("COUCHDB_URL", "http://intruder:hunter2-in-url@"+host).withEnv("COUCHDB_PASSWORD", "")
+	for _, args := range [][]string{{"ls"}, {"init", "--log-level", "debug"}, {"show", "x"}, {"enqueue", "--type", "x", "--json"}} {
+		r := bad.run(t, args...)
+		expect(t, r, exitFailure, "HTTP 401")
+		if strings.Contains(r.stdout+r.stderr, "hunter2") {
+			t.Errorf("couchq %v printed the password:\n%s%s", args, r.stdout, r.stderr)
+		}
+	}
+	bad = c.withEnv("COUCHDB_USER", "intruder").withEnv("COUCHDB_PASSWORD", "hunter2-in-env")
+	r := bad.run(t, "ls", "--url", "http://"+host)
+	expect(t, r, exitFailure, "HTTP 401")
+	if strings.Contains(r.stdout+r.stderr, "hunter2") {
+		t.Errorf("printed the password:\n%s", r.stderr)
+	}
+}
+
+// The demo against the test server: the reset only ever touches couchq_demo*.
+func TestDemoWithServer(t *testing.T) {
+	t.Parallel()
+	db := "couchq_demo_" + strings.TrimPrefix(srv.UniqueDBName(t), "couchq_test_")
+	if len(db) > 100 {
+		db = db[:100]
+	}
+	t.Cleanup(func() { _ = srv.Client(t).DestroyDB(context.Background(), db) })
+	c := online(t)
+	for run := range 2 { // the second run starts from a fresh database again
+		r := c.run(t, "demo", "--db", db)
+		expect(t, r, exitOK)
+		for _, want := range []string{"==> couchq init", "==> couchq enqueue --type email", "==> couchq ls", "==> couchq show job:",
+			"in 2s", "6 enqueued", "/_utils/#/database/" + db} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("run %d: demo output lacks %q", run, want)
+			}
+		}
+		if n := jobCount(t, db); n != 10 {
+			t.Errorf("run %d: %d jobs in the demo database, want 10", run, n)
+		}
+	}
+}
+
+// The README's first command: no COUCHDB_URL, so the demo starts its own
+// PouchDB Server and stops it again.
+func TestDemoLocalServer(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the demo cannot start PouchDB Server")
+	}
+	r := cli{env: map[string]string{}}.run(t, "demo")
+	expect(t, r, exitOK)
+	for _, want := range []string{"==> Starting PouchDB Server", "listening on http://127.0.0.1:", "==> couchq ls", "Stopped PouchDB Server"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	var dir string
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if _, after, ok := strings.Cut(line, "data in "); ok {
+			dir = strings.TrimSpace(after)
+		}
+	}
+	if dir == "" {
+		t.Fatal("demo did not say where its data is")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("demo left its data directory %s behind (%v)", dir, err)
+	}
+}
+
+// The real binary's exit codes, not just Run's return values.
+func TestBinaryExitCodes(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "couchq")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"enqueue", "--type", "x", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"enqueue", "--payload", "{bad"}, exitUsage, "invalid --payload"},
+		{[]string{"show", "job:x", "--url", unreachable}, exitFailure, "cannot reach CouchDB"},
+		{[]string{"help"}, exitOK, ""},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = append(os.Environ(), "COUCHDB_URL="+unreachable)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("couchq %v: exit %d, want %d; stderr:\n%s", tc.args, code, tc.code, stderr.String())
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Usage errors are caught before any request: every case runs against a
+// URL where nothing listens, so exit 2 (not 1) proves no request was made.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name  string
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"no command", "", nil, "Usage:"},
+		{"unknown command", "", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", "", []string{"enqueue", "--type", "x", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"flag without value", "", []string{"enqueue", "--type"}, "flag needs an argument: -type"},
+		{"bad payload", "", []string{"enqueue", "--type", "x", "--payload", "{bad"}, "invalid --payload"},
+		{"payload not JSON", "", []string{"enqueue", "--type", "x", "--payload", "hello"}, "invalid --payload"},
+		{"two payload values", "", []string{"enqueue", "--type", "x", "--payload", "1 2"}, "more than one JSON value"},
+		{"payload without type", "", []string{"enqueue", "--payload", "{bad"}, "invalid --payload"},
+		{"missing type", "", []string{"enqueue"}, "--type is required"},
+		{"bad at", "", []string{"enqueue", "--type", "x", "--at", "tomorrow"}, `invalid --at "tomorrow"`},
+		{"bad in", "", []string{"enqueue", "--type", "x", "--in", "soon"}, `invalid --in "soon"`},
+		{"negative in", "", []string{"enqueue", "--type", "x", "--in", "-5s"}, "must not be negative"},
+		{"at and in", "", []string{"enqueue", "--type", "x", "--in", "5s", "--at", "2030-01-01T00:00:00Z"}, "not both"},
+		{"negative max attempts", "", []string{"enqueue", "--type", "x", "--max-attempts", "-2"}, "invalid --max-attempts -2"},
+		{"max attempts -1", "", []string{"enqueue", "--type", "x", "--max-attempts", "-1"}, "invalid --max-attempts -1"},
+		{"reserved id", "", []string{"enqueue", "--type", "x", "--id", "_design/x"}, "reserved by CouchDB"},
+		{"stray argument", "", []string{"enqueue", "--type", "x", "payload"}, `unexpected argument "payload"`},
+		{"file and payload", "", []string{"enqueue", "--file", "-", "--payload", "1"}, "with --file"},
+		{"missing file", "", []string{"enqueue", "--file", "/nonexistent/jobs.jsonl"}, "no such file"},
+		{"bad default in", "", []string{"enqueue", "--file", "-", "--in", "soon"}, `invalid --in "soon"`},
+		{"bad status", "", []string{"ls", "--status", "stuck"}, "want one of queued, running, done, failed, cancelled"},
+		{"bad limit", "", []string{"ls", "--limit", "0"}, "invalid --limit 0"},
+		{"show without id", "", []string{"show"}, "missing job ID"},
+		{"show two ids", "", []string{"show", "a", "b"}, "want one job ID"},
+		{"bad db name", "", []string{"ls", "--db", "Jobs"}, `invalid --db "Jobs"`},
+		{"bad url", "", []string{"ls", "--url", "localhost:5984"}, "invalid --url"},
+		{"bad log level", "", []string{"init", "--log-level", "loud"}, `invalid --log-level "loud"`},
+		{"demo resets only demo dbs", "", []string{"demo", "--db", "couchq"}, "must start with couchq_demo"},
+		{"help for unknown", "", []string{"help", "nope"}, `unknown command "nope"`},
+		{"bad file line", `{"type":"a"}` + "\n" + `{"typ":"b"}` + "\n", []string{"enqueue", "--file", "-"}, `stdin:2: unknown field "typ"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := offline().withStdin(tc.stdin).run(t, tc.args...)
+			expect(t, r, exitUsage, tc.want)
+			if r.code == exitUsage && len(tc.args) > 0 && !strings.Contains(r.stderr, "run 'couchq help") {
+				t.Errorf("stderr does not point to help:\n%s", r.stderr)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout not empty on a usage error: %q", r.stdout)
+			}
+		})
+	}
+}
+
+func TestUsageErrorIsOneLine(t *testing.T) {
+	t.Parallel()
+	r := offline().run(t, "enqueue", "--payload", "{bad")
+	expect(t, r, exitUsage)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "couchq enqueue: ") || lines[1] != "run 'couchq help enqueue' for usage" {
+		t.Errorf("want the error and a pointer to help, got:\n%s", r.stderr)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	r := offline().run(t, "help")
+	expect(t, r, exitOK)
+	for _, cmd := range []string{"init", "enqueue", "ls", "show", "demo", "--url", "COUCHDB_URL"} {
+		if !strings.Contains(r.stdout, cmd) {
+			t.Errorf("couchq help does not mention %s", cmd)
+		}
+	}
+	r = offline().run(t, "help", "enqueue")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "--max-attempts") || !strings.Contains(r.stdout, "--file") {
+		t.Errorf("couchq help enqueue lacks its flags:\n%s", r.stdout)
+	}
+	for _, cmd := range []string{"init", "enqueue", "ls", "show", "demo"} {
+		r := offline().run(t, cmd, "-h")
+		expect(t, r, exitOK, "Usage:", "couchq "+cmd, "--log-level")
+	}
+}
+
+// The usage text must not show defaults taken from the environment: the
+// URL there may carry a password.
+func TestHelpHidesEnvironment(t *testing.T) {
+	t.Parallel()
+	c := offline().withEnv("COUCHDB_URL", "http://admin:pa55word@db.example:5984")
+	for _, args := range [][]string{{"ls", "-h"}, {"help", "ls"}, {"help"}} {
+		r := c.run(t, args...)
+		if strings.Contains(r.stdout+r.stderr, "pa55word") {
+			t.Errorf("couchq %v printed the password", args)
+		}
+	}
+}
+
+func TestUnreachableServer(t *testing.T) {
+	t.Parallel()
+	c := offline().
+		withEnv("COUCHDB_URL", "http://admin:s3cr3t-pw@127.0.0.1:1").
+		withEnv("COUCHDB_PASSWORD", "other-s3cr3t")
+	for _, args := range [][]string{{"init"}, {"ls"}, {"show", "job:x"}, {"enqueue", "--type", "x"}, {"ls", "--log-level", "debug"}} {
+		r := c.run(t, args...)
+		expect(t, r, exitFailure, "cannot reach CouchDB at http://admin:xxxxx@127.0.0.1:1", "connection refused")
+		if strings.Contains(r.stderr, "s3cr3t") {
+			t.Errorf("couchq %v printed a password:\n%s", args, r.stderr)
+		}
+		if strings.Contains(r.stderr, "HTTP 502") {
+			t.Errorf("couchq %v reported kivik's made-up 502 for a connection failure:\n%s", args, r.stderr)
+		}
+	}
+}
+
+func TestScrubbing(t *testing.T) {
+	t.Parallel()
+	secrets := secretsIn(
+		[]string{"ls", "--url=http://u:in-arg@h:1", "--url", "http://u:p%40ss@h:1", "http://u:[bad@h"},
+		func(k string) string {
+			return map[string]string{"COUCHDB_PASSWORD": "env-pw", "COUCHDB_URL": "https://x:env-url-pw@h"}[k]
+		})
+	var buf bytes.Buffer
+	w := &scrubWriter{w: &buf, secrets: secrets}
+	_, _ = w.Write([]byte("in-arg env-pw env-url-pw p@ss p%40ss u:[bad"))
+	for _, leak := range []string{"in-arg", "env-pw", "env-url-pw", "p@ss", "p%40ss", "[bad"} {
+		if strings.Contains(buf.String(), leak) {
+			t.Errorf("scrubbed output %q still contains %q", buf.String(), leak)
+		}
+	}
+}
+
+func TestRelTime(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "now"},
+		{400 * time.Millisecond, "now"},
+		{2 * time.Second, "in 2s"},
+		{-90 * time.Second, "1m30s ago"},
+		{48 * time.Hour, "2030-01-04 03:04Z"},
+	} {
+		if got := relTime(now.Add(tc.d), now); got != tc.want {
+			t.Errorf("relTime(now%+v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"boom":                    "boom",
+		"  boom\nstack trace\n":   "boom …",
+		strings.Repeat("é", 60):   strings.Repeat("é", 9) + "…",
+		"":                        "",
+		"exactly ten":             "exactly t…",
+		strings.Repeat("x", 10):   strings.Repeat("x", 10),
+		"short\n" + "second line": "short …",
+	} {
+		if got := oneLine(in, 10); got != want {
+			t.Errorf("oneLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestIndentWriter(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	w := &indentWriter{w: &buf, prefix: "  "}
+	for _, part := range []string{"a\nb", "c\n\n", "d\n"} {
+		_, _ = w.Write([]byte(part))
+	}
+	if got, want := buf.String(), "  a\n  bc\n\n  d\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
