@@ -2,6 +2,7 @@ package couchq
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -97,8 +98,11 @@ func (c *Client) Requeue(ctx context.Context, id, by string) (*WorkItem, error) 
 	})
 }
 
-// RetryFailed retries every failed job of type worker, returning how many.
-func (c *Client) RetryFailed(ctx context.Context, worker, by string) (int, error) {
+// RetryFailed retries every failed job of type worker, a page at a time
+// with one _bulk_docs write per page, and returns how many it retried. A job
+// changed or deleted since its page was listed is skipped. progress, when
+// set, is called after each page with the running total.
+func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress func(retried int)) (int, error) {
 	n := 0
 	for {
 		batch, err := c.List(ctx, ListOptions{Worker: worker, Status: StatusFailed, Limit: 500})
@@ -108,14 +112,34 @@ func (c *Client) RetryFailed(ctx context.Context, worker, by string) (int, error
 		if len(batch.Items) == 0 {
 			return n, nil
 		}
-		for _, it := range batch.Items {
-			if _, err := c.Retry(ctx, it.ID, by); err != nil {
-				if errors.Is(err, ErrWrongState) {
-					continue // retried meanwhile by someone else
-				}
-				return n, err
+		docs := make([]any, len(batch.Items))
+		ids := make([]string, len(batch.Items))
+		for i, it := range batch.Items {
+			next := it.Clone()
+			c.unclaim(next)
+			next.Status = StatusQueued
+			next.Attempts = 0
+			next.Date = 0
+			next.FinishedAt = 0
+			c.record(next, EventRequeued, by, "retried by operator")
+			docs[i], ids[i] = next, it.ID
+		}
+		results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+		if err != nil {
+			return n, fmt.Errorf("retrying %d failed %s jobs: %w", len(docs), worker, err)
+		}
+		page := 0
+		for _, r := range alignBulk(ids, results, nil) {
+			if r.Error == nil {
+				page++
 			}
-			n++
+		}
+		n += page
+		if progress != nil {
+			progress(n)
+		}
+		if page == 0 {
+			return n, nil // every one changed under us: nothing more to gain now
 		}
 	}
 }
@@ -224,11 +248,17 @@ func (c *Client) deleteSeen(ctx context.Context, docs []any) (int, error) {
 }
 
 // Tombstones reports how many deleted documents the database keeps
-// (doc_del_count; servers that do not report it, like PouchDB Server, give 0).
-func (c *Client) Tombstones(ctx context.Context) (int64, error) {
+// (doc_del_count); known is false when the server does not report it
+// (PouchDB Server).
+func (c *Client) Tombstones(ctx context.Context) (n int64, known bool, err error) {
 	st, err := c.db.Stats(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("reading database info: %w", err)
+		return 0, false, fmt.Errorf("reading database info: %w", err)
 	}
-	return st.DeletedCount, nil
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(st.RawResponse, &fields) != nil {
+		return st.DeletedCount, false, nil
+	}
+	_, known = fields["doc_del_count"]
+	return st.DeletedCount, known, nil
 }

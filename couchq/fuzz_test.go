@@ -114,12 +114,12 @@ func checkMalformed(t *testing.T, err error, data []byte) *MalformedError {
 	}
 	// The id lets an operator find the document: it is reported whenever
 	// the document has a string _id.
-	var meta struct {
-		ID json.RawMessage `json:"_id"`
-	}
-	if json.Unmarshal(data, &meta) == nil {
+	// (A map, not a struct: encoding/json matches struct fields without
+	// regard to case, and "_ID" is not "_id".)
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) == nil {
 		var id string
-		if json.Unmarshal(meta.ID, &id) == nil && m.ID != id {
+		if json.Unmarshal(members["_id"], &id) == nil && m.ID != id {
 			t.Fatalf("MalformedError id %q, document _id %q", m.ID, id)
 		}
 	}

@@ -38,8 +38,13 @@ type StatsOptions struct {
 	// Worker limits the stats to one job type; empty means every type.
 	Worker string
 	// Since and Until bound the window; Until defaults to now and Since to
-	// 24 hours before Until.
+	// 24 hours before Until. The queue figures (QueueNow) are always as of
+	// now, whatever the window.
 	Since, Until time.Time
+	// NoPercentiles skips reading timing rows for p50/p95 (the reduce's
+	// count, min, mean and max are still given): for callers that only
+	// want sums, such as a metrics exporter.
+	NoPercentiles bool
 }
 
 // Summary describes a set of durations, in seconds.
@@ -136,7 +141,7 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 	}
 	out := &Stats{Since: opts.Since.UTC(), Until: opts.Until.UTC()}
 	for _, typ := range types {
-		ts, err := c.typeStats(ctx, typ, opts.Since, opts.Until, now)
+		ts, err := c.typeStats(ctx, typ, opts, now)
 		if err != nil {
 			return nil, err
 		}
@@ -207,9 +212,14 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error
 	return out, nil
 }
 
-func (c *Client) typeStats(ctx context.Context, typ string, since, until, now time.Time) (*TypeStats, error) {
+func (c *Client) typeStats(ctx context.Context, typ string, opts StatsOptions, now time.Time) (*TypeStats, error) {
 	ts := &TypeStats{Type: typ}
+	since, until := opts.Since, opts.Until
 	from, to := ToUnix(since), ToUnix(until)
+	rows := percentileRows
+	if opts.NoPercentiles {
+		rows = 0
+	}
 	counts := []struct {
 		event string
 		dst   *int64
@@ -226,13 +236,13 @@ func (c *Client) typeStats(ctx context.Context, typ string, since, until, now ti
 	}
 	ts.Throughput = float64(ts.Finished) / until.Sub(since).Seconds()
 	var err error
-	if ts.Wait, err = c.summary(ctx, "timings", []any{typ, "wait", from}, []any{typ, "wait", to}); err != nil {
+	if ts.Wait, err = c.summary(ctx, "timings", []any{typ, "wait", from}, []any{typ, "wait", to}, rows); err != nil {
 		return nil, err
 	}
-	if ts.Service, err = c.summary(ctx, "timings", []any{typ, "service", from}, []any{typ, "service", to}); err != nil {
+	if ts.Service, err = c.summary(ctx, "timings", []any{typ, "service", from}, []any{typ, "service", to}, rows); err != nil {
 		return nil, err
 	}
-	if ts.Execution, err = c.summary(ctx, "attempt_times", []any{typ, from}, []any{typ, to}); err != nil {
+	if ts.Execution, err = c.summary(ctx, "attempt_times", []any{typ, from}, []any{typ, to}, rows); err != nil {
 		return nil, err
 	}
 	if ts.Queue, err = c.queueNow(ctx, typ, now); err != nil {
@@ -310,8 +320,8 @@ func (c *Client) reduceCount(ctx context.Context, view string, start, end any) (
 }
 
 // summary reads a _stats view's reduce over [start, end] and, when the
-// range is small enough, its rows for percentiles.
-func (c *Client) summary(ctx context.Context, view string, start, end any) (Summary, error) {
+// range holds at most maxRows rows, the rows for percentiles.
+func (c *Client) summary(ctx context.Context, view string, start, end any, maxRows int) (Summary, error) {
 	var s Summary
 	rows := c.db.Query(ctx, designdocs.ID, "_view/"+view, kivik.Params(map[string]any{
 		"startkey": start, "endkey": end, "reduce": true,
@@ -336,7 +346,7 @@ func (c *Client) summary(ctx context.Context, view string, start, end any) (Summ
 		return s, nil
 	}
 	s = Summary{Count: st.Count, Min: st.Min, Max: st.Max, Mean: st.Sum / float64(st.Count)}
-	if st.Count > percentileRows {
+	if st.Count > int64(maxRows) {
 		return s, nil
 	}
 	values := make([]float64, 0, st.Count)
@@ -372,10 +382,10 @@ func Percentile(sorted []float64, p float64) float64 {
 
 func workerStats(w *WorkerInfo, now time.Time) WorkerStats {
 	uptime := math.Max(w.LastHeartbeat-w.StartedAt, 0)
+	alive, age := w.Liveness(now)
 	ws := WorkerStats{
 		Claimant: w.Claimant, Types: w.Types, Concurrency: w.Concurrency, Running: len(w.Running),
-		Completed: w.Completed, Failed: w.Failed, UptimeSeconds: uptime,
-		HeartbeatAge: math.Max(ToUnix(now)-w.LastHeartbeat, 0),
+		Completed: w.Completed, Failed: w.Failed, UptimeSeconds: uptime, HeartbeatAge: age, Alive: alive,
 	}
 	if uptime > 0 {
 		ws.Throughput = float64(w.Completed) / uptime
@@ -383,11 +393,6 @@ func workerStats(w *WorkerInfo, now time.Time) WorkerStats {
 			ws.Utilization = math.Min(w.BusySeconds/(uptime*slots), 1)
 		}
 	}
-	interval := w.HeartbeatInterval
-	if interval <= 0 {
-		interval = 10
-	}
-	ws.Alive = ws.HeartbeatAge <= 3*interval
 	return ws
 }
 

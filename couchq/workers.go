@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -109,4 +111,24 @@ func (c *Client) Workers(ctx context.Context) ([]*WorkerInfo, error) {
 		return nil, fmt.Errorf("listing workers: %w", err)
 	}
 	return out, nil
+}
+
+// heartbeatIntervalAssumed is the interval assumed for a registry document
+// that does not say (one written by hand): the default lease's heartbeat.
+const heartbeatIntervalAssumed = 10.0
+
+// deadAfterBeats is how many heartbeat intervals may pass before a worker
+// process counts as dead (or frozen).
+const deadAfterBeats = 3
+
+// Liveness reports whether the process still heartbeats — its last
+// heartbeat is at most three intervals old — and that heartbeat's age in
+// seconds.
+func (w *WorkerInfo) Liveness(now time.Time) (alive bool, age float64) {
+	age = math.Max(ToUnix(now)-w.LastHeartbeat, 0)
+	interval := w.HeartbeatInterval
+	if interval <= 0 {
+		interval = heartbeatIntervalAssumed
+	}
+	return age <= deadAfterBeats*interval, age
 }

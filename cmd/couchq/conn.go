@@ -171,7 +171,7 @@ func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) 
 	if err != nil {
 		return nil, nil, err
 	}
-	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli"})
+	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli", Now: m.Now})
 	if err != nil {
 		_ = client.Close()
 		if kivik.HTTPStatus(err) == http.StatusNotFound && !isNetError(err) {

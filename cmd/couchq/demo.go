@@ -23,7 +23,9 @@ const demoUsage = `Usage: couchq demo [--keep] [flags]
 Shows couchq end to end in a few seconds. Without --url or $COUCHDB_URL it
 starts a throwaway PouchDB Server (installing it with npm the first time);
 otherwise it uses that server. It then creates a fresh database, enqueues
-a few jobs, lists them, shows one, and tells you where to look.
+a few jobs, lists them, starts two workers in-process that run them all
+(one fails once and is retried), lists them again, shows the retried one
+with its history, and tells you where to look.
 
 The database is couchq_demo unless --db names another one starting with
 couchq_demo; it is deleted and created again on every run.
@@ -53,6 +55,7 @@ type demo struct {
 	client  *kivik.Client
 	q       *couchq.Client
 	showID  string // the job the show step displays
+	retryID string // the job that fails once, shown after the work
 }
 
 type demoStep struct {
@@ -67,6 +70,9 @@ func (d *demo) steps() []demoStep {
 		{"enqueue", d.enqueue},
 		{"ls", d.list},
 		{"show", d.show},
+		{"work", d.work},
+		{"ls", d.list},
+		{"show", d.showRetried},
 		{"explore", d.explore},
 	}
 }
@@ -194,11 +200,13 @@ func (d *demo) enqueue(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := one(`--type thumbnail --payload '{"image":"cat.png","width":128}' --max-attempts 3`, couchq.NewJob{
+	thumb, err := one(`--type thumbnail --payload '{"image":"cat.png","width":128}' --max-attempts 3`, couchq.NewJob{
 		Worker: "thumbnail", Payload: json.RawMessage(`{"image":"cat.png","width":128}`), MaxAttempts: 3,
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
+	d.retryID = thumb.ID
 	if _, err := one(`--type report --payload '{"period":"daily"}' --in 2s`, couchq.NewJob{
 		Worker: "report", Payload: json.RawMessage(`{"period":"daily"}`), At: now.Add(2 * time.Second),
 	}); err != nil {

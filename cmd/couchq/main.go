@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -11,7 +12,23 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go exitOnSecondSignal()
 	code := NewMain(os.Stdin, os.Stdout, os.Stderr).Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
+}
+
+// exitOnSecondSignal exits at once with status 1 on the second SIGINT or
+// SIGTERM: the first one cancels the command's context and lets it stop
+// gracefully (a worker finishes or releases its jobs), which an operator
+// may not want to wait for. It counts on its own channel, which the signal
+// package feeds alongside NotifyContext's, so no signal is missed between
+// the two.
+func exitOnSecondSignal() {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	<-sigs
+	sig := <-sigs
+	fmt.Fprintf(os.Stderr, "couchq: %v again: exiting now\n", sig)
+	os.Exit(exitFailure)
 }

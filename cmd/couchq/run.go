@@ -65,6 +65,15 @@ func commands() []command {
 		{"enqueue", "add jobs to the queue, one from flags or many from a JSON Lines file", enqueueUsage, (*Main).runEnqueue},
 		{"ls", "list jobs by type and status", lsUsage, (*Main).runLs},
 		{"show", "show one job: its fields, payload and history", showUsage, (*Main).runShow},
+		{"worker", "run jobs of some types with a built-in handler until stopped (or drained)", workerUsage, (*Main).runWorker},
+		{"sweep", "return the jobs of dead workers (expired leases) to the queue, once", sweepUsage, (*Main).runSweep},
+		{"workers", "list the worker registry: who runs what, alive or dead", workersUsage, (*Main).runWorkers},
+		{"stats", "report throughput, wait and run times, queue depth and workers", statsUsage, (*Main).runStats},
+		{"retry", "put a failed or cancelled job (or all failed jobs of a type) back in the queue", retryUsage, (*Main).runRetry},
+		{"cancel", "cancel a queued or running job", cancelUsage, (*Main).runCancel},
+		{"requeue", "return a running job whose worker is gone to the queue", requeueUsage, (*Main).runRequeue},
+		{"purge", "delete old done, failed or cancelled jobs in bulk", purgeUsage, (*Main).runPurge},
+		{"serve", "serve Prometheus metrics and a JSON API over HTTP", serveUsage, (*Main).runServe},
 		{"demo", "start a server (or use $COUCHDB_URL), enqueue a few jobs and look at them", demoUsage, (*Main).runDemo},
 	}
 }

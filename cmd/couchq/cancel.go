@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const cancelUsage = `Usage: couchq cancel [--reason TEXT] [flags] ID
+
+Cancels a queued or running job for good: it will not run (again). A
+running job's worker finds out at its next lease renewal, stops the
+handler, and its result is refused. A job that is already done, failed or
+cancelled is refused (exit 1). 'couchq retry' brings a cancelled job back.
+
+	--reason TEXT   why, recorded as the job's last error and in its history
+	                (default "cancelled by operator")
+
+With --json: the cancelled job's document.
+`
+
+func (m *Main) runCancel(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("cancel", cancelUsage)
+	conn := addConnFlags(fs)
+	var reason string
+	fs.StringVar(&reason, "reason", "", "why the job is cancelled")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneJobID(rest)
+	if err != nil {
+		return err
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	id, before, err := findJob(ctx, q, id)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	it, err := q.CancelJob(ctx, id, q.Config().Actor, reason)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if before != nil && before.Status == couchq.StatusRunning {
+		return printActed(m.Stdout, it, conn.json, "cancelled %s (it was running on %s, which stops it at its next lease renewal)", it.ID, before.ClaimedBy)
+	}
+	return printActed(m.Stdout, it, conn.json, "cancelled %s", it.ID)
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// Helpers shared by the commands that act on one job: retry, cancel and
+// requeue.
+
+// oneJobID checks that the positional arguments are exactly one job id.
+func oneJobID(rest []string) (string, error) {
+	switch {
+	case len(rest) == 0:
+		return "", usageErrorf("missing job ID")
+	case len(rest) > 1:
+		return "", usageErrorf("want one job ID, got %d arguments", len(rest))
+	case rest[0] == "":
+		return "", usageErrorf("empty job ID")
+	}
+	return rest[0], nil
+}
+
+// findJob reads the job an operator named, accepting a generated id
+// without its "job:" prefix as show does. A missing job is "job X not
+// found". The job is nil when the document is not a valid WorkItem: the
+// action then reports why, naming the field.
+func findJob(ctx context.Context, q *couchq.Client, id string) (string, *couchq.WorkItem, error) {
+	raw, id, err := readDoc(ctx, q.DB(), id)
+	if err != nil {
+		return id, nil, err
+	}
+	var it couchq.WorkItem
+	if json.Unmarshal(raw, &it) != nil {
+		return id, nil, nil
+	}
+	return id, &it, nil
+}
+
+// printActed reports the job an action left behind: the stored document
+// with --json (as show --json prints it), else the sentence given.
+func printActed(w io.Writer, it *couchq.WorkItem, asJSON bool, format string, args ...any) error {
+	if asJSON {
+		return writeJSON(w, it)
+	}
+	_, err := fmt.Fprintf(w, format+"\n", args...)
+	return err
+}
+
+// claimantAlive reports whether the worker process that signed claimant
+// still heartbeats (couchq.WorkerInfo.Liveness). A claimant with no
+// registry document is not alive. age is the heartbeat's age in seconds.
+func claimantAlive(ctx context.Context, q *couchq.Client, claimant string, now time.Time) (alive, registered bool, age float64, err error) {
+	workers, err := q.Workers(ctx)
+	if err != nil {
+		return false, false, 0, err
+	}
+	for _, w := range workers {
+		if w.Claimant == claimant {
+			alive, age = w.Liveness(now)
+			return alive, true, age, nil
+		}
+	}
+	return false, false, 0, nil
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const requeueUsage = `Usage: couchq requeue [--force] [flags] ID
+
+Returns a running job whose worker is gone to the queue at once, without
+waiting for its lease to run out (the sweeper would requeue it then). The
+attempt it was running stays counted. A job that is not running is refused
+(exit 1): failed and cancelled jobs are brought back with 'couchq retry'.
+
+A job whose worker still heartbeats is refused too, since requeueing it
+would run it twice at the same time; --force requeues it anyway (the
+worker's result is then refused when it finishes).
+
+	--force   requeue even though the job's worker is alive
+
+With --json: the requeued job's document.
+`
+
+func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("requeue", requeueUsage)
+	conn := addConnFlags(fs)
+	var force bool
+	fs.BoolVar(&force, "force", false, "requeue even though the worker is alive")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := oneJobID(rest)
+	if err != nil {
+		return err
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	id, before, err := findJob(ctx, q, id)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if before != nil && before.Status == couchq.StatusRunning && before.ClaimedBy != "" && !force {
+		alive, _, age, err := claimantAlive(ctx, q, before.ClaimedBy, m.Now())
+		if err != nil {
+			return serverError(conn.url, fmt.Errorf("requeueing job %s: checking its worker: %w", id, err))
+		}
+		if alive {
+			return fmt.Errorf("requeueing job %s: %w: its worker %s is alive (last heartbeat %s ago); requeueing would run it twice at once (--force to do it anyway)",
+				id, couchq.ErrWrongState, before.ClaimedBy, fmtSeconds(age))
+		}
+	}
+	it, err := q.Requeue(ctx, id, q.Config().Actor)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if before != nil && before.ClaimedBy != "" {
+		return printActed(m.Stdout, it, conn.json, "requeued %s (it was claimed by %s; attempt %d stays counted)", it.ID, before.ClaimedBy, it.Attempts)
+	}
+	return printActed(m.Stdout, it, conn.json, "requeued %s", it.ID)
+}

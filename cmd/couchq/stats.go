@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const statsUsage = `Usage: couchq stats [--type TYPE] [--since WHEN] [--until WHEN] [flags]
+
+Reports each job type's activity over a window (jobs added, started,
+finished, failed and retried; throughput; wait, service and execution
+times), its queue right now, and the registered workers. With --json it
+prints the report as one JSON object, for scripts.
+
+	--type TYPE     only this job type (and the workers that run it)
+	--since WHEN    start of the window: an age such as 1h, 6h, 24h or 7d, or an
+	                RFC 3339 time such as 2030-01-02T15:04:05Z (default 24h)
+	--until WHEN    end of the window, in the same forms (default now)
+
+Times: wait is enqueue to first claim, service is enqueue to done or failed,
+execution is each attempt's run time; p50 and p95 are left out ("-") when
+the window holds too many jobs to read one by one.
+`
+
+func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("stats", statsUsage)
+	conn := addConnFlags(fs)
+	var typ, since, until string
+	fs.StringVar(&typ, "type", "", "job type")
+	fs.StringVar(&since, "since", "24h", "start of the window")
+	fs.StringVar(&until, "until", "", "end of the window")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q (choose a type with --type)", rest[0])
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	opts, err := statsOptions(typ, since, until, m.Now())
+	if err != nil {
+		return &usageError{err: err}
+	}
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	st, err := queueStats(ctx, q, opts)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if conn.json {
+		return writeJSON(m.Stdout, st)
+	}
+	return printStats(m.Stdout, st)
+}
+
+// statsOptions turns the --type, --since and --until values (or the
+// /api/stats query parameters of the same names) into StatsOptions.
+func statsOptions(typ, since, until string, now time.Time) (couchq.StatsOptions, error) {
+	opts := couchq.StatsOptions{Worker: typ, Until: now}
+	var err error
+	if until != "" {
+		if opts.Until, err = parseWhen(until, now); err != nil {
+			return opts, fmt.Errorf("invalid --until %q: %w", until, err)
+		}
+	}
+	if since == "" {
+		since = "24h"
+	}
+	if opts.Since, err = parseWhen(since, now); err != nil {
+		return opts, fmt.Errorf("invalid --since %q: %w", since, err)
+	}
+	if !opts.Since.Before(opts.Until) {
+		return opts, fmt.Errorf("--since %s is not before --until %s",
+			opts.Since.UTC().Format(time.RFC3339), opts.Until.UTC().Format(time.RFC3339))
+	}
+	return opts, nil
+}
+
+// queueStats is couchq.Stats with empty lists as [] rather than null, so
+// that scripts can iterate over them without a check.
+func queueStats(ctx context.Context, q *couchq.Client, opts couchq.StatsOptions) (*couchq.Stats, error) {
+	st, err := q.Stats(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("computing stats: %w", err)
+	}
+	if st.Types == nil {
+		st.Types = []couchq.TypeStats{}
+	}
+	if st.Workers == nil {
+		st.Workers = []couchq.WorkerStats{}
+	}
+	for i := range st.Workers {
+		if st.Workers[i].Types == nil {
+			st.Workers[i].Types = []string{}
+		}
+	}
+	return st, nil
+}
+
+// daysRE matches an age that starts with a number of days: 7d, 1.5d, 1d12h.
+var daysRE = regexp.MustCompile(`^(\d+(?:\.\d+)?)d(.*)$`)
+
+// parseAge parses a Go duration (90s, 6h) or one that starts with days
+// (7d, 1d12h), which Go's parser lacks. Negative ages are refused.
+func parseAge(s string) (time.Duration, error) {
+	bad := errors.New("want a duration such as 90s, 6h or 7d")
+	var days time.Duration
+	rest := s
+	if m := daysRE.FindStringSubmatch(s); m != nil {
+		n, err := strconv.ParseFloat(m[1], 64)
+		if err != nil || n > 100*365 {
+			return 0, bad
+		}
+		days, rest = time.Duration(n*24*float64(time.Hour)), m[2]
+		if rest == "" {
+			return days, nil
+		}
+	}
+	d, err := time.ParseDuration(rest)
+	if err != nil {
+		return 0, bad
+	}
+	if d < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return days + d, nil
+}
+
+// parseWhen parses a point in time given as an age before now (24h, 7d)
+// or as an RFC 3339 time.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := parseAge(s)
+	if err != nil {
+		if strings.HasPrefix(s, "-") {
+			return time.Time{}, errors.New("must not be negative (an age counts back from now)")
+		}
+		return time.Time{}, fmt.Errorf("want an age such as 1h, 24h or 7d, or an RFC 3339 time such as 2030-01-02T15:04:05Z")
+	}
+	return now.Add(-d), nil
+}
+
+// printStats writes the report as tables.
+func printStats(w io.Writer, st *couchq.Stats) error {
+	window := st.Until.Sub(st.Since)
+	fmt.Fprintf(w, "Window: %s to %s (%s)\n\n", st.Since.UTC().Format("2006-01-02 15:04:05Z"),
+		st.Until.UTC().Format("2006-01-02 15:04:05Z"), fmtDuration(window))
+	if len(st.Types) == 0 {
+		fmt.Fprintln(w, "no jobs")
+	} else {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "TYPE\tADDED\tSTARTED\tFINISHED\tFAILED\tRETRIED\tTHROUGHPUT")
+		for _, t := range st.Types {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.Added, t.Started, t.Finished, t.Failed, t.Retried, fmtRate(t.Throughput))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+		tw = newTable(w)
+		fmt.Fprintln(tw, "TYPE\tTIME\tCOUNT\tMIN\tMEAN\tP50\tP95\tMAX")
+		for _, t := range st.Types {
+			for i, s := range []struct {
+				name string
+				sum  couchq.Summary
+			}{{"wait", t.Wait}, {"service", t.Service}, {"execution", t.Execution}} {
+				name := t.Type
+				if i > 0 {
+					name = ""
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", name, s.name, fmtSummary(s.sum))
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+		tw = newTable(w)
+		fmt.Fprintln(tw, "QUEUE NOW\tDUE\tSCHEDULED\tRUNNING\tFAILED\tOLDEST DUE")
+		for _, t := range st.Types {
+			oldest := "-"
+			if t.Queue.Due > 0 {
+				oldest = fmtSeconds(t.Queue.OldestDueAge)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Running, t.Queue.Failed, oldest)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w)
+	if len(st.Workers) == 0 {
+		_, err := fmt.Fprintln(w, "no workers registered")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "WORKER\tTYPES\tRUNNING\tTHROUGHPUT\tUTILIZATION\tALIVE")
+	for _, wk := range st.Workers {
+		alive := "yes"
+		if !wk.Alive {
+			alive = "no, last heartbeat " + fmtSeconds(wk.HeartbeatAge) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%.0f%%\t%s\n", wk.Claimant, strings.Join(wk.Types, ","), wk.Running,
+			wk.Concurrency*max(len(wk.Types), 1), fmtRate(wk.Throughput), 100*wk.Utilization, alive)
+	}
+	return tw.Flush()
+}
+
+// fmtSummary renders count, min, mean, p50, p95 and max as table cells.
+func fmtSummary(s couchq.Summary) string {
+	if s.Count == 0 {
+		return "0\t-\t-\t-\t-\t-"
+	}
+	p := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmtSeconds(*v)
+	}
+	return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", s.Count, fmtSeconds(s.Min), fmtSeconds(s.Mean), p(s.P50), p(s.P95), fmtSeconds(s.Max))
+}
+
+// fmtSeconds renders seconds as a duration with a precision that suits
+// its size: 340ms, 4.33s, 1m20s, 26h3m0s.
+func fmtSeconds(s float64) string {
+	if math.IsNaN(s) || math.IsInf(s, 0) {
+		return "-"
+	}
+	return fmtDuration(time.Duration(s * float64(time.Second)))
+}
+
+func fmtDuration(d time.Duration) string {
+	switch a := d.Abs(); {
+	case a == 0:
+		return "0s"
+	case a < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case a < time.Second:
+		return d.Round(time.Millisecond).String()
+	case a < time.Minute:
+		return d.Round(10 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// fmtRate renders jobs per second in the unit that keeps it readable.
+func fmtRate(perSecond float64) string {
+	trim := func(v float64) string { return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64) }
+	switch {
+	case perSecond == 0:
+		return "0"
+	case perSecond >= 1:
+		return trim(perSecond) + "/s"
+	case perSecond*60 >= 1:
+		return trim(perSecond*60) + "/min"
+	default:
+		return trim(perSecond*3600) + "/h"
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// couchq stats on a known script: the exact counts and times.
+func TestStatsFromAKnownScript(t *testing.T) {
+	t.Parallel()
+	r := runOpsScript(t)
+
+	res := r.c.run(t, "stats", "--json", "--since", r.since())
+	expect(t, res, exitOK)
+	var st couchq.Stats
+	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
+		t.Fatalf("stats --json: %v", err)
+	}
+	checkScriptStats(t, &st)
+	if !st.Until.Equal(r.t0.Add(20*time.Second)) || !st.Since.Equal(r.t0.Add(-time.Second)) {
+		t.Errorf("window %s to %s, want T0-1s to T0+20s (Main.Now)", st.Since, st.Until)
+	}
+
+	// The table a person reads.
+	res = r.c.run(t, "stats", "--since", "1h")
+	expect(t, res, exitOK)
+	for _, want := range []string{
+		"Window: 2026-11-21 11:00:20Z to 2026-11-21 12:00:20Z (1h0m0s)",
+		"TYPE  ADDED  STARTED  FINISHED  FAILED  RETRIED  THROUGHPUT\nmail  5      4        2         0       1        2/h\n",
+		"TYPE  TIME       COUNT  MIN  MEAN   P50  P95  MAX\n" +
+			"mail  wait       3      2s   4.33s  4s   7s   7s\n" +
+			"      service    2      5s   7.5s   5s   10s  10s\n" +
+			"      execution  3      1s   2.67s  3s   4s   4s\n",
+		"QUEUE NOW  DUE  SCHEDULED  RUNNING  FAILED  OLDEST DUE\nmail       1    1          1        0       20s\n",
+		"no workers registered",
+	} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("stats table lacks\n%s", want)
+		}
+	}
+
+	// A window after the script saw nothing happen; the queue is the same.
+	res = r.c.run(t, "stats", "--json", "--type", "mail", "--since", "5s")
+	expect(t, res, exitOK)
+	st = couchq.Stats{}
+	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if l := st.Types[0]; l.Added != 0 || l.Finished != 0 || l.Service.Count != 0 || l.Queue.Due != 1 || l.Queue.OldestDueAge != 20 {
+		t.Errorf("late window: %+v", l)
+	}
+	// A registered worker shows up with its type; one of another type does not.
+	now := couchq.ToUnix(r.clk.Now())
+	for _, w := range []*couchq.WorkerInfo{
+		{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: claimant, Types: []string{"mail"}, Concurrency: 2,
+			StartedAt: now - 101, LastHeartbeat: now - 1, HeartbeatInterval: 5, BusySeconds: 50, Completed: 20},
+		{ID: couchq.WorkerDocID("host", 2, "w1"), Claimant: "host/2/w1", Types: []string{"sms"}, Concurrency: 1,
+			StartedAt: now - 1000, LastHeartbeat: now - 600, HeartbeatInterval: 5},
+	} {
+		if err := r.q.PutWorker(r.ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res = r.c.run(t, "stats", "--type", "mail")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "WORKER     TYPES  RUNNING  THROUGHPUT  UTILIZATION  ALIVE\nhost/1/w1  mail   0/2      12/min      25%          yes\n") ||
+		strings.Contains(res.stdout, "host/2/w1") {
+		t.Errorf("stats --type mail workers:\n%s", res.stdout)
+	}
+	res = r.c.run(t, "stats")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "host/2/w1  sms    0/1      0           0%           no, last heartbeat 10m0s ago") {
+		t.Errorf("stats: the dead worker:\n%s", res.stdout)
+	}
+}
+
+// An empty queue is a report with empty lists, not nulls.
+func TestStatsEmpty(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	res := c.run(t, "stats", "--json")
+	expect(t, res, exitOK)
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(res.stdout), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if string(raw["types"]) != "[]" || string(raw["workers"]) != "[]" {
+		t.Errorf("empty stats: %s", res.stdout)
+	}
+	res = c.run(t, "stats")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "no jobs") || !strings.Contains(res.stdout, "no workers registered") {
+		t.Errorf("empty stats table:\n%s", res.stdout)
+	}
+}
+
+func TestParseAgeAndWhen(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour,
+		"1.5d": 36 * time.Hour, "1d12h": 36 * time.Hour, "90s": 90 * time.Second, "0s": 0, "0d": 0,
+	} {
+		if got, err := parseAge(in); err != nil || got != want {
+			t.Errorf("parseAge(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "7", "soon", "-1h", "7d-1h", "1w", "d7", "1e9d"} {
+		if got, err := parseAge(in); err == nil {
+			t.Errorf("parseAge(%q) = %v, want an error", in, got)
+		}
+	}
+	now := time.Date(2030, 1, 8, 0, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"7d":                        time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
+		"2029-12-31T23:00:00Z":      time.Date(2029, 12, 31, 23, 0, 0, 0, time.UTC),
+		"2030-01-07T01:00:00+01:00": time.Date(2030, 1, 7, 0, 0, 0, 0, time.UTC),
+	} {
+		if got, err := parseWhen(in, now); err != nil || !got.Equal(want) {
+			t.Errorf("parseWhen(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := parseWhen("-2h", now); err == nil || !strings.Contains(err.Error(), "negative") {
+		t.Errorf("parseWhen(-2h): %v", err)
+	}
+}
+
+func TestFormatting(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[float64]string{
+		0: "0s", 0.0004: "400µs", 0.34: "340ms", 4.3333: "4.33s", 80: "1m20s", 93784: "26h3m4s",
+	} {
+		if got := fmtSeconds(in); got != want {
+			t.Errorf("fmtSeconds(%v) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[float64]string{
+		0: "0", 12.345: "12.35/s", 0.5: "30/min", 2.0 / 21 / 60: "5.71/h",
+	} {
+		if got := fmtRate(in); got != want {
+			t.Errorf("fmtRate(%v) = %q, want %q", in, got, want)
+		}
+	}
+}

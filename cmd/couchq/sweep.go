@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rs/zerolog"
+)
+
+const sweepUsage = `Usage: couchq sweep [--limit N] [flags]
+
+Sweeps once: every claim whose lease has run out (its worker died, froze
+or lost the server) goes back to the queue for another attempt, or to
+failed when its attempts are used up. Each job gets a lease-expired entry
+in its history naming the claimant presumed dead. Running workers sweep
+by themselves; this is for when none runs, or to see what is stuck now.
+Safe to run alongside workers: a claim renewed meanwhile is left alone.
+
+	--limit N   at most N expired leases in this sweep (default 500)
+
+It prints how many jobs were requeued and failed, and how many sweeps
+were lost to another writer (a worker's sweeper or the claimant itself).
+`
+
+// sweepResult is what one sweep did, as printed with --json.
+type sweepResult struct {
+	Requeued  int `json:"requeued"`
+	Failed    int `json:"failed"`
+	Lost      int `json:"lost"`
+	Malformed int `json:"malformed"`
+	// More means the sweep stopped at --limit: run it again.
+	More bool `json:"more"`
+}
+
+func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("sweep", sweepUsage)
+	conn := addConnFlags(fs)
+	var limit int
+	fs.IntVar(&limit, "limit", 500, "maximum expired leases")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q", rest[0])
+	}
+	if limit < 1 {
+		return usageErrorf("invalid --limit %d: must be at least 1", limit)
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	res, err := q.Sweep(ctx, q.Config().Actor, limit)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	out := sweepResult{
+		Requeued: res.Requeued, Failed: res.Failed, Lost: res.Lost, Malformed: res.Malformed,
+		More: res.Requeued+res.Failed+res.Lost+res.Malformed >= limit,
+	}
+	if conn.json {
+		return writeJSON(m.Stdout, out)
+	}
+	line := fmt.Sprintf("requeued %d, failed %d, lost %d", out.Requeued, out.Failed, out.Lost)
+	if out.Malformed > 0 {
+		line += fmt.Sprintf(", malformed %d (see the log)", out.Malformed)
+	}
+	if out.More {
+		line += fmt.Sprintf("; stopped at --limit %d: run it again for the rest", limit)
+	}
+	_, err = fmt.Fprintln(m.Stdout, line)
+	return err
+}

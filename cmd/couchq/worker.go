@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/worker"
+)
+
+const workerUsage = `Usage: couchq worker --type T[,T2...] --handler NAME [flags]
+
+Runs jobs of the given types with a built-in handler until it is stopped.
+It creates the database and design document first if needed (as couchq
+init does), wakes on the _changes feed, renews its leases while jobs run,
+retries failures with backoff and sweeps the expired leases of dead
+workers. Logs go to stderr, at info level unless --log-level says otherwise.
+
+The first SIGINT or SIGTERM stops claiming and lets running jobs finish
+for up to --shutdown-timeout; jobs still running then are cancelled and
+released back to the queue (no attempt charged). A second signal exits at
+once with status 1: the claims left behind return to the queue when their
+lease runs out, through any worker's sweeper or couchq sweep.
+
+	--type T[,T2...]       job types to run (required)
+	--handler NAME         built-in handler: exec, http-check, noop or webhook
+	                       (required)
+	--exec "CMD ARGS"      the command the exec handler runs for every job; split
+	                       into words like a shell does (quotes, backslashes) but
+	                       never run through one; the job arrives on stdin
+	--http-timeout D       bound on each http-check and webhook request
+	                       unless the payload has a "timeout" (default 10s)
+	--concurrency N        jobs of each type run at once (default 4)
+	--lease D              how long a claim holds without renewal (default 30s)
+	--drain                exit 0 once no due work of these types remains
+	--delete-done          delete finished jobs instead of keeping them as done
+	--max-attempts N       attempts for jobs without their own max_attempts
+	                       (default 25)
+	--shutdown-timeout D   how long running jobs may finish after a stop signal
+	                       (default 30s)
+
+Timings, mostly for tests and demos:
+
+	--heartbeat D          lease renewal and registry update interval
+	                       (default lease/3; must be shorter than the lease)
+	--sweep-interval D     how often this process sweeps expired leases
+	                       (default lease/2; negative disables its sweeper)
+	--feed-timeout D       how long one _changes long-poll waits (default 60s)
+	--fallback-poll D      look for due work at least this often even when the
+	                       feed is quiet (default 30s)
+	--retry-delay D        a fixed delay before every retry, instead of
+	                       attempt^4 seconds plus jitter
+`
+
+// minLease is the shortest --lease: below it the heartbeat (lease/3) and
+// the sweep (lease/2) would round to nothing, and no server answers fast
+// enough to renew such a lease anyway.
+const minLease = 100 * time.Millisecond
+
+// workerFlags are couchq worker's own flags, validated by check.
+type workerFlags struct {
+	types           string
+	handler         string
+	exec            string
+	httpTimeout     time.Duration
+	concurrency     int
+	lease           time.Duration
+	drain           bool
+	deleteDone      bool
+	maxAttempts     int
+	shutdownTimeout time.Duration
+	heartbeat       time.Duration
+	sweepInterval   time.Duration
+	feedTimeout     time.Duration
+	fallbackPoll    time.Duration
+	retryDelay      time.Duration
+
+	// set records which flags were given, for those whose zero value is
+	// meaningful (--retry-delay 0 retries at once).
+	set map[string]bool
+	// typeList is --type split and checked.
+	typeList []string
+	// argv is --exec split into words.
+	argv []string
+}
+
+func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("worker", workerUsage)
+	conn := addConnFlags(fs)
+	// Operators watching a worker want to see its claims and failures.
+	conn.logLevel = "info"
+	f := &workerFlags{}
+	fs.StringVar(&f.types, "type", "", "job types")
+	fs.StringVar(&f.handler, "handler", "", "built-in handler")
+	fs.StringVar(&f.exec, "exec", "", "command for the exec handler")
+	fs.DurationVar(&f.httpTimeout, "http-timeout", handlers.DefaultHTTPTimeout, "HTTP request timeout")
+	fs.IntVar(&f.concurrency, "concurrency", worker.ConcurrencyDefault, "jobs of each type at once")
+	fs.DurationVar(&f.lease, "lease", worker.LeaseDurationDefault, "lease duration")
+	fs.BoolVar(&f.drain, "drain", false, "exit when no due work remains")
+	fs.BoolVar(&f.deleteDone, "delete-done", false, "delete finished jobs")
+	fs.IntVar(&f.maxAttempts, "max-attempts", couchq.MaxAttemptsDefault, "default attempts per job")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", worker.ShutdownTimeoutDefault, "grace for running jobs")
+	fs.DurationVar(&f.heartbeat, "heartbeat", 0, "heartbeat interval")
+	fs.DurationVar(&f.sweepInterval, "sweep-interval", 0, "sweep interval")
+	fs.DurationVar(&f.feedTimeout, "feed-timeout", worker.FeedTimeoutDefault, "changes long-poll timeout")
+	fs.DurationVar(&f.fallbackPoll, "fallback-poll", worker.FallbackPollDefault, "fallback poll interval")
+	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q (quote the --exec command as one argument)", rest[0])
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if err := f.check(); err != nil {
+		return err
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	// The handler is built before connecting so that a command that cannot
+	// run (exec of a missing program) is a usage error, not a failed job.
+	h, err := handlers.New(f.handler, handlers.Options{HTTPTimeout: f.httpTimeout, Exec: f.argv})
+	if err != nil {
+		return &usageError{err: err}
+	}
+
+	srv, err := couchq.Connect(ctx, conn.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"))
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	defer srv.Client.Close()
+	if _, err := couchq.Init(ctx, srv.Client, conn.db, log); err != nil {
+		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
+	}
+	q, err := srv.Open(ctx, conn.db, couchq.Config{Logger: log, MaxAttempts: f.maxAttempts})
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	w, err := worker.New(q, f.config(h, log))
+	if err != nil {
+		return &usageError{err: err} // check covers what New rejects; kept as a backstop
+	}
+	log.Info().Str("url", conn.url).Str("db", conn.db).Str("handler", f.handler).
+		Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
+
+	runDone := make(chan struct{})
+	defer close(runDone)
+	go func() {
+		select {
+		case <-ctx.Done():
+			log.Info().Dur("shutdown_timeout", f.shutdownTimeout).
+				Msg("stopping: no new claims; running jobs may finish, then are released (signal again to exit at once)")
+		case <-runDone:
+		}
+	}()
+	if err := w.Run(ctx); err != nil {
+		return serverError(conn.url, fmt.Errorf("running worker: %w", err))
+	}
+	return nil
+}
+
+// check validates the flags before anything connects.
+func (f *workerFlags) check() error {
+	if f.types == "" {
+		return usageErrorf("--type is required: name the job types to run, e.g. --type email,sms")
+	}
+	seen := map[string]bool{}
+	for _, t := range strings.Split(f.types, ",") {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			return usageErrorf("invalid --type %q: empty job type", f.types)
+		}
+		if !seen[t] {
+			seen[t] = true
+			f.typeList = append(f.typeList, t)
+		}
+	}
+	if f.handler == "" {
+		return usageErrorf("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
+	}
+	if f.exec != "" {
+		if f.handler != handlers.NameExec {
+			return usageErrorf("--exec is only for --handler %s", handlers.NameExec)
+		}
+		argv, err := splitWords(f.exec)
+		if err != nil {
+			return usageErrorf("invalid --exec %q: %v", f.exec, err)
+		}
+		f.argv = argv
+	}
+	switch {
+	case f.concurrency < 1:
+		return usageErrorf("invalid --concurrency %d: must be at least 1", f.concurrency)
+	case f.lease < minLease:
+		return usageErrorf("invalid --lease %s: must be at least %s", f.lease, minLease)
+	case f.maxAttempts < 1:
+		return usageErrorf("invalid --max-attempts %d: must be at least 1", f.maxAttempts)
+	case f.shutdownTimeout <= 0:
+		return usageErrorf("invalid --shutdown-timeout %s: must be positive", f.shutdownTimeout)
+	case f.httpTimeout <= 0:
+		return usageErrorf("invalid --http-timeout %s: must be positive", f.httpTimeout)
+	case f.feedTimeout <= 0:
+		return usageErrorf("invalid --feed-timeout %s: must be positive", f.feedTimeout)
+	case f.fallbackPoll <= 0:
+		return usageErrorf("invalid --fallback-poll %s: must be positive", f.fallbackPoll)
+	case f.retryDelay < 0:
+		return usageErrorf("invalid --retry-delay %s: must not be negative", f.retryDelay)
+	case f.set["heartbeat"] && f.heartbeat <= 0:
+		return usageErrorf("invalid --heartbeat %s: must be positive", f.heartbeat)
+	case f.set["sweep-interval"] && f.sweepInterval == 0:
+		return usageErrorf("invalid --sweep-interval 0: leave it out for lease/2, or make it negative to disable sweeping")
+	}
+	if hb := f.heartbeatInterval(); hb >= f.lease {
+		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
+	}
+	return nil
+}
+
+// heartbeatInterval is --heartbeat or the worker's default for the lease.
+func (f *workerFlags) heartbeatInterval() time.Duration {
+	if f.heartbeat > 0 {
+		return f.heartbeat
+	}
+	return f.lease / worker.HeartbeatFractionDefault
+}
+
+// config is the worker configuration the flags describe; every type runs
+// the one handler h.
+func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config {
+	h = loggingHandler{next: h, log: log}
+	cfg := worker.Config{
+		Handlers:          map[string]worker.Handler{},
+		Concurrency:       f.concurrency,
+		LeaseDuration:     f.lease,
+		HeartbeatInterval: f.heartbeat,
+		SweepInterval:     f.sweepInterval,
+		MaxAttempts:       f.maxAttempts,
+		ShutdownTimeout:   f.shutdownTimeout,
+		FeedTimeout:       f.feedTimeout,
+		FallbackPoll:      f.fallbackPoll,
+		Drain:             f.drain,
+		Logger:            log,
+	}
+	for _, t := range f.typeList {
+		cfg.Handlers[t] = h
+	}
+	if f.deleteDone {
+		cfg.DeleteDone = map[string]bool{}
+		for _, t := range f.typeList {
+			cfg.DeleteDone[t] = true
+		}
+	}
+	if f.set["retry-delay"] {
+		d := f.retryDelay
+		cfg.Retry = func(int) time.Duration { return d }
+	}
+	return cfg
+}
+
+// loggingHandler logs each attempt's start and success at info level, so
+// that an operator sees every claim; the worker itself logs failures and
+// refused results.
+type loggingHandler struct {
+	next worker.Handler
+	log  zerolog.Logger
+}
+
+func (h loggingHandler) Handle(ctx context.Context, job *worker.Job) error {
+	start := time.Now()
+	h.log.Info().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
+		Int("max_attempts", job.MaxAttempts).Msg("job claimed")
+	err := h.next.Handle(ctx, job)
+	if err == nil {
+		h.log.Info().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
+			Dur("took", time.Since(start)).Msg("handler succeeded")
+	} else {
+		h.log.Debug().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
+			Err(err).Dur("took", time.Since(start)).Msg("handler failed")
+	}
+	return err
+}
+
+// splitWords splits s into words the way a POSIX shell does, without any
+// expansion: whitespace separates words, single quotes keep everything
+// literally, double quotes keep everything but backslash escapes of " \ $
+// and `, and a backslash outside quotes escapes the next character.
+func splitWords(s string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	const (
+		none = iota
+		single
+		double
+	)
+	quote := none
+	runes := []rune(s)
+	for i := 0; i < len(runes); i++ {
+		r := runes[i]
+		switch quote {
+		case single:
+			if r == '\'' {
+				quote = none
+			} else {
+				cur.WriteRune(r)
+			}
+			continue
+		case double:
+			switch {
+			case r == '"':
+				quote = none
+			case r == '\\' && i+1 < len(runes) && strings.ContainsRune(`"\$`+"`", runes[i+1]):
+				i++
+				cur.WriteRune(runes[i])
+			default:
+				cur.WriteRune(r)
+			}
+			continue
+		}
+		switch {
+		case unicode.IsSpace(r):
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		case r == '\'':
+			quote, inWord = single, true
+		case r == '"':
+			quote, inWord = double, true
+		case r == '\\':
+			if i+1 == len(runes) {
+				return nil, errors.New("trailing backslash")
+			}
+			i++
+			cur.WriteRune(runes[i])
+			inWord = true
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != none {
+		return nil, errors.New("unterminated quote")
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	if len(words) == 0 {
+		return nil, errors.New("no command")
+	}
+	return words, nil
+}

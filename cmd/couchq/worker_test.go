@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/handlers"
+)
+
+// Flag mistakes of worker, sweep and workers exit 2 before any request:
+// every case runs against a URL where nothing listens.
+func TestWorkerCommandsUsageErrors(t *testing.T) {
+	t.Parallel()
+	w := func(args ...string) []string {
+		return append([]string{"worker", "--type", "t", "--handler", "noop"}, args...)
+	}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no type", []string{"worker", "--handler", "noop"}, "--type is required"},
+		{"empty type", []string{"worker", "--type", "a,,b", "--handler", "noop"}, `invalid --type "a,,b": empty job type`},
+		{"no handler", []string{"worker", "--type", "t"}, "--handler is required: one of exec, http-check, noop, webhook"},
+		{"unknown handler", []string{"worker", "--type", "t", "--handler", "smtp"}, `unknown handler "smtp"`},
+		{"exec without command", []string{"worker", "--type", "t", "--handler", "exec"}, "no command given"},
+		{"exec of a missing program", []string{"worker", "--type", "t", "--handler", "exec", "--exec", "/nonexistent/prog arg"}, `command "/nonexistent/prog"`},
+		{"exec with another handler", w("--exec", "true"), "--exec is only for --handler exec"},
+		{"unterminated quote", []string{"worker", "--type", "t", "--handler", "exec", "--exec", `sh -c 'echo`}, "unterminated quote"},
+		{"blank exec", []string{"worker", "--type", "t", "--handler", "exec", "--exec", "  "}, "no command"},
+		{"zero concurrency", w("--concurrency", "0"), "invalid --concurrency 0"},
+		{"zero lease", w("--lease", "0s"), "invalid --lease 0s: must be at least 100ms"},
+		{"negative lease", w("--lease", "-1s"), "invalid --lease -1s"},
+		{"tiny lease", w("--lease", "2ns"), "invalid --lease 2ns: must be at least 100ms"},
+		{"bad duration", w("--lease", "soon"), `invalid value "soon" for flag -lease`},
+		{"heartbeat not shorter than lease", w("--lease", "2s", "--heartbeat", "2s"), "must be shorter than the lease 2s"},
+		{"zero heartbeat", w("--heartbeat", "0s"), "invalid --heartbeat 0s"},
+		{"zero sweep interval", w("--sweep-interval", "0s"), "invalid --sweep-interval 0"},
+		{"zero max attempts", w("--max-attempts", "0"), "invalid --max-attempts 0"},
+		{"zero shutdown timeout", w("--shutdown-timeout", "0s"), "invalid --shutdown-timeout 0s"},
+		{"zero http timeout", w("--http-timeout", "0s"), "invalid --http-timeout 0s"},
+		{"zero feed timeout", w("--feed-timeout", "0s"), "invalid --feed-timeout 0s"},
+		{"zero fallback poll", w("--fallback-poll", "0s"), "invalid --fallback-poll 0s"},
+		{"negative retry delay", w("--retry-delay", "-1s"), "invalid --retry-delay -1s"},
+		{"stray argument", w("extra"), `unexpected argument "extra"`},
+		{"drain takes no value", w("--drain=maybe"), `invalid boolean value "maybe" for -drain`},
+		{"bad log level", w("--log-level", "chatty"), `invalid --log-level "chatty"`},
+		{"sweep zero limit", []string{"sweep", "--limit", "0"}, "invalid --limit 0"},
+		{"sweep bad limit", []string{"sweep", "--limit", "many"}, `invalid value "many" for flag -limit`},
+		{"sweep stray argument", []string{"sweep", "now"}, `unexpected argument "now"`},
+		{"workers stray argument", []string{"workers", "all"}, `unexpected argument "all"`},
+		{"workers unknown flag", []string{"workers", "--dead"}, "flag provided but not defined: -dead"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := offline().run(t, tc.args...)
+			expect(t, r, exitUsage, tc.want, "run 'couchq help "+tc.args[0]+"' for usage")
+			if r.stdout != "" {
+				t.Errorf("stdout not empty on a usage error: %q", r.stdout)
+			}
+		})
+	}
+}
+
+func TestWorkerCommandsHelp(t *testing.T) {
+	t.Parallel()
+	r := offline().run(t, "help")
+	expect(t, r, exitOK)
+	for _, cmd := range []string{"worker", "sweep", "workers"} {
+		if !strings.Contains(r.stdout, "\t"+cmd+" ") {
+			t.Errorf("couchq help does not list %s:\n%s", cmd, r.stdout)
+		}
+	}
+	r = offline().run(t, "help", "worker")
+	expect(t, r, exitOK)
+	for _, flag := range []string{"--type", "--handler", "--exec", "--concurrency", "--lease", "--drain", "--delete-done",
+		"--max-attempts", "--shutdown-timeout", "--heartbeat", "--sweep-interval", "--feed-timeout", "--fallback-poll",
+		"--retry-delay", "--http-timeout", "--url"} {
+		if !strings.Contains(r.stdout, flag+" ") {
+			t.Errorf("couchq help worker lacks %s", flag)
+		}
+	}
+	for _, name := range handlers.Names() {
+		if !strings.Contains(r.stdout, name) {
+			t.Errorf("couchq help worker does not name the %s handler", name)
+		}
+	}
+	for _, cmd := range []string{"worker", "sweep", "workers"} {
+		expect(t, offline().run(t, cmd, "-h"), exitOK, "Usage: couchq "+cmd, "--log-level")
+	}
+	expect(t, offline().run(t, "sweep", "-h"), exitOK, "--limit N")
+}
+
+func TestWorkerUnreachableServer(t *testing.T) {
+	t.Parallel()
+	c := offline().withEnv("COUCHDB_URL", "http://admin:s3cr3t-pw@127.0.0.1:1")
+	for _, args := range [][]string{{"worker", "--type", "t", "--handler", "noop"}, {"sweep"}, {"workers"}} {
+		r := c.run(t, args...)
+		expect(t, r, exitFailure, "cannot reach CouchDB at http://admin:xxxxx@127.0.0.1:1")
+		if strings.Contains(r.stderr, "s3cr3t") {
+			t.Errorf("couchq %v printed the password:\n%s", args, r.stderr)
+		}
+	}
+}
+
+func TestSplitWords(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string][]string{
+		`prog`:                       {"prog"},
+		`  prog  a   b `:             {"prog", "a", "b"},
+		`sh -c 'echo "$X" | wc -l'`:  {"sh", "-c", `echo "$X" | wc -l`},
+		`a "b c" d`:                  {"a", "b c", "d"},
+		`a "say \"hi\" \n" b`:        {"a", `say "hi" \n`, "b"},
+		`a\ b c`:                     {"a b", "c"},
+		`x'y'"z"`:                    {"xyz"},
+		`a '' b`:                     {"a", "", "b"},
+		"tab\tsep\nnewline":          {"tab", "sep", "newline"},
+		`/path/to/my\ script.sh 'é'`: {"/path/to/my script.sh", "é"},
+	} {
+		got, err := splitWords(in)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("splitWords(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{``, `   `, `a 'b`, `a "b`, `a\`} {
+		if got, err := splitWords(in); err == nil {
+			t.Errorf("splitWords(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+// couchq worker --drain in-process: it creates the database itself, runs
+// every due job, leaves the scheduled one alone and exits 0.
+func TestWorkerDrainInProcess(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	// No init: the worker does it.
+	r := c.run(t, "worker", "--type", "a,b", "--handler", "noop", "--drain", "--lease", "2s", "--heartbeat", "500ms")
+	expect(t, r, exitOK, `"message":"worker started"`, `"message":"drained: no due work left"`)
+	c.mustInit(t)
+	for _, typ := range []string{"a", "a", "b"} {
+		expect(t, c.run(t, "enqueue", "--type", typ), exitOK)
+	}
+	expect(t, c.run(t, "enqueue", "--type", "a", "--id", "later", "--in", "1h"), exitOK)
+	r = c.run(t, "worker", "--type", "a,b", "--handler", "noop", "--drain", "--delete-done", "--log-level", "warn")
+	expect(t, r, exitOK)
+	if strings.Contains(r.stderr, `"level":"info"`) {
+		t.Errorf("--log-level warn still logged at info:\n%s", r.stderr)
+	}
+	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 1 {
+		t.Errorf("%d jobs left after draining with --delete-done, want only the scheduled one", n)
+	}
+	r = c.run(t, "show", "later", "--json")
+	var it couchq.WorkItem
+	if err := json.Unmarshal([]byte(r.stdout), &it); err != nil || it.Status != couchq.StatusQueued || it.Claimed {
+		t.Errorf("the scheduled job: %+v, %v", it, err)
+	}
+}
+
+// sweep and workers against the real server: a claim whose claimant died
+// is swept once, and the registry shows alive and dead workers.
+func TestSweepAndWorkers(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	ctx := context.Background()
+	q, err := couchq.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), couchq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r := c.run(t, "workers")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "no workers" {
+		t.Errorf("workers on an empty registry: %q", r.stdout)
+	}
+	r = c.run(t, "sweep")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0" {
+		t.Errorf("sweep with nothing expired: %q", r.stdout)
+	}
+
+	for _, id := range []string{"a", "b", "c"} {
+		attempts := "3"
+		if id == "b" {
+			attempts = "1" // its one attempt is spent by the claim
+		}
+		expect(t, c.run(t, "enqueue", "--type", "x", "--id", id, "--max-attempts", attempts), exitOK)
+	}
+	// a and b are claimed with a lease that runs out at once; c holds.
+	for id, lease := range map[string]time.Duration{"a": time.Millisecond, "b": time.Millisecond, "c": time.Hour} {
+		it, err := q.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Claim(ctx, it, "host/99/dead", lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	r = c.run(t, "sweep", "--json")
+	expect(t, r, exitOK)
+	var res sweepResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res != (sweepResult{Requeued: 1, Failed: 1}) {
+		t.Errorf("sweep --json: %+v, %v (%q)", res, err, r.stdout)
+	}
+	for id, status := range map[string]couchq.Status{"a": couchq.StatusQueued, "b": couchq.StatusFailed, "c": couchq.StatusRunning} {
+		it, err := q.Get(ctx, id)
+		if err != nil || it.Status != status {
+			t.Errorf("job %s after the sweep: %+v, %v; want %s", id, it, err, status)
+		}
+	}
+	r = c.run(t, "show", "a")
+	for _, want := range []string{"lease-expired  by cli, attempt 1, error: lease expired at", "claimant host/99/dead presumed dead"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show of the swept job lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	r = c.run(t, "sweep", "--limit", "1")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0" {
+		t.Errorf("second sweep: %q", r.stdout)
+	}
+
+	now := time.Now()
+	for _, w := range []*couchq.WorkerInfo{
+		{ID: "worker:h:1:alive", Claimant: "h/1/alive", PID: 1, Types: []string{"x", "y"}, Concurrency: 4,
+			Running: []string{"c"}, LastHeartbeat: couchq.ToUnix(now.Add(-time.Second)), HeartbeatInterval: 10},
+		{ID: "worker:h:2:dead", Claimant: "h/2/dead", PID: 2, Types: []string{"x"}, Concurrency: 1,
+			LastHeartbeat: couchq.ToUnix(now.Add(-time.Minute)), HeartbeatInterval: 10},
+	} {
+		if err := q.PutWorker(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = c.run(t, "workers")
+	expect(t, r, exitOK)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("workers: want a header and 2 rows:\n%s", r.stdout)
+	}
+	if got := strings.Fields(lines[0]); !reflect.DeepEqual(got, []string{"CLAIMANT", "TYPES", "CONCURRENCY", "RUNNING", "HEARTBEAT", "STATE"}) {
+		t.Errorf("header: %q", lines[0])
+	}
+	if f := strings.Fields(lines[1]); len(f) != 7 || f[0] != "h/1/alive" || f[1] != "x,y" || f[2] != "4" || f[3] != "1" || f[5] != "ago" || f[6] != "alive" {
+		t.Errorf("alive row: %q", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) != 7 || f[0] != "h/2/dead" || f[3] != "0" || f[4] != "1m0s" || f[6] != "dead" {
+		t.Errorf("dead row: %q", lines[2])
+	}
+	r = c.run(t, "workers", "--json")
+	expect(t, r, exitOK)
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("workers --json: %v, %q", err, r.stdout)
+	}
+	if rows[0]["claimant"] != "h/1/alive" || rows[0]["alive"] != true || rows[1]["alive"] != false ||
+		rows[1]["heartbeat_age"].(float64) < 59 || rows[1]["running"] == nil || rows[0]["pid"] != 1.0 {
+		t.Errorf("workers --json: %v", rows)
+	}
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const workersUsage = `Usage: couchq workers [flags]
+
+Lists the worker registry: one document per worker process, refreshed on
+every heartbeat and removed when the process exits cleanly. A worker is
+alive while its last heartbeat is at most three heartbeat intervals old;
+a dead one was killed, froze or lost the server, and the sweeper returns
+its jobs to the queue once their leases run out. With --json it prints the
+registry documents with heartbeat_age (seconds) and alive added.
+
+Columns: CLAIMANT (host/pid/worker-id, as in claimed_by), TYPES,
+CONCURRENCY (jobs of each type at once), RUNNING (jobs in flight at the
+last heartbeat), HEARTBEAT (how long ago) and STATE (alive or dead).
+`
+
+// deadAfterBeats is how many heartbeat intervals may pass before a worker
+// counts as dead; the same rule as couchq.Stats, so both commands agree.
+const deadAfterBeats = 3
+
+// workerRow is one registry document as printed with --json.
+type workerRow struct {
+	*couchq.WorkerInfo
+	HeartbeatAge float64 `json:"heartbeat_age"`
+	Alive        bool    `json:"alive"`
+}
+
+func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("workers", workersUsage)
+	conn := addConnFlags(fs)
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usageErrorf("unexpected argument %q", rest[0])
+	}
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	infos, err := q.Workers(ctx)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	rows := make([]workerRow, 0, len(infos))
+	for _, info := range infos {
+		rows = append(rows, newWorkerRow(info, m.Now()))
+	}
+	if conn.json {
+		return writeJSON(m.Stdout, rows)
+	}
+	return printWorkers(m.Stdout, rows)
+}
+
+func newWorkerRow(info *couchq.WorkerInfo, now time.Time) workerRow {
+	if info.Running == nil {
+		info.Running = []string{} // [] rather than null in --json
+	}
+	age := math.Max(couchq.ToUnix(now)-info.LastHeartbeat, 0)
+	interval := info.HeartbeatInterval
+	if interval <= 0 {
+		interval = 10 // a document written by hand: assume the default lease's beat
+	}
+	return workerRow{WorkerInfo: info, HeartbeatAge: age, Alive: age <= deadAfterBeats*interval}
+}
+
+func printWorkers(w io.Writer, rows []workerRow) error {
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(w, "no workers")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "CLAIMANT\tTYPES\tCONCURRENCY\tRUNNING\tHEARTBEAT\tSTATE")
+	for _, r := range rows {
+		state := "alive"
+		if !r.Alive {
+			state = "dead"
+		}
+		age := time.Duration(r.HeartbeatAge * float64(time.Second))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s ago\t%s\n", r.Claimant, strings.Join(r.Types, ","),
+			r.Concurrency, len(r.Running), roundAge(age), state)
+	}
+	return tw.Flush()
+}
+
+// roundAge keeps an age readable: tenths of a second below a minute,
+// whole seconds above.
+func roundAge(d time.Duration) time.Duration {
+	if d < time.Minute {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
