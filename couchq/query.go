@@ -157,7 +157,7 @@ func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
 				Rev string `json:"_rev"`
 			}
 			_ = json.Unmarshal(raw, &meta)
-			c.log.Warn().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
+			c.log.Info().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
 				Msg("skipping malformed WorkItem")
 			b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 
@@ -18,7 +19,7 @@ type SweepResult struct {
 	Failed int
 	// Lost races: another sweeper, or the claimant itself, wrote first.
 	Lost int
-	// Malformed claimed documents that could not be decoded (logged).
+	// Malformed claimed documents that could not be quarantined (logged).
 	Malformed int
 }
 
@@ -34,17 +35,45 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 		limit = 500
 	}
 	now := c.now()
-	rows := c.db.Query(ctx, designdocs.ID, "_view/leases", kivik.Params(map[string]any{
-		"endkey":       ToUnix(now),
-		"include_docs": true,
-		"limit":        limit,
-	}))
-	batch, err := c.scan(rows, "listing expired leases")
-	if err != nil {
-		return res, err
+	// Malformed claims sort first (a lease that is not a number reads as
+	// 0). Each round quarantines the ones on its page, which unclaims them;
+	// a few rounds reach the real expired leases behind them.
+	for range sweepRounds {
+		rows := c.db.Query(ctx, designdocs.ID, "_view/leases", kivik.Params(map[string]any{
+			"endkey":       ToUnix(now),
+			"include_docs": true,
+			"limit":        limit,
+		}))
+		batch, err := c.scan(rows, "listing expired leases")
+		if err != nil {
+			return res, err
+		}
+		repaired := 0
+		for _, err := range c.QuarantineMany(ctx, batch.Malformed, by) {
+			if err != nil {
+				res.Malformed++
+				c.log.Warn().Err(err).Msg("cannot quarantine a malformed claim; it stays in the leases view")
+				continue
+			}
+			repaired++
+		}
+		if err := c.sweepItems(ctx, by, now, batch.Items, &res); err != nil {
+			return res, err
+		}
+		if len(batch.Items) > 0 || repaired == 0 || len(batch.Malformed) < limit {
+			return res, nil
+		}
 	}
-	res.Malformed = len(batch.Malformed)
-	for _, it := range batch.Items {
+	return res, nil
+}
+
+// sweepRounds bounds how many pages of malformed claims one Sweep repairs
+// before it returns.
+const sweepRounds = 10
+
+// sweepItems returns each expired claim of a page to the queue.
+func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items []*WorkItem, res *SweepResult) error {
+	for _, it := range items {
 		if !it.Claimed || it.LeaseUntil > ToUnix(now) {
 			continue // renewed since the view was built
 		}
@@ -66,7 +95,7 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 		case errors.Is(err, ErrClaimLost):
 			res.Lost++
 		case err != nil:
-			return res, err
+			return err
 		case it.Status == StatusFailed:
 			res.Failed++
 			c.log.Warn().Str("job", it.ID).Str("claimant", dead).Msg("lease expired with no attempts left; job failed")
@@ -75,5 +104,5 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 			c.log.Info().Str("job", it.ID).Str("claimant", dead).Msg("lease expired; job requeued")
 		}
 	}
-	return res, nil
+	return nil
 }

@@ -237,6 +237,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 			_ = json.Unmarshal(raw["_id"], &id)
 			p.err.ID = id
 		}
+		*w = WorkItem{} // never a half-decoded job
 		return p.err
 	}
 	for k, v := range raw {
@@ -314,7 +315,7 @@ func (p *fieldParser) count(field string, dst *int) {
 	}
 	var f float64
 	if json.Unmarshal(v, &f) != nil || f < 0 || f != math.Trunc(f) || f > math.MaxInt32 {
-		p.fail(field, "must be a whole number >= 0, got "+describeJSON(v))
+		p.fail(field, "must be a whole number from 0 to 2147483647, got "+describeJSON(v))
 		return
 	}
 	*dst = int(f)

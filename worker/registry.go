@@ -43,7 +43,13 @@ func (w *Worker) register(ctx context.Context) error {
 func (w *Worker) heartbeatRegistry(ctx context.Context) {
 	for w.sleep(ctx, w.cfg.HeartbeatInterval) {
 		w.registryInfo(w.registry)
-		if err := w.client.PutWorker(ctx, w.registry); err != nil && ctx.Err() == nil {
+		// Stop must not cut a write off mid-request: the server may apply
+		// it anyway, after unregister deleted the document, and bring it
+		// back (a cleanly stopped worker would then look dead for ever).
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+		err := w.client.PutWorker(wctx, w.registry)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			w.log.Warn().Err(err).Msg("updating worker registry document failed")
 		}
 	}

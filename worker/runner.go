@@ -12,6 +12,13 @@ import (
 	"github.com/couchq/couchq/couchq"
 )
 
+// maxDueLimit bounds one due-view query's page, and maxUnrepairable the
+// malformed documents a runner remembers (and reads past).
+const (
+	maxDueLimit     = 1000
+	maxUnrepairable = 900
+)
+
 // finishTimeout bounds the write that records a job's outcome. It runs on a
 // context detached from shutdown so a stopping worker still records results.
 const finishTimeout = 30 * time.Second
@@ -23,6 +30,9 @@ type runner struct {
 	handler Handler
 	slots   chan struct{} // one token per running job
 	wake    chan struct{} // capacity 1: "look for due work"
+	// unrepairable holds malformed documents quarantine could not fix;
+	// touched only by the runner's own loop.
+	unrepairable map[string]struct{}
 }
 
 func (r *runner) nudge() {
@@ -101,19 +111,24 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if free == 0 {
 		return true, r.w.cfg.Now(), nil
 	}
-	k := max(r.w.cfg.PickAmong, free)
+	// Documents that cannot be quarantined stay at the front of the due
+	// view; read past them so they never starve the jobs behind.
+	k := min(max(r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
 	r.w.stats.queries.Add(1)
 	batch, err := r.w.client.Due(ctx, r.typ, k)
 	if err != nil {
 		return false, time.Time{}, err
 	}
 	upTo = batch.At
+	repaired := 0
 	if len(batch.Malformed) > 0 {
-		r.w.quarantine(ctx, batch.Malformed)
+		repaired = r.quarantine(ctx, batch.Malformed)
 	}
 	items := batch.Items
 	if len(items) == 0 {
-		return len(batch.Malformed) > 0, upTo, nil
+		// Look again only if quarantining made room; an unrepairable
+		// document must not make the runner spin.
+		return repaired > 0, upTo, nil
 	}
 	// Pick at random among the first K so that workers polling the same
 	// view spread over the candidates instead of all racing for row one.
@@ -289,7 +304,12 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 			rj.mu.Unlock()
 			return
 		}
-		err := w.client.Extend(ctx, rj.item, w.cfg.LeaseDuration)
+		// Not cut off by the job's cancellation (shutdown): the server may
+		// apply an aborted renewal anyway, and the outcome written next
+		// (Release) would then carry a stale _rev and be refused.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+		err := w.client.Extend(rctx, rj.item, w.cfg.LeaseDuration)
+		cancel()
 		rj.mu.Unlock()
 		switch {
 		case err == nil:
@@ -328,11 +348,32 @@ func (w *Worker) releaseStuck(ctx context.Context) {
 }
 
 // quarantine marks malformed documents failed so they stop occupying the
-// front of the due view; the offending values are kept in the document.
-func (w *Worker) quarantine(ctx context.Context, bad []couchq.Malformed) {
+// front of the due view (the offending values are kept in the document) and
+// returns how many it repaired. Documents that cannot be repaired are
+// remembered, logged once, and not tried again by this worker.
+func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
+	todo := make([]couchq.Malformed, 0, len(bad))
 	for _, m := range bad {
-		if err := w.client.Quarantine(ctx, m, w.by); err != nil {
-			w.log.Warn().Err(err).Str("job", m.ID).Msg("could not quarantine malformed WorkItem; skipping it")
+		if _, known := r.unrepairable[m.ID]; !known {
+			todo = append(todo, m)
 		}
 	}
+	if len(todo) == 0 {
+		return 0
+	}
+	repaired := 0
+	for i, err := range r.w.client.QuarantineMany(ctx, todo, r.w.by) {
+		switch {
+		case err == nil:
+			repaired++
+		case errors.Is(err, couchq.ErrUnrepairable):
+			if len(r.unrepairable) < maxUnrepairable {
+				r.unrepairable[todo[i].ID] = struct{}{}
+			}
+			r.w.log.Warn().Err(err).Str("job", todo[i].ID).Msg("skipping a malformed WorkItem that cannot be quarantined")
+		default:
+			r.w.log.Warn().Err(err).Str("job", todo[i].ID).Msg("could not quarantine malformed WorkItem; will retry")
+		}
+	}
+	return repaired
 }

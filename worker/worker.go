@@ -93,8 +93,9 @@ func New(client *couchq.Client, cfg Config) (*Worker, error) {
 	for _, typ := range types {
 		w.runners = append(w.runners, &runner{
 			w: w, typ: typ, handler: cfg.Handlers[typ],
-			slots: make(chan struct{}, cfg.Concurrency),
-			wake:  make(chan struct{}, 1),
+			slots:        make(chan struct{}, cfg.Concurrency),
+			wake:         make(chan struct{}, 1),
+			unrepairable: map[string]struct{}{},
 		})
 	}
 	return w, nil

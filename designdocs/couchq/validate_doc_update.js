@@ -2,6 +2,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // validate_doc_update: rejects WorkItems that no worker could run, with a
   // forbidden message naming the field and the reason. Other documents pass.
   // Deletions always pass so that purging and conflict clean-up never fail.
+  // The rules match couchq's decoder (couchq/workitem.go): what passes here,
+  // couchq can run; null counts as missing, as it does there.
   if (newDoc._deleted === true || newDoc.type !== 'WorkItem') {
     return;
   }
@@ -10,6 +12,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
   function isNum(v) {
     return typeof v === 'number' && isFinite(v);
+  }
+  function given(v) {
+    return v !== undefined && v !== null;
   }
   function describe(v) {
     if (v === null) {
@@ -29,31 +34,50 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (newDoc.worker === '') {
     reject('worker', 'must not be empty');
   }
-  if (newDoc.date !== undefined && newDoc.date !== null && !isNum(newDoc.date)) {
+  if (given(newDoc.date) && !isNum(newDoc.date)) {
     reject('date', 'must be a number of Unix seconds (or null for now), got ' + describe(newDoc.date));
   }
   var statuses = ['queued', 'running', 'done', 'failed', 'cancelled'];
-  if (newDoc.status !== undefined && statuses.indexOf(newDoc.status) < 0) {
+  if (given(newDoc.status) && statuses.indexOf(newDoc.status) < 0) {
     reject('status', 'must be one of ' + statuses.join(', ') + ', got ' + JSON.stringify(newDoc.status));
   }
-  if (newDoc.claimed !== undefined && typeof newDoc.claimed !== 'boolean') {
+  if (given(newDoc.claimed) && typeof newDoc.claimed !== 'boolean') {
     reject('claimed', 'must be a boolean, got ' + describe(newDoc.claimed));
+  }
+  var strings = ['claimed_by', 'last_error'];
+  for (var s = 0; s < strings.length; s++) {
+    if (given(newDoc[strings[s]]) && typeof newDoc[strings[s]] !== 'string') {
+      reject(strings[s], 'must be a string, got ' + describe(newDoc[strings[s]]));
+    }
   }
   var counts = ['attempts', 'max_attempts'];
   for (var i = 0; i < counts.length; i++) {
     var v = newDoc[counts[i]];
-    if (v !== undefined && v !== null && !(isNum(v) && v >= 0 && Math.floor(v) === v)) {
-      reject(counts[i], 'must be a whole number >= 0, got ' + JSON.stringify(v));
+    if (given(v) && !(isNum(v) && v >= 0 && v <= 2147483647 && Math.floor(v) === v)) {
+      reject(counts[i], 'must be a whole number from 0 to 2147483647, got ' + JSON.stringify(v));
     }
   }
-  var times = ['claimed_at', 'lease_until', 'created_at', 'finished_at'];
+  var times = ['claimed_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
   for (var j = 0; j < times.length; j++) {
     var t = newDoc[times[j]];
-    if (t !== undefined && t !== null && !isNum(t)) {
+    if (given(t) && !isNum(t)) {
       reject(times[j], 'must be a number of Unix seconds, got ' + describe(t));
     }
   }
-  if (newDoc.history !== undefined && !Array.isArray(newDoc.history)) {
-    reject('history', 'must be an array, got ' + describe(newDoc.history));
+  if (given(newDoc.history)) {
+    if (!Array.isArray(newDoc.history)) {
+      reject('history', 'must be an array, got ' + describe(newDoc.history));
+    }
+    for (var k = 0; k < newDoc.history.length; k++) {
+      var e = newDoc.history[k];
+      if (e === null || typeof e !== 'object' || Array.isArray(e)) {
+        reject('history', 'entries must be objects {at, event, by, attempt, error}, got ' + describe(e));
+      }
+      if ((given(e.at) && typeof e.at !== 'string') || (given(e.event) && typeof e.event !== 'string') ||
+          (given(e.by) && typeof e.by !== 'string') || (given(e.error) && typeof e.error !== 'string') ||
+          (given(e.attempt) && !(isNum(e.attempt) && Math.floor(e.attempt) === e.attempt))) {
+        reject('history', 'entry ' + k + ' must have string at, event, by, error and a whole-number attempt');
+      }
+    }
   }
 }
