@@ -316,7 +316,9 @@ func TestDemoWithServer(t *testing.T) {
 		r := c.run(t, "demo", "--db", db)
 		expect(t, r, exitOK)
 		for _, want := range []string{"==> couchq init", "==> couchq enqueue --type email", "==> couchq ls", "==> couchq show job:",
-			"in 2s", "6 enqueued", "/_utils/#/database/" + db} {
+			"in 2s", "6 enqueued", "/_utils/#/database/" + db,
+			"==> Starting 2 workers", "attempt 1 failed: image store busy", "all 10 of 10 jobs done",
+			"failed once and was retried", "retry-scheduled  by ", "done             by "} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("run %d: demo output lacks %q", run, want)
 			}
