@@ -25,7 +25,6 @@ const (
 	LeaseDurationDefault     = 30 * time.Second
 	ClaimBatchDefault        = 16
 	PickAmongDefault         = 32
-	MaxAttemptsDefault       = 25
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FeedTimeoutDefault       = 60 * time.Second
 	FallbackPollDefault      = 30 * time.Second
@@ -34,7 +33,9 @@ const (
 )
 
 // Config configures a Worker. The zero value of every field but Handlers
-// means its default; see WithDefaults.
+// means its default; see WithDefaults. How many attempts a job gets is the
+// queue client's setting (couchq.Config.MaxAttempts, or the job's own
+// max_attempts), so that the workers and the sweeper agree on it.
 type Config struct {
 	// Handlers maps each job type this worker runs to its handler.
 	Handlers map[string]Handler
@@ -57,8 +58,6 @@ type Config struct {
 	// Retry returns the delay before attempt+1 after attempt failed;
 	// default DefaultRetry (attempt^4 seconds plus jitter, capped at a day).
 	Retry func(attempt int) time.Duration
-	// MaxAttempts applies to jobs without their own max_attempts.
-	MaxAttempts int
 	// ShutdownTimeout is how long Stop lets running jobs finish before it
 	// cancels them and releases their claims.
 	ShutdownTimeout time.Duration
@@ -103,9 +102,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Retry == nil {
 		c.Retry = DefaultRetry
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = MaxAttemptsDefault
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = ShutdownTimeoutDefault

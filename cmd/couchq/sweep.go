@@ -28,7 +28,8 @@ type sweepResult struct {
 	Failed    int `json:"failed"`
 	Lost      int `json:"lost"`
 	Malformed int `json:"malformed"`
-	// More means the sweep stopped at --limit: run it again.
+	// More means the sweep handled --limit claims, so more may be waiting:
+	// run it again.
 	More bool `json:"more"`
 }
 

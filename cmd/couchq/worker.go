@@ -246,7 +246,6 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		LeaseDuration:     f.lease,
 		HeartbeatInterval: f.heartbeat,
 		SweepInterval:     f.sweepInterval,
-		MaxAttempts:       f.maxAttempts,
 		ShutdownTimeout:   f.shutdownTimeout,
 		FeedTimeout:       f.feedTimeout,
 		FallbackPoll:      f.fallbackPoll,

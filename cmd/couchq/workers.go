@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"time"
 
@@ -26,10 +25,6 @@ Columns: CLAIMANT (host/pid/worker-id, as in claimed_by), TYPES,
 CONCURRENCY (jobs of each type at once), RUNNING (jobs in flight at the
 last heartbeat), HEARTBEAT (how long ago) and STATE (alive or dead).
 `
-
-// deadAfterBeats is how many heartbeat intervals may pass before a worker
-// counts as dead; the same rule as couchq.Stats, so both commands agree.
-const deadAfterBeats = 3
 
 // workerRow is one registry document as printed with --json.
 type workerRow struct {
@@ -75,12 +70,9 @@ func newWorkerRow(info *couchq.WorkerInfo, now time.Time) workerRow {
 	if info.Running == nil {
 		info.Running = []string{} // [] rather than null in --json
 	}
-	age := math.Max(couchq.ToUnix(now)-info.LastHeartbeat, 0)
-	interval := info.HeartbeatInterval
-	if interval <= 0 {
-		interval = 10 // a document written by hand: assume the default lease's beat
-	}
-	return workerRow{WorkerInfo: info, HeartbeatAge: age, Alive: age <= deadAfterBeats*interval}
+	// The one rule for alive, shared with couchq stats and serve.
+	alive, age := info.Liveness(now)
+	return workerRow{WorkerInfo: info, HeartbeatAge: age, Alive: alive}
 }
 
 func printWorkers(w io.Writer, rows []workerRow) error {
