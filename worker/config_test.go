@@ -98,3 +98,24 @@ func TestSetResult(t *testing.T) {
 		t.Fatal("unencodable result accepted")
 	}
 }
+
+type httpError int
+
+func (e httpError) Error() string   { return "status" }
+func (e httpError) HTTPStatus() int { return int(e) }
+
+func TestOutcomeWritesRetryOnlyWhatARetryCanFix(t *testing.T) {
+	for status, want := range map[int]bool{400: true, 403: true, 409: true, 408: false, 429: false, 500: false, 502: false, 503: false} {
+		if got := permanent(httpError(status)); got != want {
+			t.Errorf("status %d: permanent %v, want %v", status, got, want)
+		}
+	}
+	if permanent(errors.New("connection reset")) {
+		t.Error("an error without a status is a transport failure: retry it")
+	}
+	for rev, gen := range map[string]int{"1-abc": 1, "12-f": 12, "": 0, "x": 0} {
+		if got := revGeneration(rev); got != gen {
+			t.Errorf("revGeneration(%q) = %d, want %d", rev, got, gen)
+		}
+	}
+}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/go-kivik/kivik/v4"
 
 	"github.com/couchq/couchq/couchq"
 )
@@ -223,7 +226,9 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 	defer cancel()
 	if errors.Is(cause, errShutdown) && err != nil {
 		// Cancelled by shutdown: the attempt did not really fail.
-		if rerr := w.client.Release(fctx, item, "worker shut down before the job finished"); rerr != nil {
+		if rerr := r.persist(fctx, item, false, func(ctx context.Context) error {
+			return w.client.Release(ctx, item, "worker shut down before the job finished")
+		}); rerr != nil {
 			log.Warn().Err(rerr).Msg("could not release job at shutdown; the sweeper will return it")
 			return
 		}
@@ -259,20 +264,22 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 	if herr == nil {
 		w.stats.completed.Add(1)
 		if w.cfg.DeleteDone[r.typ] {
-			return c.DeleteFinished(ctx, item)
+			return r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
 		}
-		return c.Complete(ctx, item, job.result)
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.result) })
 	}
 	snooze, cancel, fail := steering(herr)
 	switch {
 	case snooze != nil:
-		return c.Snooze(ctx, item, snooze.Delay)
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Snooze(ctx, item, snooze.Delay) })
 	case cancel != nil:
-		return c.Cancel(ctx, item, cancel.Error())
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Cancel(ctx, item, cancel.Error()) })
 	}
 	w.stats.failed.Add(1)
 	opts := couchq.FailOptions{Final: fail != nil, RetryAfter: w.cfg.Retry(item.Attempts)}
-	if err := c.Fail(ctx, item, herr.Error(), opts); err != nil {
+	if err := r.persist(ctx, item, false, func(ctx context.Context) error {
+		return c.Fail(ctx, item, herr.Error(), opts)
+	}); err != nil {
 		return err
 	}
 	ev := w.log.Info()
@@ -282,6 +289,80 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 	ev.Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Str("status", string(item.Status)).
 		Str("error", herr.Error()).Msg("attempt failed")
 	return nil
+}
+
+// persist makes a write of a held job's outcome, retrying while the server
+// is unreachable or failing (a restart, a network blip) until ctx ends: an
+// outcome given up on would run the job again once its lease ran out. A
+// retried write may have been applied by the server although its answer was
+// lost; the 409 the retry then gets is checked against the stored document
+// before it is reported as a lost claim.
+func (r *runner) persist(ctx context.Context, item *couchq.WorkItem, deletes bool, write func(context.Context) error) error {
+	held := *item
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := write(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
+			if attempt > 0 && r.appliedEarlier(ctx, &held, item, deletes) {
+				return nil
+			}
+			return err
+		case permanent(err):
+			return err
+		}
+		r.w.log.Warn().Err(err).Str("job", item.ID).Dur("retry_in", backoff).Msg("recording the job's outcome failed; retrying")
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// permanent reports errors a retry cannot fix: the server understood the
+// request and refused it (4xx), or the write itself was invalid.
+func permanent(err error) bool {
+	status := kivik.HTTPStatus(err)
+	// kivik reports a connection that failed as 502; 408 and 429 pass.
+	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
+
+// appliedEarlier reports whether an earlier try of a write that now gets
+// 409 was in fact applied: the stored revision is the next one after the
+// held revision and its last history entry is ours. On true, item takes
+// the stored document.
+func (r *runner) appliedEarlier(ctx context.Context, held, item *couchq.WorkItem, deletes bool) bool {
+	cur, err := r.w.client.Get(ctx, held.ID)
+	if deletes {
+		return errors.Is(err, couchq.ErrNotFound)
+	}
+	if err != nil || len(cur.History) == 0 || revGeneration(cur.Rev) != revGeneration(held.Rev)+1 {
+		return false
+	}
+	last := cur.History[len(cur.History)-1]
+	if last.By != held.ClaimedBy || last.Event == couchq.EventClaimed {
+		return false
+	}
+	*item = *cur
+	return true
+}
+
+// revGeneration is the number before the dash of a revision id.
+func revGeneration(rev string) int {
+	n := 0
+	for _, c := range rev {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 // heartbeat renews the job's lease every HeartbeatInterval until done
