@@ -7,7 +7,7 @@ POUCHDB_DIR := tools/pouchdb-server
 POUCHDB_STAMP := $(POUCHDB_DIR)/node_modules/.couchq-lock.sha256
 SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo 'shasum -a 256')
 
-.PHONY: setup test demo vet
+.PHONY: setup test demo vet chaos bench
 
 setup:
 	@want=$$($(SHA256) < $(POUCHDB_DIR)/package-lock.json | cut -d' ' -f1); \
@@ -27,3 +27,16 @@ demo: setup
 
 vet:
 	go vet ./...
+
+# The chaos test at size: workers killed at random and the server restarted
+# while jobs run (CI runs it small inside `make test`).
+CHAOS_JOBS ?= 5000
+CHAOS_WORKERS ?= 6
+CHAOS_DURATION ?= 3m
+chaos: setup
+	COUCHQ_CHAOS_JOBS=$(CHAOS_JOBS) COUCHQ_CHAOS_WORKERS=$(CHAOS_WORKERS) COUCHQ_CHAOS_DURATION=$(CHAOS_DURATION) \
+		go test -count=1 -v -timeout 60m -run 'TestProcesses/Chaos' ./integration/
+
+# The benchmark: one run, one server, one table.
+bench: setup
+	go run ./cmd/couchq-bench

@@ -69,6 +69,7 @@ func TestProcesses(t *testing.T) {
 		{"GracefulShutdown", testGracefulShutdown},
 		{"DrainExits", testDrainProcesses},
 		{"BuiltinHandlers", testBuiltinHandlers},
+		{"Chaos", testChaos},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, bin) })
 	}
