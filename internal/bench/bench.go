@@ -1,0 +1,228 @@
+// Package bench measures couchq against one CouchDB-compatible server: the
+// server's own write ceiling, end-to-end throughput as a share of it, idle
+// wake-up latency, claim contention, backlog scaling and memory. The
+// couchq-bench command is a thin main around Run.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+const warnLevel = zerolog.WarnLevel
+
+// run is one bench run in progress.
+type run struct {
+	cfg Config
+	log zerolog.Logger
+	t   *target
+	// ceiling is section 1's result, when it ran.
+	ceiling *ceilingResult
+	// memory samples the Go heap while workers run.
+	memory *heapSampler
+	// scratch is a temporary directory (the CLI built for --procs).
+	scratch, cliBuilt string
+	// procRSS is each worker process's peak RSS, when --procs ran.
+	procRSS []uint64
+}
+
+// Run runs the configured sections against one server and returns the
+// report. A section that fails records its error and the run goes on; the
+// returned error is then non-nil too, with the report complete otherwise.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	log := cfg.Logger
+	t, err := connect(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := t.close(stopCtx); err != nil {
+			log.Warn().Err(err).Msg("closing the server connection")
+		}
+	}()
+	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler()}
+	defer func() {
+		if b.scratch != "" {
+			_ = os.RemoveAll(b.scratch)
+		}
+	}()
+	rep := &Report{
+		Started: start,
+		Server:  t.info,
+		Host: HostInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
+			LoadStart: loadAverage()},
+		Settings: settings(cfg),
+	}
+	var errs []error
+	for _, id := range cfg.Sections {
+		s := &Section{ID: id, Name: sectionNames[id]}
+		rep.Sections = append(rep.Sections, s)
+		log.Info().Int("section", id).Str("name", s.Name).Msg("section starting")
+		began := time.Now()
+		err := b.section(ctx, s)
+		s.Seconds = time.Since(began).Seconds()
+		if err != nil {
+			s.Error = err.Error()
+			errs = append(errs, fmt.Errorf("section %d (%s): %w", id, s.Name, err))
+			log.Error().Err(err).Int("section", id).Msg("section failed")
+		}
+		if err := b.dropAll(ctx, s); err != nil {
+			errs = append(errs, err)
+		}
+		log.Info().Int("section", id).Float64("seconds", s.Seconds).Msg("section done")
+	}
+	rep.Notes = b.standardNotes(rep)
+	rep.WallSeconds = time.Since(start).Seconds()
+	rep.Host.LoadEnd = loadAverage()
+	return rep, errors.Join(errs...)
+}
+
+func (b *run) section(ctx context.Context, s *Section) error {
+	switch s.ID {
+	case SectionCeiling:
+		return b.runCeiling(ctx, s)
+	case SectionThroughput:
+		return b.runThroughput(ctx, s)
+	case SectionWakeup:
+		return b.runWakeup(ctx, s)
+	case SectionContention:
+		return b.runContention(ctx, s)
+	case SectionBacklog:
+		return b.runBacklog(ctx, s)
+	case SectionMemory:
+		return b.runMemory(ctx, s)
+	}
+	return fmt.Errorf("unknown section %d", s.ID)
+}
+
+// newDB creates a fresh database for s and remembers it for dropAll.
+func (b *run) newDB(ctx context.Context, s *Section, what string) (string, error) {
+	name, err := b.t.newDB(ctx, what, b.log)
+	if err != nil {
+		return "", err
+	}
+	s.Databases = append(s.Databases, name)
+	return name, nil
+}
+
+// dropAll drops the section's databases unless --keep.
+func (b *run) dropAll(ctx context.Context, s *Section) error {
+	if b.cfg.Keep {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	var errs []error
+	for _, db := range s.Databases {
+		errs = append(errs, b.t.dropDB(ctx, db))
+	}
+	return errors.Join(errs...)
+}
+
+func (b *run) standardNotes(rep *Report) []string {
+	var n []string
+	if b.cfg.Keep {
+		var kept []string
+		for _, s := range rep.Sections {
+			kept = append(kept, s.Databases...)
+		}
+		switch {
+		case len(kept) > 0 && b.t.stop != nil:
+			n = append(n, "--keep: the databases were kept, but the local server's data directory is removed "+
+				"at the end of the run; give --url to keep them: "+strings.Join(kept, ", "))
+		case len(kept) > 0:
+			n = append(n, "--keep: the databases are still there: "+strings.Join(kept, ", "))
+		}
+	}
+	if b.cfg.Instrument {
+		idle, gz := "Go's default 2 idle connections per host", "kivik's default gzip request bodies"
+		if b.cfg.ClientIdleConns > 0 {
+			idle = fmt.Sprintf("%d idle connections per host (EXPERIMENT: couchq.Dial has 2)", b.cfg.ClientIdleConns)
+		}
+		if b.cfg.ClientNoGzip {
+			gz = "uncompressed request bodies (EXPERIMENT: couchq.Dial gzips)"
+		}
+		n = append(n, "Queue clients are instrumented: kivik over a counting clone of Go's default transport, with "+
+			idle+" and "+gz+"; the changes feed uses the design document's filter. "+
+			"--instrument=false uses couchq.Connect's client as is.")
+	}
+	if b.cfg.Procs > 0 {
+		n = append(n, fmt.Sprintf("Section 2 ran its workers as %d `couchq worker --handler noop` processes "+
+			"(couchq.Connect's own client, not instrumented; --heartbeat %s so their registry documents report progress); "+
+			"sections 3 and 4 run workers in this process.", b.cfg.Procs, procHeartbeat))
+	}
+	return n
+}
+
+// settings is the configuration as the report shows it (no credentials).
+func settings(c Config) map[string]any {
+	return map[string]any{
+		"sections":               c.Sections,
+		"clients":                c.Clients,
+		"ceiling_time":           c.CeilingTime.String(),
+		"jobs":                   c.Jobs,
+		"workers":                c.Workers,
+		"instances":              c.Instances,
+		"procs":                  c.Procs,
+		"rate":                   c.Rate,
+		"duration":               c.Duration.String(),
+		"contention_jobs":        c.ContentionJobs,
+		"contention_workers":     c.ContentionWorkers,
+		"contention_concurrency": c.ContentionConcurrency,
+		"backlog_small":          c.BacklogSmall,
+		"backlog_large":          c.BacklogLarge,
+		"claims":                 c.Claims,
+		"keep":                   c.Keep,
+		"instrument":             c.Instrument,
+		"client_idle_conns":      c.ClientIdleConns,
+		"client_gzip":            !c.ClientNoGzip,
+	}
+}
+
+// splitConcurrency spreads total goroutines over n workers as evenly as
+// possible.
+func splitConcurrency(total, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = total / n
+		if i < total%n {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// requestRows adds the HTTP traffic per job between two snapshots: the
+// total, then each kind of request that occurred.
+func (b *run) requestRows(s *Section, before, after [numKinds]int64, dials int64, jobs int) {
+	if !b.cfg.Instrument || jobs == 0 {
+		return
+	}
+	var total int64
+	for k := range numKinds {
+		total += after[k] - before[k]
+	}
+	s.add(numRow("HTTP requests per job", float64(total)/float64(jobs), "", 2))
+	for k := range numKinds {
+		if d := after[k] - before[k]; d > 0 {
+			s.add(numRow("  "+kindNames[k], float64(d)/float64(jobs), "", 2))
+		}
+	}
+	s.add(numRow("TCP connections opened per job", float64(dials)/float64(jobs), "", 2))
+}

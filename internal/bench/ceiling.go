@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// warmUpTime is spent writing before the ceiling is timed.
+const warmUpTime = 500 * time.Millisecond
+
+// maxCeilingWrites bounds each ceiling measurement whatever its duration.
+const maxCeilingWrites = 1_000_000
+
+// ceilingResult is what section 1 found; section 2 compares against it.
+type ceilingResult struct {
+	put1, putC, bulk float64 // documents per second
+}
+
+// jobsLimit is the physical limit for jobs/s: a job takes at least three
+// single-document writes (insert, claim, finish).
+func (r ceilingResult) jobsLimit() float64 { return max(r.put1, r.putC) / 3 }
+
+// runCeiling measures the server's own write rates, with the queue out of
+// the way: plain HTTP, documents shaped like jobs, each written three times
+// (insert, then two updates carrying the revision, like claim and finish),
+// into a database with couchq's design document (so validate_doc_update
+// runs on every write, as it does for jobs).
+func (b *run) runCeiling(ctx context.Context, s *Section) error {
+	db, err := b.newDB(ctx, s, "ceiling")
+	if err != nil {
+		return err
+	}
+	w := &docWriter{t: b.t, db: db}
+	// Warm up: open every writer's connection and let the server's JIT
+	// and caches settle before anything is timed.
+	if _, err := w.puts(ctx, b.cfg.Clients, warmUpTime); err != nil {
+		return err
+	}
+	put1, err := w.puts(ctx, 1, b.cfg.CeilingTime)
+	if err != nil {
+		return err
+	}
+	s.add(numRow("single-doc writes/s, 1 client", put1, "docs/s", 0))
+	putC, err := w.puts(ctx, b.cfg.Clients, b.cfg.CeilingTime)
+	if err != nil {
+		return err
+	}
+	s.add(numRow(fmt.Sprintf("single-doc writes/s, %d clients", b.cfg.Clients), putC, "docs/s", 0))
+	bulk, err := w.bulk(ctx, 100, b.cfg.CeilingTime)
+	if err != nil {
+		return err
+	}
+	s.add(numRow("_bulk_docs docs/s, batch 100, 1 client", bulk, "docs/s", 0))
+	b.ceiling = &ceilingResult{put1: put1, putC: putC, bulk: bulk}
+	s.add(numRow("physical limit: best single-doc rate / 3", b.ceiling.jobsLimit(), "jobs/s", 0))
+	return nil
+}
+
+// docWriter writes job-shaped documents with plain HTTP.
+type docWriter struct {
+	t   *target
+	db  string
+	seq atomic.Int64
+}
+
+// jobDoc is a job document as it stands after enqueue, claim or finish.
+func (w *docWriter) jobDoc(id, rev string, step int) ([]byte, error) {
+	now := time.Now()
+	it := couchq.WorkItem{
+		ID: id, Rev: rev, Worker: "ceiling", Status: couchq.StatusQueued, CreatedAt: couchq.ToUnix(now),
+		History: []couchq.Event{{At: now.UTC().Format(couchq.HistoryTimeFormat), Event: "enqueued", By: "cli"}},
+	}
+	if step >= 1 {
+		it.Claimed, it.Status, it.Attempts = true, couchq.StatusRunning, 1
+		it.ClaimedBy, it.ClaimedAt, it.StartedAt = "bench/1/w1", it.CreatedAt, it.CreatedAt
+		it.LeaseUntil = it.CreatedAt + 30
+		it.History = append(it.History, couchq.Event{At: it.History[0].At, Event: "claimed", By: it.ClaimedBy, Attempt: 1})
+	}
+	if step >= 2 {
+		it.Claimed, it.Status, it.ClaimedBy, it.ClaimedAt, it.LeaseUntil = false, couchq.StatusDone, "", 0, 0
+		it.FinishedAt = it.CreatedAt
+		it.History = append(it.History, couchq.Event{At: it.History[0].At, Event: "done", By: "bench/1/w1", Attempt: 1})
+	}
+	return json.Marshal(it)
+}
+
+func (w *docWriter) docURL(id string) string {
+	return w.t.base + "/" + url.PathEscape(w.db) + "/" + url.PathEscape(id)
+}
+
+// do sends a JSON request and decodes the answer into out.
+func (w *docWriter) do(ctx context.Context, method, u string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	if w.t.user != "" {
+		req.SetBasicAuth(w.t.user, w.t.password)
+	}
+	resp, err := w.t.raw.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading answer: %w", method, u, err)
+	}
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, bytes.TrimSpace(data))
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decoding answer: %w", method, u, err)
+		}
+	}
+	return nil
+}
+
+// job writes one document three times: insert, claim, finish.
+func (w *docWriter) job(ctx context.Context) (int, error) {
+	id := fmt.Sprintf("ceiling:%012d", w.seq.Add(1))
+	rev := ""
+	for step := range 3 {
+		body, err := w.jobDoc(id, rev, step)
+		if err != nil {
+			return step, err
+		}
+		var ok struct {
+			Rev string `json:"rev"`
+		}
+		if err := w.do(ctx, http.MethodPut, w.docURL(id), body, &ok); err != nil {
+			return step, fmt.Errorf("writing %s: %w", id, err)
+		}
+		rev = ok.Rev
+	}
+	return 3, nil
+}
+
+// puts runs clients writers for d (or maxCeilingWrites writes) and
+// returns the documents written per second.
+func (w *docWriter) puts(ctx context.Context, clients int, d time.Duration) (float64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var writes atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && writes.Load() < maxCeilingWrites && ctx.Err() == nil {
+				n, err := w.job(ctx)
+				writes.Add(int64(n))
+				if err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return rate(writes.Load(), time.Since(start)), nil
+}
+
+// bulk posts batches of new job documents for d and returns documents
+// stored per second.
+func (w *docWriter) bulk(ctx context.Context, batch int, d time.Duration) (float64, error) {
+	u := w.t.base + "/" + url.PathEscape(w.db) + "/_bulk_docs"
+	var written int64
+	start := time.Now()
+	for time.Since(start) < d && written < maxCeilingWrites {
+		docs := make([]json.RawMessage, batch)
+		for i := range docs {
+			doc, err := w.jobDoc(fmt.Sprintf("bulk:%012d", w.seq.Add(1)), "", 0)
+			if err != nil {
+				return 0, err
+			}
+			docs[i] = doc
+		}
+		body, err := json.Marshal(map[string]any{"docs": docs})
+		if err != nil {
+			return 0, err
+		}
+		var res []struct {
+			Error  string `json:"error"`
+			Reason string `json:"reason"`
+		}
+		if err := w.do(ctx, http.MethodPost, u, body, &res); err != nil {
+			return 0, err
+		}
+		for _, r := range res {
+			if r.Error != "" {
+				return 0, fmt.Errorf("_bulk_docs refused a document: %s: %s", r.Error, r.Reason)
+			}
+		}
+		if len(res) != batch {
+			return 0, fmt.Errorf("_bulk_docs answered %d results for %d documents", len(res), batch)
+		}
+		written += int64(batch)
+	}
+	return rate(written, time.Since(start)), nil
+}

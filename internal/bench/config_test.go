@@ -1,0 +1,122 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseArgsDefaults(t *testing.T) {
+	c, o, err := ParseArgs(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.JSON || c.URL != "" || c.URLOrigin != "" || !c.Instrument || c.ClientNoGzip {
+		t.Fatalf("defaults: %+v %+v", c, o)
+	}
+	if !slices.Equal(c.Sections, AllSections()) || !slices.Equal(c.ContentionWorkers, ContentionWorkersDefault()) {
+		t.Fatalf("sections %v, contention %v", c.Sections, c.ContentionWorkers)
+	}
+	if c.Jobs != JobsDefault || c.Workers != WorkersDefault || c.Clients != ClientsDefault {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestParseArgsURLFromFlagOrEnvironment(t *testing.T) {
+	e := env(map[string]string{"COUCHDB_URL": "http://localhost:5984", "COUCHDB_USER": "u", "COUCHDB_PASSWORD": "p"})
+	c, _, err := ParseArgs(nil, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.URL != "http://localhost:5984" || c.URLOrigin != "COUCHDB_URL" || c.User != "u" || c.Password != "p" {
+		t.Fatalf("from the environment: %+v", c)
+	}
+	c, _, err = ParseArgs([]string{"--url", "http://127.0.0.1:1"}, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.URL != "http://127.0.0.1:1" || c.URLOrigin != "--url" {
+		t.Fatalf("--url wins: %+v", c)
+	}
+}
+
+func TestParseArgsSectionsAndScale(t *testing.T) {
+	c, o, err := ParseArgs([]string{"--sections", "5, 1,5", "--jobs", "20000", "--contention-workers", "2,8", "--json"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.WithDefaults().Sections; !slices.Equal(got, []int{1, 5}) {
+		t.Fatalf("sections = %v, want [1 5] (sorted, no repeats)", got)
+	}
+	if c.Jobs != 20000 || !slices.Equal(c.ContentionWorkers, []int{2, 8}) || !o.JSON {
+		t.Fatalf("parsed: %+v %+v", c, o)
+	}
+}
+
+func TestParseArgsRejects(t *testing.T) {
+	for _, args := range [][]string{
+		{"--sections", "7"},
+		{"--sections", "x"},
+		{"--sections", ""},
+		{"--jobs", "-5"},
+		{"--instances", "20", "--workers", "4"},
+		{"--claims", "500", "--backlog-small", "100"},
+		{"--rate", "1e9"},
+		{"--rate", "0"},
+		{"--ceiling-time", "0s"},
+		{"--duration", "3h"},
+		{"--instrument=false", "--client-gzip=false"},
+		{"extra"},
+	} {
+		if _, _, err := ParseArgs(args, env(nil), io.Discard); err == nil {
+			t.Errorf("ParseArgs(%q) accepted it", args)
+		}
+	}
+}
+
+func TestParseArgsHelp(t *testing.T) {
+	var out strings.Builder
+	_, _, err := ParseArgs([]string{"-h"}, env(nil), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"usage: couchq-bench", "-jobs", "-sections", "loopback"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		method, url string
+		want        int
+	}{
+		{"GET", "http://h/db/_design/couchq/_view/due?include_docs=true&limit=32", kindDue},
+		{"GET", "http://h/db/_design/couchq/_view/due?limit=1&reduce=false", kindNext},
+		{"GET", "http://h/db/_design/couchq/_view/leases?include_docs=true", kindView},
+		{"GET", "http://h/db/_changes?feed=longpoll", kindChanges},
+		{"POST", "http://h/db/_changes", kindChanges},
+		{"POST", "http://h/db/_bulk_docs", kindBulk},
+		{"PUT", "http://h/db/job:0190-ab", kindJobPut},
+		{"PUT", "http://h/db/job%3A0190-ab", kindJobPut},
+		{"DELETE", "http://h/db/job:0190-ab?rev=1-a", kindJobPut},
+		{"GET", "http://h/db/job:0190-ab?conflicts=true", kindJobGet},
+		{"PUT", "http://h/db/worker:host:1:w1", kindRegistry},
+		{"GET", "http://h/db", kindOther},
+	} {
+		req, err := http.NewRequest(c.method, c.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := classify(req); got != c.want {
+			t.Errorf("classify(%s %s) = %s, want %s", c.method, c.url, kindNames[got], kindNames[c.want])
+		}
+	}
+}

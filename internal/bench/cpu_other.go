@@ -1,0 +1,16 @@
+//go:build !linux
+
+package bench
+
+import (
+	"errors"
+	"time"
+)
+
+var errNoProc = errors.New("per-process figures need Linux's /proc")
+
+func findServerPID(string) (int, error)     { return 0, errNoProc }
+func processCPU(int) (time.Duration, error) { return 0, errNoProc }
+func peakRSSOf(int) (uint64, error)         { return 0, errNoProc }
+
+func loadAverage() string { return "" }

@@ -1,0 +1,230 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/worker"
+)
+
+// jobType is the job type every section enqueues.
+const jobType = "bench"
+
+// enqueueBatch is how many jobs one _bulk_docs request carries.
+const enqueueBatch = 500
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// enqueueBulk stores n due jobs with EnqueueMany and returns how long it
+// took. Any job refused is an error: the figures would be wrong.
+func enqueueBulk(ctx context.Context, c *couchq.Client, n int) (time.Duration, error) {
+	start := time.Now()
+	for done := 0; done < n; {
+		size := min(enqueueBatch, n-done)
+		jobs := make([]couchq.NewJob, size)
+		for i := range jobs {
+			jobs[i] = couchq.NewJob{Worker: jobType}
+		}
+		res, err := c.EnqueueMany(ctx, jobs)
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				return 0, fmt.Errorf("enqueueing: %w", r.Err)
+			}
+		}
+		done += size
+	}
+	return time.Since(start), nil
+}
+
+// buildViews makes the server index the backlog before anything is timed:
+// the first query of a view indexes every document written since the
+// last one, which would otherwise land on the first timed claim.
+func buildViews(ctx context.Context, c *couchq.Client) (time.Duration, error) {
+	start := time.Now()
+	if _, err := c.Due(ctx, jobType, 1); err != nil {
+		return 0, fmt.Errorf("building the due view: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+// noop is the built-in noop handler, so the bench measures what
+// `couchq worker --handler noop` would run.
+func noop() (worker.Handler, error) {
+	return handlers.New(handlers.NameNoop, handlers.Options{})
+}
+
+// workerConfig is a worker running h for the bench's job type, with the
+// runtime's defaults for everything else: the bench measures the product.
+func workerConfig(h worker.Handler, concurrency int, cfg Config) worker.Config {
+	return worker.Config{
+		Handlers:    map[string]worker.Handler{jobType: h},
+		Concurrency: concurrency,
+		Logger:      cfg.Logger.Level(max(cfg.Logger.GetLevel(), warnLevel)),
+	}
+}
+
+// pool is a set of running workers.
+type pool struct {
+	workers []*worker.Worker
+}
+
+// startPool starts one worker per entry of concurrencies, each with its
+// own client (as separate processes would have).
+func startPool(ctx context.Context, t *target, db string, h worker.Handler, concurrencies []int, cfg Config) (*pool, error) {
+	p := &pool{}
+	for _, conc := range concurrencies {
+		c, err := t.open(ctx, db)
+		if err != nil {
+			p.stop(ctx)
+			return nil, err
+		}
+		w, err := worker.New(c, workerConfig(h, conc, cfg))
+		if err != nil {
+			p.stop(ctx)
+			return nil, err
+		}
+		if err := w.Start(ctx); err != nil {
+			p.stop(ctx)
+			return nil, fmt.Errorf("starting worker: %w", err)
+		}
+		p.workers = append(p.workers, w)
+	}
+	return p, nil
+}
+
+// stats sums the workers' counters.
+func (p *pool) stats() worker.Stats {
+	var s worker.Stats
+	for _, w := range p.workers {
+		ws := w.Stats()
+		s.Claimed += ws.Claimed
+		s.Conflicts += ws.Conflicts
+		s.Completed += ws.Completed
+		s.Failed += ws.Failed
+		s.Lost += ws.Lost
+		s.Queries += ws.Queries
+	}
+	return s
+}
+
+// stopTimeout bounds a pool's graceful stop; no-op jobs finish at once.
+const stopTimeout = 30 * time.Second
+
+func (p *pool) stop(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	for _, w := range p.workers {
+		_ = w.Stop(ctx)
+	}
+}
+
+// waitCompleted polls until the pool has completed n jobs. It gives up
+// when ctx ends or when nothing completed for stall (a stuck queue must
+// not hang the bench).
+func (p *pool) waitCompleted(ctx context.Context, n int64, stall time.Duration) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	last, lastAt := int64(-1), time.Now()
+	for {
+		got := p.stats().Completed
+		if got >= n {
+			return nil
+		}
+		if got != last {
+			last, lastAt = got, time.Now()
+		}
+		if time.Since(lastAt) > stall {
+			return fmt.Errorf("only %d of %d jobs completed: none for %s", got, n, stall)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("only %d of %d jobs completed: %w", got, n, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// jobTimes are what the stored documents say about a finished backlog.
+type jobTimes struct {
+	done, other int
+	// reruns counts attempts beyond the first (a job run twice).
+	reruns int
+	// firstStart is the earliest started_at, lastFinish the latest finished_at.
+	firstStart, lastFinish time.Time
+}
+
+// readJobs reads every job document, a page at a time.
+func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
+	var jt jobTimes
+	const page = 1000
+	startKey := "job:"
+	for range maxJobs/page + 1 {
+		rows := c.DB().AllDocs(ctx, kivik.Params(map[string]any{
+			"startkey": startKey, "endkey": "job:\ufff0", "include_docs": true, "limit": page + 1,
+		}))
+		n := 0
+		next := ""
+		for rows.Next() {
+			id, _ := rows.ID()
+			if n == page {
+				next = id
+				break
+			}
+			n++
+			var raw json.RawMessage
+			if err := rows.ScanDoc(&raw); err != nil {
+				_ = rows.Close()
+				return jt, fmt.Errorf("reading job %s: %w", id, err)
+			}
+			var it couchq.WorkItem
+			if err := json.Unmarshal(raw, &it); err != nil {
+				_ = rows.Close()
+				return jt, fmt.Errorf("decoding job %s: %w", id, err)
+			}
+			jt.add(&it)
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return jt, fmt.Errorf("listing jobs: %w", err)
+		}
+		if next == "" {
+			return jt, nil
+		}
+		startKey = next
+	}
+	return jt, fmt.Errorf("listing jobs: more than %d", maxJobs)
+}
+
+func (jt *jobTimes) add(it *couchq.WorkItem) {
+	if it.Status != couchq.StatusDone {
+		jt.other++
+		return
+	}
+	jt.done++
+	jt.reruns += max(it.Attempts-1, 0)
+	if s := couchq.FromUnix(it.StartedAt); it.StartedAt > 0 && (jt.firstStart.IsZero() || s.Before(jt.firstStart)) {
+		jt.firstStart = s
+	}
+	if f := couchq.FromUnix(it.FinishedAt); f.After(jt.lastFinish) {
+		jt.lastFinish = f
+	}
+}
+
+// span is first claim to last done.
+func (jt jobTimes) span() time.Duration { return jt.lastFinish.Sub(jt.firstStart) }

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// stallTimeout ends a wait in which no job completed for this long: the
+// queue is stuck (the runtime's fallback poll is 30 s, so a missed wake-up
+// alone does not trip it).
+const stallTimeout = 45 * time.Second
+
+// workedBacklog is what running a backlog measured, in-process or not.
+type workedBacklog struct {
+	claimed, conflicts int64
+	queries            int64 // -1 when unknown (worker processes)
+	wall               time.Duration
+	// workerCPU is the worker processes' CPU, when they are separate.
+	workerCPU time.Duration
+	workerOK  bool
+}
+
+// runThroughput enqueues N jobs in bulk, then lets W worker goroutines run
+// them with the no-op handler, and measures jobs/s from the first claim to
+// the last done as the documents record them.
+func (b *run) runThroughput(ctx context.Context, s *Section) error {
+	cfg := b.cfg
+	if cfg.Procs > 0 {
+		// Before anything is timed: the first build takes a while.
+		if _, err := b.cliPath(ctx); err != nil {
+			return err
+		}
+	}
+	db, err := b.newDB(ctx, s, "throughput")
+	if err != nil {
+		return err
+	}
+	c, err := b.t.open(ctx, db)
+	if err != nil {
+		return err
+	}
+	took, err := enqueueBulk(ctx, c, cfg.Jobs)
+	if err != nil {
+		return err
+	}
+	s.add(numRow(fmt.Sprintf("bulk enqueue of %d jobs (EnqueueMany, %d per request)", cfg.Jobs, enqueueBatch),
+		rate(int64(cfg.Jobs), took), "jobs/s", 0))
+	built, err := buildViews(ctx, c)
+	if err != nil {
+		return err
+	}
+	s.add(durRow(fmt.Sprintf("due view build over %d jobs (before timing)", cfg.Jobs), built))
+
+	reqs0, dials0 := b.t.stats.snapshot()
+	alloc0 := heapAllocated()
+	cpu0 := b.t.cpu()
+	var wb workedBacklog
+	who := fmt.Sprintf("%d worker goroutines", cfg.Workers)
+	if cfg.Procs > 0 {
+		who = fmt.Sprintf("%d goroutines over %d processes", cfg.Workers, cfg.Procs)
+		wb, err = b.workInProcesses(ctx, c, db)
+	} else {
+		if cfg.Instances > 1 {
+			who = fmt.Sprintf("%d goroutines over %d workers", cfg.Workers, cfg.Instances)
+		}
+		wb, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
+	}
+	cpu1 := b.t.cpu()
+	alloc := heapAllocated() - alloc0
+	reqs1, dials1 := b.t.stats.snapshot()
+	if err != nil {
+		return err
+	}
+
+	jt, err := readJobs(ctx, c)
+	if err != nil {
+		return err
+	}
+	if jt.done != cfg.Jobs || jt.other != 0 {
+		return fmt.Errorf("after the run %d jobs are done and %d are not, of %d", jt.done, jt.other, cfg.Jobs)
+	}
+	span := jt.span()
+	tput := rate(int64(cfg.Jobs), span)
+	row := s.add(numRow(fmt.Sprintf("throughput, %s, first claim -> last done", who), tput, "jobs/s", 0))
+	if b.ceiling != nil {
+		limit := b.ceiling.jobsLimit()
+		row.target(fmt.Sprintf(">= %.0f%% of %.0f jobs/s", TargetThroughputShare*100, limit), tput >= TargetThroughputShare*limit)
+		s.add(numRow("share of the physical limit (ceiling / 3)", 100*ratio(tput, limit), "%", 1))
+	} else {
+		row.Target = "vs ceiling/3: run section 1"
+	}
+	s.add(durRow("first claim -> last done", span))
+	if cfg.Procs > 0 {
+		s.add(durRow("processes started -> registry reports all done", wb.wall))
+	} else {
+		s.add(durRow("workers started -> all handlers returned", wb.wall))
+	}
+	s.add(numRow("jobs run more than once", float64(jt.reruns), "", 0))
+	if wb.queries >= 0 {
+		s.add(numRow("due-view queries per claimed job", ratio(float64(wb.queries), float64(wb.claimed)), "", 2))
+	}
+	s.add(numRow("claim conflicts (409) per claimed job", ratio(float64(wb.conflicts), float64(wb.claimed)), "", 3))
+	if cfg.Procs == 0 {
+		b.requestRows(s, reqs0, reqs1, dials1-dials0, cfg.Jobs)
+		cpuRows(s, "", cpu0, cpu1, cfg.Jobs)
+		s.add(numRow("Go heap allocated per job, bench process", float64(alloc)/float64(cfg.Jobs)/1024, "KiB", 1))
+		return nil
+	}
+	if wb.workerOK {
+		s.add(durRow("CPU per job, worker processes", wb.workerCPU/time.Duration(cfg.Jobs)))
+	}
+	if cpu0.serverOK && cpu1.serverOK {
+		s.add(durRow("CPU per job, server process", (cpu1.server-cpu0.server)/time.Duration(cfg.Jobs)))
+	}
+	return nil
+}
+
+// workInProcess runs the backlog with worker.Worker values in this process.
+func (b *run) workInProcess(ctx context.Context, db string, conc []int, jobs int) (workedBacklog, error) {
+	h, err := noop()
+	if err != nil {
+		return workedBacklog{}, err
+	}
+	b.memory.start()
+	defer b.memory.stop()
+	p, err := startPool(ctx, b.t, db, h, conc, b.cfg)
+	if err != nil {
+		return workedBacklog{}, err
+	}
+	began := time.Now()
+	waitErr := p.waitCompleted(ctx, int64(jobs), stallTimeout)
+	wall := time.Since(began)
+	p.stop(ctx)
+	st := p.stats()
+	return workedBacklog{claimed: st.Claimed, conflicts: st.Conflicts, queries: st.Queries, wall: wall}, waitErr
+}
+
+// workInProcesses runs the backlog with `couchq worker` processes.
+func (b *run) workInProcesses(ctx context.Context, c *couchq.Client, db string) (workedBacklog, error) {
+	wb := workedBacklog{queries: -1}
+	began := time.Now()
+	p, err := b.startProcs(ctx, db, splitConcurrency(b.cfg.Workers, b.cfg.Procs))
+	if err != nil {
+		return wb, err
+	}
+	defer p.stop(b)
+	if err := p.waitCompleted(ctx, c, int64(b.cfg.Jobs), stallTimeout); err != nil {
+		return wb, err
+	}
+	wb.wall = time.Since(began)
+	// The registry lags by a heartbeat at most; good enough for a ratio.
+	wb.claimed, wb.conflicts, _, err = p.registry(ctx, c)
+	if err != nil {
+		return wb, err
+	}
+	wb.workerCPU, err = p.cpu()
+	wb.workerOK = err == nil
+	if b.procRSS, err = p.peakRSS(); err != nil {
+		b.log.Warn().Err(err).Msg("no peak RSS for the worker processes")
+	}
+	return wb, nil
+}
