@@ -18,8 +18,9 @@ import (
 const feedGrace = 5 * time.Second
 
 // WaitForChanges long-polls the _changes feed from since ("now" for only
-// future changes) for WorkItems of the given types (all types when empty)
-// and returns how many changes arrived and the sequence to continue from.
+// future changes) for claimable WorkItems (unclaimed, not running or
+// finished) of the given types (all types when empty) and returns how many
+// changes arrived and the sequence to continue from.
 // It returns (0, since, nil) when timeout passes with no change.
 func (c *Client) WaitForChanges(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
 	if c.selectorFeed != nil {

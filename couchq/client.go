@@ -147,15 +147,41 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 // URL or given as user and password; they are sent as basic auth and kept
 // out of the URL the driver holds, so no error message can carry them.
 func Dial(rawURL, user, password string) (*kivik.Client, error) {
+	return DialHTTP(rawURL, user, password, NewHTTPClient())
+}
+
+// DialHTTP is Dial over the given HTTP client (for TLS settings, proxies or
+// instrumentation); NewHTTPClient is what Dial uses.
+func DialHTTP(rawURL, user, password string, hc *http.Client) (*kivik.Client, error) {
 	base, user, password, err := splitCredentials(rawURL, user, password)
 	if err != nil {
 		return nil, err
 	}
-	client, err := kivik.New("couch", base, authOption(user, password))
+	client, err := kivik.New("couch", base, clientOptions(user, password, hc)...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", base, err)
 	}
 	return client, nil
+}
+
+// idleConnsPerHost is how many idle connections to the server a client
+// keeps. Go's default of two makes a worker running more jobs than that at
+// once open a new TCP connection for nearly every request.
+const idleConnsPerHost = 64
+
+// NewHTTPClient returns the HTTP client couchq talks to CouchDB with: Go's
+// default transport keeping enough idle connections for a busy worker.
+func NewHTTPClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = idleConnsPerHost
+	return &http.Client{Transport: tr}
+}
+
+// clientOptions are the kivik options every couchq client uses. Request
+// bodies are sent uncompressed: they are small JSON documents, and gzip
+// cost a worker about 1 MiB of allocation per job (couchq-bench).
+func clientOptions(user, password string, hc *http.Client) []kivik.Option {
+	return []kivik.Option{couchdb.OptionHTTPClient(hc), couchdb.OptionNoRequestCompression(), authOption(user, password)}
 }
 
 // splitCredentials takes the credentials out of rawURL; explicit ones win.

@@ -39,7 +39,12 @@ type Server struct {
 // Connect dials the server at rawURL (credentials in the URL or given as
 // user and password, see Dial) and detects its capabilities.
 func Connect(ctx context.Context, rawURL, user, password string) (*Server, error) {
-	client, err := Dial(rawURL, user, password)
+	return ConnectHTTP(ctx, rawURL, user, password, NewHTTPClient())
+}
+
+// ConnectHTTP is Connect over the given HTTP client (see DialHTTP).
+func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Client) (*Server, error) {
+	client, err := DialHTTP(rawURL, user, password, hc)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +55,7 @@ func Connect(ctx context.Context, rawURL, user, password string) (*Server, error
 	s := &Server{Client: client, Caps: detectCaps(ver)}
 	if s.Caps.SelectorFilter {
 		base, user, password, _ := splitCredentials(rawURL, user, password) // Dial checked it
-		if s.feed, err = chttp.New(&http.Client{}, base, authOption(user, password)); err != nil {
+		if s.feed, err = chttp.New(hc, base, allOptions(clientOptions(user, password, hc))); err != nil {
 			return nil, fmt.Errorf("connecting to %s: %w", base, err)
 		}
 	}
@@ -92,10 +97,7 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
 	defer cancel()
-	selector := map[string]any{"type": DocType}
-	if len(types) > 0 {
-		selector["worker"] = map[string]any{"$in": types}
-	}
+	selector := claimableSelector(types)
 	q := url.Values{
 		"feed":    {"longpoll"},
 		"since":   {since},
@@ -123,4 +125,37 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 		last = string(resp.LastSeq) // CouchDB 1.x numbers
 	}
 	return len(resp.Results), last, nil
+}
+
+// claimableSelector matches what the work filter (designdocs/couchq/
+// filters/work.js) passes: WorkItems of the given types that are unclaimed
+// and not running or finished. Missing fields are spelled out because Mango
+// operators other than $exists do not match a missing field.
+func claimableSelector(types []string) map[string]any {
+	selector := map[string]any{
+		"type": DocType,
+		"$and": []any{
+			map[string]any{"$or": []any{
+				map[string]any{"claimed": map[string]any{"$exists": false}},
+				map[string]any{"claimed": map[string]any{"$ne": true}},
+			}},
+			map[string]any{"$or": []any{
+				map[string]any{"status": map[string]any{"$exists": false}},
+				map[string]any{"status": map[string]any{"$nin": []string{"running", "done", "failed", "cancelled"}}},
+			}},
+		},
+	}
+	if len(types) > 0 {
+		selector["worker"] = map[string]any{"$in": types}
+	}
+	return selector
+}
+
+// allOptions applies several kivik options as one.
+type allOptions []kivik.Option
+
+func (o allOptions) Apply(target any) {
+	for _, opt := range o {
+		opt.Apply(target)
+	}
 }

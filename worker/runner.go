@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -33,6 +34,9 @@ type runner struct {
 	handler Handler
 	slots   chan struct{} // one token per running job
 	wake    chan struct{} // capacity 1: "look for due work"
+	// behind records that the last fetch left due work behind, so that a
+	// finished job's freed slot should look for more.
+	behind atomic.Bool
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -110,6 +114,7 @@ func (r *runner) idle(ctx context.Context, d time.Duration) bool {
 // batch) and starts them. more reports that due work may remain; upTo is
 // the time the due list ran up to (where "next scheduled" starts).
 func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err error) {
+	defer func() { r.behind.Store(more) }()
 	free := r.free()
 	if free == 0 {
 		return true, r.w.cfg.Now(), nil
@@ -137,7 +142,12 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// view spread over the candidates instead of all racing for row one.
 	rand.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
 	n := min(free, r.w.cfg.ClaimBatch, len(items))
-	results := r.w.client.ClaimMany(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
+	// A claim already on its way is not cut off by Stop: the server may
+	// apply it anyway, leaving the job claimed (and an attempt charged)
+	// until its lease ran out. Claimed jobs start and Stop handles them.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	results := r.w.client.ClaimMany(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
+	cancel()
 	conflicts := 0
 	for _, res := range results {
 		switch {
@@ -182,7 +192,11 @@ func (r *runner) start(item *couchq.WorkItem) {
 			w.busy += w.cfg.Now().Sub(rj.started)
 			w.mu.Unlock()
 			<-r.slots
-			r.nudge()
+			// A freed slot matters only if work was left behind; otherwise
+			// the changes feed says when new work arrives.
+			if r.behind.Load() || r.w.cfg.Drain {
+				r.nudge()
+			}
 		}()
 		defer cancel(nil)
 		r.run(ctx, rj)

@@ -151,16 +151,12 @@ func (b *run) standardNotes(rep *Report) []string {
 		}
 	}
 	if b.cfg.Instrument {
-		idle, gz := "Go's default 2 idle connections per host", "kivik's default gzip request bodies"
+		idle := "couchq's idle connections per host"
 		if b.cfg.ClientIdleConns > 0 {
-			idle = fmt.Sprintf("%d idle connections per host (EXPERIMENT: couchq.Dial has 2)", b.cfg.ClientIdleConns)
+			idle = fmt.Sprintf("%d idle connections per host (EXPERIMENT)", b.cfg.ClientIdleConns)
 		}
-		if b.cfg.ClientNoGzip {
-			gz = "uncompressed request bodies (EXPERIMENT: couchq.Dial gzips)"
-		}
-		n = append(n, "Queue clients are instrumented: kivik over a counting clone of Go's default transport, with "+
-			idle+" and "+gz+"; the changes feed uses the design document's filter. "+
-			"--instrument=false uses couchq.Connect's client as is.")
+		n = append(n, "Queue clients are instrumented: couchq.ConnectHTTP over a counting wrapper of couchq's own transport, with "+
+			idle+". --instrument=false uses couchq.Connect's client as is.")
 	}
 	if b.cfg.Procs > 0 {
 		n = append(n, fmt.Sprintf("Section 2 ran its workers as %d `couchq worker --handler noop` processes "+
@@ -191,7 +187,6 @@ func settings(c Config) map[string]any {
 		"keep":                   c.Keep,
 		"instrument":             c.Instrument,
 		"client_idle_conns":      c.ClientIdleConns,
-		"client_gzip":            !c.ClientNoGzip,
 	}
 }
 

@@ -84,11 +84,9 @@ type Config struct {
 	// reuse is what couchq gets). Off, the workers use the client
 	// couchq.Connect makes, with CouchDB's native _selector feed.
 	Instrument bool
-	// ClientIdleConns and ClientNoGzip change the instrumented clients
-	// from what couchq.Dial makes (Go's 2 idle connections per host, gzip
-	// request bodies), to measure what a change there would bring.
+	// ClientIdleConns changes the instrumented clients' idle connections
+	// per host from what couchq.NewHTTPClient keeps, to measure a change.
 	ClientIdleConns int
-	ClientNoGzip    bool
 	// Timeout bounds the whole run.
 	Timeout time.Duration
 	// Logger receives progress (info) and the workers' warnings.
@@ -202,8 +200,8 @@ func (c Config) Validate() error {
 	for _, w := range c.ContentionWorkers {
 		check("contention-workers", w, 1, maxWorkers)
 	}
-	if (c.ClientIdleConns != 0 || c.ClientNoGzip) && !c.Instrument {
-		errs = append(errs, errors.New("--client-idle-conns and --client-gzip change the instrumented clients: they need --instrument"))
+	if c.ClientIdleConns != 0 && !c.Instrument {
+		errs = append(errs, errors.New("--client-idle-conns changes the instrumented clients: it needs --instrument"))
 	}
 	check("client-idle-conns", c.ClientIdleConns, 0, maxWorkers)
 	if !(c.Rate > 0 && c.Rate <= maxRate) {
@@ -257,8 +255,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "section 5: timed claims per backlog")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")
-	fs.IntVar(&c.ClientIdleConns, "client-idle-conns", 0, "experiment: idle connections per host of the instrumented queue clients (0: Go's default, 2, as couchq.Dial)")
-	gzip := fs.Bool("client-gzip", true, "experiment: false sends the instrumented queue clients' request bodies uncompressed (couchq.Dial gzips them)")
+	fs.IntVar(&c.ClientIdleConns, "client-idle-conns", 0, "experiment: idle connections per host of the instrumented queue clients (0: couchq's own)")
 	fs.DurationVar(&c.Timeout, "timeout", TimeoutDefault, "bound on the whole run")
 	fs.BoolVar(&o.JSON, "json", false, "print the report as JSON instead of a table")
 	fs.BoolVar(&o.Verbose, "v", false, "log progress and the workers' warnings to stderr")
@@ -268,7 +265,6 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	if fs.NArg() > 0 {
 		return c, o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	c.ClientNoGzip = !*gzip
 	var err error
 	if c.Sections, err = parseInts(*sections); err != nil {
 		return c, o, fmt.Errorf("--sections: %w", err)

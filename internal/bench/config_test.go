@@ -17,7 +17,7 @@ func TestParseArgsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.JSON || c.URL != "" || c.URLOrigin != "" || !c.Instrument || c.ClientNoGzip {
+	if o.JSON || c.URL != "" || c.URLOrigin != "" || !c.Instrument {
 		t.Fatalf("defaults: %+v %+v", c, o)
 	}
 	if !slices.Equal(c.Sections, AllSections()) || !slices.Equal(c.ContentionWorkers, ContentionWorkersDefault()) {
@@ -71,7 +71,7 @@ func TestParseArgsRejects(t *testing.T) {
 		{"--rate", "0"},
 		{"--ceiling-time", "0s"},
 		{"--duration", "3h"},
-		{"--instrument=false", "--client-gzip=false"},
+		{"--instrument=false", "--client-idle-conns=8"},
 		{"extra"},
 	} {
 		if _, _, err := ParseArgs(args, env(nil), io.Discard); err == nil {

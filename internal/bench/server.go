@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-	"github.com/go-kivik/kivik/v4/couchdb"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
@@ -108,23 +107,13 @@ func (t *target) setup(ctx context.Context, cfg Config, rawURL, origin string) e
 	t.raw = &http.Client{Transport: tr}
 	t.queue = t.srv
 	if cfg.Instrument {
-		// The same transport settings couchq.Dial ends up with (Go's
-		// default: two idle connections per host) and the same request
-		// compression, but counted.
+		// couchq's own HTTP client, counted: the workers see exactly what
+		// couchq.Connect gives them, _selector feed included.
 		counted := &http.Client{Transport: newCountingTransport(t.stats, cfg.ClientIdleConns)}
-		opts := []kivik.Option{couchdb.OptionHTTPClient(counted)}
-		if cfg.ClientNoGzip {
-			opts = append(opts, couchdb.OptionNoRequestCompression())
+		if t.queue, err = couchq.ConnectHTTP(ctx, t.base, t.user, t.password, counted); err != nil {
+			return err
 		}
-		if t.user != "" {
-			opts = append(opts, couchdb.BasicAuth(t.user, t.password))
-		}
-		if t.kivik, err = kivik.New("couch", t.base, opts...); err != nil {
-			return fmt.Errorf("connecting to %s: %w", t.base, err)
-		}
-		// Without couchq's private _selector feed client, Open follows
-		// changes with the design document's filter, as on PouchDB Server.
-		t.queue = &couchq.Server{Client: t.kivik, Caps: t.srv.Caps}
+		t.kivik = t.queue.Client
 	}
 	return nil
 }
@@ -263,11 +252,11 @@ type countingTransport struct {
 	stats *httpStats
 }
 
-// newCountingTransport clones Go's default transport, with its settings,
+// newCountingTransport wraps couchq's transport (couchq.NewHTTPClient),
 // counting dials and requests; idle > 0 overrides its idle connections
 // per host.
 func newCountingTransport(stats *httpStats, idle int) http.RoundTripper {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr := couchq.NewHTTPClient().Transport.(*http.Transport)
 	if idle > 0 {
 		tr.MaxIdleConnsPerHost = idle
 	}

@@ -1,8 +1,14 @@
 function (doc, req) {
   // work: the _changes filter workers follow when the server has no
-  // _selector filter (PouchDB Server) or when asked to. It passes WorkItems,
-  // narrowed to the job types named in ?types=a,b when given.
-  if (doc.type !== 'WorkItem') {
+  // _selector filter (PouchDB Server). It passes only changes that can give
+  // a worker something to claim — WorkItems that are unclaimed and not
+  // running or finished, as in the due view — so that claims, renewals and
+  // completions do not wake every worker. ?types=a,b narrows it to job types.
+  if (doc.type !== 'WorkItem' || doc.claimed === true) {
+    return false;
+  }
+  var s = doc.status;
+  if (s === 'running' || s === 'done' || s === 'failed' || s === 'cancelled') {
     return false;
   }
   var types = req.query && req.query.types;
