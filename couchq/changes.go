@@ -12,10 +12,12 @@ import (
 	"github.com/couchq/couchq/designdocs"
 )
 
-// feedGrace is how long past the server-side timeout the client waits for
-// a long-poll to end by itself. Some servers (PouchDB Server) ignore the
+// grace is how long past the server-side timeout the client waits for a
+// long-poll to end by itself. Some servers (PouchDB Server) ignore the
 // timeout parameter; the client deadline ends the request there.
-const feedGrace = 5 * time.Second
+func grace(timeout time.Duration) time.Duration {
+	return min(5*time.Second, timeout/4+100*time.Millisecond)
+}
 
 // WaitForChanges long-polls the _changes feed from since ("now" for only
 // future changes) for claimable WorkItems (unclaimed, not running or
@@ -23,10 +25,20 @@ const feedGrace = 5 * time.Second
 // changes arrived and the sequence to continue from.
 // It returns (0, since, nil) when timeout passes with no change.
 func (c *Client) WaitForChanges(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
+	if since == "now" || since == "" {
+		// Resolve "now" to a real sequence: a feed that ends by the client's
+		// deadline (a server that ignores timeout) returns no last_seq, and
+		// polling from "now" again would lose the changes in between.
+		st, err := c.db.Stats(ctx)
+		if err != nil {
+			return 0, since, fmt.Errorf("reading the update sequence of %s: %w", c.db.Name(), err)
+		}
+		since = st.UpdateSeq
+	}
 	if c.selectorFeed != nil {
 		return c.waitForChangesSelector(ctx, since, types, timeout)
 	}
-	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
+	reqCtx, cancel := context.WithTimeout(ctx, timeout+grace(timeout))
 	defer cancel()
 	params := map[string]any{
 		"feed":    "longpoll",

@@ -95,7 +95,7 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 
 // waitForChangesSelector is WaitForChanges with a native _selector filter.
 func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
-	reqCtx, cancel := context.WithTimeout(ctx, timeout+feedGrace)
+	reqCtx, cancel := context.WithTimeout(ctx, timeout+grace(timeout))
 	defer cancel()
 	selector := claimableSelector(types)
 	q := url.Values{

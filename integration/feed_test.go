@@ -1,0 +1,98 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
+)
+
+// The changes feed wakes workers for claimable work only: a new job or a
+// retry passes, claims and completions do not (they would wake every
+// worker for nothing). Proven for the design document's filter (every
+// server) and for CouchDB's native _selector filter (where the server has
+// one).
+func TestChangesFeedPassesOnlyClaimableWork(t *testing.T) {
+	t.Run("design-document filter", func(t *testing.T) {
+		tb := setup(t, couchq.Config{})
+		checkFeed(t, tb, tb.client)
+	})
+	t.Run("_selector filter", func(t *testing.T) {
+		tb := setup(t, couchq.Config{})
+		user, password := server.Credentials()
+		srv, err := couchq.Connect(tb.ctx, server.URL(), user, password)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := server.Caps().SelectorFilter; srv.Caps.SelectorFilter != want {
+			t.Fatalf("couchq detects _selector support %v, the harness %v (%s %s)",
+				srv.Caps.SelectorFilter, want, srv.Caps.Vendor, srv.Caps.Version)
+		}
+		if !srv.Caps.SelectorFilter {
+			couchtest.Skip(t, "the server has no _selector changes filter ("+srv.Caps.Vendor+" "+srv.Caps.Version+
+				"); couchq follows the design document's filter there, tested above")
+		}
+		client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkFeed(t, tb, client)
+	})
+}
+
+func checkFeed(t *testing.T, tb *testBundle, c *couchq.Client) {
+	t.Helper()
+	ctx := tb.ctx
+	_, since, err := c.WaitForChanges(ctx, "now", []string{"feed"}, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string, want bool) {
+		t.Helper()
+		n, next, err := c.WaitForChanges(ctx, since, []string{"feed"}, 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n > 0; got != want {
+			t.Fatalf("%s: feed reported %d changes, want any: %v", what, n, want)
+		}
+		since = next
+	}
+	if _, err := c.Enqueue(ctx, couchq.NewJob{Worker: "other-type"}); err != nil {
+		t.Fatal(err)
+	}
+	wait("a job of another type", false)
+	job, err := c.Enqueue(ctx, couchq.NewJob{Worker: "feed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("a new job", true)
+	it, err := c.Claim(ctx, job, "feed/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("a claim", false)
+	if err := c.Extend(ctx, it, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	wait("a lease renewal", false)
+	if err := c.Fail(ctx, it, "again", couchq.FailOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("a retry", true)
+	batch, err := c.Due(ctx, "feed", 1)
+	if err != nil || len(batch.Items) != 1 {
+		t.Fatalf("due: %v", err)
+	}
+	it, err = c.Claim(ctx, batch.Items[0], "feed/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("a second claim", false)
+	if err := c.Complete(context.WithoutCancel(ctx), it, nil); err != nil {
+		t.Fatal(err)
+	}
+	wait("a completion", false)
+}
