@@ -101,7 +101,7 @@ type Config struct {
 const (
 	ClientsDefault               = 8
 	CeilingTimeDefault           = 2 * time.Second
-	JobsDefault                  = 1000
+	JobsDefault                  = 5000
 	WorkersDefault               = 16
 	InstancesDefault             = 1
 	RateDefault                  = 20
