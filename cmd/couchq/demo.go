@@ -225,7 +225,7 @@ func (d *demo) enqueue(ctx context.Context) error {
 
 func (d *demo) list(ctx context.Context) error {
 	d.header("couchq ls")
-	batch, err := listJobs(ctx, d.q, couchq.ListOptions{Limit: 100})
+	batch, err := d.q.List(ctx, couchq.ListOptions{Limit: 100})
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -11,11 +10,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
-	"github.com/couchq/couchq/designdocs"
 )
 
 const lsUsage = `Usage: couchq ls [--type TYPE] [--status STATUS] [--limit N] [flags]
@@ -64,7 +61,7 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 		return err
 	}
 	defer closeQueue()
-	batch, err := listJobs(ctx, q, opts)
+	batch, err := q.List(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -77,61 +74,6 @@ func statusList() string {
 		names = append(names, string(s))
 	}
 	return strings.Join(names, ", ")
-}
-
-// listJobs is couchq.List, except that a status without a type is answered
-// exactly: List reads limit rows of every status and filters them, so it
-// can come back short while matching jobs exist further on. Here the
-// status view's counts name the types that have jobs in that status, and
-// each is read with the exact [type, status] key.
-func listJobs(ctx context.Context, q *couchq.Client, opts couchq.ListOptions) (*couchq.Batch, error) {
-	if opts.Status == "" || opts.Worker != "" {
-		return q.List(ctx, opts)
-	}
-	types, err := typesWithStatus(ctx, q.DB(), opts.Status)
-	if err != nil {
-		return nil, err
-	}
-	all := &couchq.Batch{}
-	for _, t := range types {
-		left := opts.Limit - len(all.Items) - len(all.Malformed)
-		if left <= 0 {
-			break
-		}
-		b, err := q.List(ctx, couchq.ListOptions{Worker: t, Status: opts.Status, Limit: left})
-		if err != nil {
-			return nil, err
-		}
-		all.Items = append(all.Items, b.Items...)
-		all.Malformed = append(all.Malformed, b.Malformed...)
-	}
-	return all, nil
-}
-
-// typesWithStatus reads the status view grouped by [type, status].
-func typesWithStatus(ctx context.Context, db *kivik.DB, status couchq.Status) ([]string, error) {
-	rows := db.Query(ctx, designdocs.ID, "_view/status", kivik.Params(map[string]any{"group": true}))
-	defer rows.Close()
-	var types []string
-	for rows.Next() {
-		var key []json.RawMessage
-		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
-			continue
-		}
-		var t, s string
-		// Keys of documents whose type is not a string cannot be asked
-		// for by type; List without filters still shows them.
-		if json.Unmarshal(key[0], &t) != nil || json.Unmarshal(key[1], &s) != nil {
-			continue
-		}
-		if s == string(status) {
-			types = append(types, t)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("counting jobs by type and status: %w", err)
-	}
-	return types, nil
 }
 
 // printJobs writes batch as a table, or with asJSON as an array of the

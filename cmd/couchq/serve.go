@@ -255,7 +255,7 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
 	defer cancel()
-	batch, err := listJobs(ctx, s.q, opts)
+	batch, err := s.q.List(ctx, opts)
 	if err != nil {
 		s.serverFailed(w, err)
 		return
