@@ -164,6 +164,17 @@ func (m *Main) dial(c *connFlags) (*kivik.Client, error) {
 	return client, nil
 }
 
+// connect settles the connection flags, sets the command's log level and
+// opens the queue: what every command that works on jobs starts with.
+func (m *Main) connect(ctx context.Context, c *connFlags, log zerolog.Logger) (*couchq.Client, zerolog.Logger, func(), error) {
+	if err := c.resolve(m); err != nil {
+		return nil, log, nil, err
+	}
+	log = log.Level(c.level)
+	q, closeQueue, err := m.openQueue(ctx, c, log)
+	return q, log, closeQueue, err
+}
+
 // openQueue connects to the server and the queue database, which must
 // exist (couchq init creates it). close releases the connection.
 func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) (q *couchq.Client, close func(), err error) {

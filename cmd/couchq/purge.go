@@ -57,11 +57,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return usageErrorf("invalid --older-than %q: %v", olderThan, err)
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

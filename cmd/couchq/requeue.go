@@ -38,11 +38,7 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 	if err != nil {
 		return err
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

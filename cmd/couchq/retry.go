@@ -48,11 +48,7 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 			return err
 		}
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

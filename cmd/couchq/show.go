@@ -42,11 +42,7 @@ func (m *Main) runShow(ctx context.Context, log zerolog.Logger, args []string) e
 	case rest[0] == "":
 		return usageErrorf("empty job ID")
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -48,11 +48,7 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	if limit < 1 {
 		return usageErrorf("invalid --limit %d: must be at least 1", limit)
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -43,11 +43,7 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q", rest[0])
 	}
-	if err := conn.resolve(m); err != nil {
-		return err
-	}
-	log = log.Level(conn.level)
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}
