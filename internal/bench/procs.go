@@ -9,11 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/localserver"
 )
 
 // procHeartbeat is the --heartbeat the worker processes run with: their
@@ -60,7 +60,7 @@ func (b *run) tempDir() (string, error) {
 // child is one `couchq worker` process.
 type child struct {
 	cmd  *exec.Cmd
-	out  *tailBuffer
+	out  *localserver.Tail
 	done chan struct{} // closed when the process has been waited for
 	err  error
 }
@@ -92,7 +92,7 @@ func (b *run) startProcs(ctx context.Context, db string, concurrencies []int) (*
 		cmd := exec.Command(bin, "worker", "--type", jobType, "--handler", "noop",
 			"--url", b.t.base, "--db", db, "--concurrency", strconv.Itoa(conc),
 			"--heartbeat", procHeartbeat.String(), "--log-level", "warn")
-		c := &child{cmd: cmd, out: newTailBuffer(16 << 10), done: make(chan struct{})}
+		c := &child{cmd: cmd, out: localserver.NewTail(16 << 10), done: make(chan struct{})}
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = c.out, c.out
 		cmd.SysProcAttr = childProcAttr()
@@ -229,29 +229,4 @@ func (p *procPool) stop(b *run) {
 			b.log.Warn().Err(c.err).Int("pid", c.cmd.Process.Pid).Str("output", c.out.String()).Msg("worker process exited with an error")
 		}
 	}
-}
-
-// tailBuffer keeps the last bytes written to it, for error messages.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func newTailBuffer(max int) *tailBuffer { return &tailBuffer{max: max} }
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.buf))
 }

@@ -102,15 +102,3 @@ func BenchmarkSummarize(b *testing.B) {
 		Summarize(samples)
 	}
 }
-
-func TestTailBufferKeepsTheEnd(t *testing.T) {
-	tb := newTailBuffer(8)
-	for _, s := range []string{"hello ", "wide ", "world"} {
-		if n, err := tb.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
-	if got := tb.String(); got != "de world" {
-		t.Fatalf("tail = %q, want the last 8 bytes %q", got, "de world")
-	}
-}

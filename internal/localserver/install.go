@@ -119,7 +119,7 @@ func EnsureInstalled(ctx context.Context, logger zerolog.Logger) error {
 
 	logger.Info().Str("dir", dir).Msg("installing PouchDB Server with npm ci (once per package-lock.json change)")
 	start := time.Now()
-	out := newTail(16 << 10)
+	out := NewTail(16 << 10)
 	cmd := exec.CommandContext(ctx, npm, "ci", "--no-audit", "--no-fund")
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = out, out

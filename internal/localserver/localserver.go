@@ -60,7 +60,7 @@ type PouchDB struct {
 
 type process struct {
 	cmd  *exec.Cmd
-	out  *tail
+	out  *Tail
 	done chan struct{} // closed once cmd.Wait returned; err is set before
 	err  error
 }
@@ -182,7 +182,7 @@ func (p *PouchDB) startLocked(ctx context.Context) error {
 }
 
 func (p *PouchDB) spawn() (*process, error) {
-	out := newTail(32 << 10)
+	out := NewTail(32 << 10)
 	cmd := exec.Command(p.node, p.script,
 		"-p", strconv.Itoa(p.port),
 		"-o", host,

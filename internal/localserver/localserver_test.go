@@ -133,3 +133,15 @@ func TestToolsDirFromRepo(t *testing.T) {
 		t.Fatalf("ToolsDir() = %q: %v", dir, err)
 	}
 }
+
+func TestTailKeepsTheEnd(t *testing.T) {
+	tl := NewTail(8)
+	for _, s := range []string{"hello ", "wide ", "world"} {
+		if n, err := tl.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+		}
+	}
+	if got := tl.String(); got != "de world" {
+		t.Fatalf("tail = %q, want the last 8 bytes %q", got, "de world")
+	}
+}

@@ -2,16 +2,18 @@ package localserver
 
 import "sync"
 
-// tail keeps the last max bytes written to it; the server's output is only needed for error messages.
-type tail struct {
+// Tail keeps the last bytes written to it: a child process's output is only
+// needed for error messages, and must not grow without bound.
+type Tail struct {
 	mu  sync.Mutex
 	max int
 	buf []byte
 }
 
-func newTail(max int) *tail { return &tail{max: max} }
+// NewTail returns a Tail keeping the last max bytes.
+func NewTail(max int) *Tail { return &Tail{max: max} }
 
-func (t *tail) Write(p []byte) (int, error) {
+func (t *Tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.buf = append(t.buf, p...)
@@ -21,7 +23,8 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (t *tail) String() string {
+// String is what was kept.
+func (t *Tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.buf)
