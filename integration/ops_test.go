@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-kivik/kivik/v4"
+
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 )
 
 // opsScript runs a known script of jobs on a controlled clock and returns
@@ -247,5 +250,55 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	}
 	if _, err := c.Purge(tb.ctx, couchq.PurgeOptions{Status: couchq.StatusRunning}); err == nil {
 		t.Fatal("purging running jobs must be refused")
+	}
+}
+
+// The views people browse in Fauxton carry values worth reading: a failed
+// job's error, who holds a lease, which workers are alive.
+func TestFauxtonViewsCarryReadableValues(t *testing.T) {
+	tb, _, _ := opsScript(t)
+	c := tb.client
+	it, err := c.Get(tb.ctx, "C")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it, err = c.Claim(tb.ctx, it, "host/1/w1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Fail(tb.ctx, it, "mailbox full", couchq.FailOptions{Final: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutWorker(tb.ctx, &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: "host/1/w1",
+		Types: []string{"mail"}, Concurrency: 4, Running: []string{"E"}, LastHeartbeat: 1}); err != nil {
+		t.Fatal(err)
+	}
+	row := func(view string) map[string]any {
+		t.Helper()
+		rows := tb.db.Query(tb.ctx, designdocs.ID, "_view/"+view, kivik.Param("reduce", false), kivik.Param("limit", 1))
+		defer rows.Close()
+		for rows.Next() {
+			var v map[string]any
+			if err := rows.ScanValue(&v); err != nil {
+				t.Fatalf("%s: %v", view, err)
+			}
+			return v
+		}
+		t.Fatalf("%s: no rows (%v)", view, rows.Err())
+		return nil
+	}
+	if v := row("failed"); v["last_error"] != "mailbox full" || v["attempts"] != 1.0 {
+		t.Errorf("failed view row: %v", v)
+	}
+	if v := row("leases"); v["claimed_by"] != "host/1/w1" || v["worker"] != "mail" {
+		t.Errorf("leases view row: %v", v)
+	}
+	if v := row("workers"); v["claimant"] != "host/1/w1" || v["running"] != 1.0 {
+		t.Errorf("workers view row: %v", v)
+	}
+	if v := row("by_status"); v["worker"] != "mail" || v["rev"] == nil {
+		t.Errorf("by_status view row: %v", v)
+	}
+	if v := row("due"); v["attempts"] == nil {
+		t.Errorf("due view row: %v", v)
 	}
 }
