@@ -90,6 +90,8 @@ type Client struct {
 	// selectorFeed, when set, follows _changes with a native _selector
 	// filter (see Server.Open); otherwise the design document's filter.
 	selectorFeed *chttp.Client
+	// batcher coalesces concurrent writes of held jobs into _bulk_docs.
+	batcher writeBatcher
 }
 
 // New returns a Client for db. It asks the server for the database's

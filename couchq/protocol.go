@@ -209,10 +209,10 @@ func (c *Client) dropRevision(ctx context.Context, id, rev string) {
 	c.log.Debug().Str("job", id).Str("rev", rev).Msg("deleted losing revision")
 }
 
-// put writes next over the held revision and confirms it when needed. On
-// success next carries its new Rev.
+// put writes next over the held revision (through the write batcher) and
+// confirms it when needed. On success next carries its new Rev.
 func (c *Client) put(ctx context.Context, next *WorkItem) error {
-	rev, err := c.db.Put(ctx, next.ID, next, c.writeOpts()...)
+	rev, err := c.write(ctx, next)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func (c *Client) QuarantineMany(ctx context.Context, ms []Malformed, by string) 
 		return errs
 	}
 	results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
-	for k, r := range alignBulk(ids, results, err) {
+	for k, r := range c.resendUnexplained(ctx, docs, ids, results, err) {
 		i := index[k]
 		switch {
 		case r.Error == nil, isStatus(r.Error, http.StatusConflict):
