@@ -54,7 +54,6 @@ type Worker struct {
 
 	loops   sync.WaitGroup // feed, sweeper, registry, runners
 	jobs    sync.WaitGroup // running jobs
-	done    chan struct{}  // closed when everything has stopped
 	drained chan struct{}  // closed when every runner drained (Drain mode)
 
 	mu      sync.Mutex
@@ -81,7 +80,6 @@ func New(client *couchq.Client, cfg Config) (*Worker, error) {
 		log:          cfg.Logger.With().Str("worker", cfg.ID).Logger(),
 		by:           fmt.Sprintf("%s/%d/%s", hostname(), os.Getpid(), cfg.ID),
 		stopClaiming: make(chan struct{}),
-		done:         make(chan struct{}),
 		drained:      make(chan struct{}),
 		running:      map[string]*runningJob{},
 	}
@@ -212,11 +210,6 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	w.cancelJobs(errShutdown)
 	w.unregister(context.WithoutCancel(ctx))
-	select {
-	case <-w.done:
-	default:
-		close(w.done)
-	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
