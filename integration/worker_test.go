@@ -349,3 +349,28 @@ func TestDrainModeExitsWhenEmpty(t *testing.T) {
 		t.Fatalf("left claimed: %v %d", err, len(batch.Items))
 	}
 }
+
+// Finished jobs are kept as done by default; DeleteDone deletes them, per
+// job type.
+func TestDeleteDoneIsPerType(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	noop := worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })
+	cfg := fastWorker(tb, map[string]worker.Handler{"keep": noop, "purge": noop})
+	cfg.DeleteDone = map[string]bool{"purge": true}
+	cfg.Drain = true
+	kept, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "keep"})
+	gone, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "purge"})
+	w, err := worker.New(tb.client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := tb.client.Get(tb.ctx, kept.ID); err != nil || it.Status != couchq.StatusDone {
+		t.Fatalf("kept job: %v %+v", err, it)
+	}
+	if _, err := tb.client.Get(tb.ctx, gone.ID); !errors.Is(err, couchq.ErrNotFound) {
+		t.Fatalf("a finished job of a DeleteDone type must be deleted: %v", err)
+	}
+}
