@@ -92,30 +92,12 @@ func procEnv(db string) []string {
 	return append(env, "COUCHDB_URL="+server.URL(), "COUCHDB_USER="+user, "COUCHDB_PASSWORD="+password, "COUCHQ_DB="+db)
 }
 
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // cliProc is a running CLI process.
 type cliProc struct {
 	name   string
 	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout couchtest.SyncBuffer
+	stderr couchtest.SyncBuffer
 	exited chan struct{} // closed once the process has been waited for
 	code   int           // exit code (-1: killed by a signal), set before exited closes
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
 )
 
 // testClock is a clock tests move by hand; safe for the goroutines of a
@@ -166,28 +166,10 @@ func checkSummary(t *testing.T, name string, s couchq.Summary, count int64, lo, 
 	}
 }
 
-// syncBuffer is a bytes.Buffer for a goroutine to write while a test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // serving is a couchq serve running in-process.
 type serving struct {
 	url    string
-	stderr *syncBuffer
+	stderr *couchtest.SyncBuffer
 	cancel context.CancelFunc
 	done   chan int
 	once   sync.Once
@@ -199,7 +181,7 @@ type serving struct {
 func startServe(t *testing.T, c cli, args ...string) *serving {
 	t.Helper()
 	pr, pw := io.Pipe()
-	s := &serving{stderr: &syncBuffer{}, done: make(chan int, 1)}
+	s := &serving{stderr: &couchtest.SyncBuffer{}, done: make(chan int, 1)}
 	m := NewMain(strings.NewReader(""), pw, s.stderr)
 	m.Getenv = func(k string) string { return c.env[k] }
 	m.IsTerminal = func(io.Writer) bool { return false }
