@@ -52,8 +52,8 @@ func TestOpsUsageErrors(t *testing.T) {
 			if r.stdout != "" {
 				t.Errorf("stdout not empty on a usage error: %q", r.stdout)
 			}
-			if n := strings.Count(strings.TrimSpace(r.stderr), "\n"); n != 1 {
-				t.Errorf("want the error and a pointer to help, got:\n%s", r.stderr)
+			if n := strings.Count(strings.TrimSpace(r.stderr), "\n"); n != 0 {
+				t.Errorf("want one line: the error and a pointer to help, got:\n%s", r.stderr)
 			}
 		})
 	}

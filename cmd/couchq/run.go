@@ -104,7 +104,7 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	}
 	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(m.Stderr, "couchq: unknown command %q\nrun 'couchq help' for usage\n", name)
+		fmt.Fprintf(m.Stderr, "couchq: unknown command %q (run 'couchq help' for usage)\n", name)
 		return exitUsage
 	}
 	return m.exit(name, cmd.run(m, ctx, log, args[1:]))
@@ -151,7 +151,7 @@ func (m *Main) exit(name string, err error) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(m.Stderr, "couchq %s: %v\nrun 'couchq help %s' for usage\n", name, ue.err, name)
+		fmt.Fprintf(m.Stderr, "couchq %s: %v (run 'couchq help %s' for usage)\n", name, ue.err, name)
 		return exitUsage
 	default:
 		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
@@ -176,7 +176,7 @@ func (m *Main) runHelp(args []string) int {
 	}
 	cmd, ok := lookup(args[0])
 	if !ok {
-		fmt.Fprintf(m.Stderr, "couchq help: unknown command %q\nrun 'couchq help' for usage\n", args[0])
+		fmt.Fprintf(m.Stderr, "couchq help: unknown command %q (run 'couchq help' for usage)\n", args[0])
 		return exitUsage
 	}
 	fmt.Fprint(m.Stdout, commandUsage(cmd.usage))
