@@ -12,7 +12,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go exitOnSecondSignal()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM) // before any signal can arrive unseen
+	go exitOnSecondSignal(sigs)
 	code := NewMain(os.Stdin, os.Stdout, os.Stderr).Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
@@ -24,9 +26,7 @@ func main() {
 // may not want to wait for. It counts on its own channel, which the signal
 // package feeds alongside NotifyContext's, so no signal is missed between
 // the two.
-func exitOnSecondSignal() {
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+func exitOnSecondSignal(sigs <-chan os.Signal) {
 	<-sigs
 	sig := <-sigs
 	fmt.Fprintf(os.Stderr, "couchq: %v again: exiting now\n", sig)
