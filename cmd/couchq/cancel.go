@@ -26,23 +26,11 @@ func (m *Main) runCancel(ctx context.Context, log zerolog.Logger, args []string)
 	conn := addConnFlags(fs)
 	var reason string
 	fs.StringVar(&reason, "reason", "", "why the job is cancelled")
-	rest, err := m.parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneJobID(rest)
-	if err != nil {
-		return err
-	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, id, before, closeQueue, err := m.openJob(ctx, fs, conn, args, log)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
-	id, before, err := findJob(ctx, q, id)
-	if err != nil {
-		return serverError(conn.url, err)
-	}
 	it, err := q.CancelJob(ctx, id, q.Config().Actor, reason)
 	if err != nil {
 		return serverError(conn.url, err)

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
 )
@@ -67,4 +70,26 @@ func claimantAlive(ctx context.Context, q *couchq.Client, claimant string, now t
 		}
 	}
 	return false, false, 0, nil
+}
+
+// openJob is how every one-job command (cancel, requeue) starts: parse the
+// flags, take the job ID, connect, and read the job as it is now.
+func (m *Main) openJob(ctx context.Context, fs *flag.FlagSet, conn *connFlags, args []string, log zerolog.Logger) (
+	q *couchq.Client, id string, before *couchq.WorkItem, closeQueue func(), err error) {
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	if id, err = oneJobID(rest); err != nil {
+		return nil, "", nil, nil, err
+	}
+	q, _, closeQueue, err = m.connect(ctx, conn, log)
+	if err != nil {
+		return nil, "", nil, nil, err
+	}
+	if id, before, err = findJob(ctx, q, id); err != nil {
+		closeQueue()
+		return nil, "", nil, nil, serverError(conn.url, err)
+	}
+	return q, id, before, closeQueue, nil
 }

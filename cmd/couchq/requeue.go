@@ -30,23 +30,11 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 	conn := addConnFlags(fs)
 	var force bool
 	fs.BoolVar(&force, "force", false, "requeue even though the worker is alive")
-	rest, err := m.parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := oneJobID(rest)
-	if err != nil {
-		return err
-	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, id, before, closeQueue, err := m.openJob(ctx, fs, conn, args, log)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
-	id, before, err := findJob(ctx, q, id)
-	if err != nil {
-		return serverError(conn.url, err)
-	}
 	if before != nil && before.Status == couchq.StatusRunning && before.ClaimedBy != "" && !force {
 		alive, _, age, err := claimantAlive(ctx, q, before.ClaimedBy, m.Now())
 		if err != nil {
