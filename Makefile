@@ -1,13 +1,15 @@
 # couchq: `make demo` runs the demo, `make test` runs every test with -race.
-# Tests need a CouchDB-compatible server: COUCHDB_URL, else couchdb:3 in Docker, else PouchDB Server
-# from tools/pouchdb-server (Node.js required). See internal/couchtest.
+# Tests need a CouchDB-compatible server: COUCHDB_URL, else a local Apache CouchDB release
+# (COUCHQ_COUCHDB_HOME, else /opt/couchdb: a single node, plus a 3-node cluster for the cluster
+# tier), else couchdb:3 in Docker, else PouchDB Server from tools/pouchdb-server (Node.js
+# required). The first line of `make test` says which and why. See internal/couchtest.
 
 POUCHDB_DIR := tools/pouchdb-server
 # Same stamp, same format (sha256 of package-lock.json) as internal/localserver.EnsureInstalled.
 POUCHDB_STAMP := $(POUCHDB_DIR)/node_modules/.couchq-lock.sha256
 SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo 'shasum -a 256')
 
-.PHONY: setup test demo vet chaos bench
+.PHONY: setup test test-cluster demo vet chaos bench
 
 setup:
 	@want=$$($(SHA256) < $(POUCHDB_DIR)/package-lock.json | cut -d' ' -f1); \
@@ -20,7 +22,14 @@ setup:
 	go mod download
 
 test: setup
-	go test -race -count=1 ./...
+	@go run ./internal/couchtest/whichserver
+	go test -race -count=1 -timeout 30m ./...
+
+# The cluster tier alone: the tests that run on the 3-node cluster started from the local
+# Apache CouchDB release (skipped, with the reason, without one).
+test-cluster: setup
+	@go run ./internal/couchtest/whichserver
+	go test -race -count=1 -timeout 30m -v -run 'Cluster' ./integration/
 
 demo: setup
 	go run ./cmd/couchq demo

@@ -1,9 +1,11 @@
 package couchq
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -108,8 +110,17 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 		Results []json.RawMessage `json:"results"`
 		LastSeq json.RawMessage   `json:"last_seq"`
 	}
-	err := c.selectorFeed.DoJSON(reqCtx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_changes",
-		&chttp.Options{Query: q, JSON: map[string]any{"selector": selector}}, &resp)
+	body, err := json.Marshal(map[string]any{"selector": selector})
+	if err != nil {
+		return 0, since, fmt.Errorf("encoding the changes selector: %w", err)
+	}
+	// The body goes through GetBody: chttp's DoJSON sends Options.JSON
+	// nowhere, and CouchDB answers an empty body with 400 "invalid UTF-8
+	// JSON", which left every worker on the slow poll.
+	err = c.selectorFeed.DoJSON(reqCtx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_changes",
+		&chttp.Options{Query: q, NoGzip: true, GetBody: func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(body)), nil
+		}}, &resp)
 	if err != nil {
 		if ctx.Err() == nil && reqCtx.Err() != nil {
 			return 0, since, nil

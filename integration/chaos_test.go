@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
-	"github.com/couchq/couchq/internal/couchtest"
 )
 
 // chaosSize is how big the chaos run is: small by default (CI), scaled up
@@ -84,7 +83,7 @@ func testChaos(t *testing.T, bin string) {
 	claimants := registered(t, tb, live...)
 	killed := map[string]bool{}
 	kills, restarted := 0, false
-	canRestart := server.Kind() == couchtest.KindPouchDB
+	canRestart := server.CanRestart()
 	if !canRestart {
 		t.Logf("chaos: no server restart: %s servers are not ours to restart (%s)", server.Kind(), server.Reason())
 	}

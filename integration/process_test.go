@@ -660,8 +660,8 @@ func testFrozenWorker(t *testing.T, bin string) {
 // worker processes run jobs: they reconnect, the changes feed resumes, and
 // every job finishes.
 func testServerRestart(t *testing.T, bin string) {
-	if server.Kind() != couchtest.KindPouchDB {
-		couchtest.Skip(t, fmt.Sprintf("only a PouchDB Server started by couchtest can be restarted; this is a %s server (%s)",
+	if !server.CanRestart() {
+		couchtest.Skip(t, fmt.Sprintf("only a server couchtest started itself can be restarted; this is a %s server (%s)",
 			server.Kind(), server.Reason()))
 	}
 	tb := setup(t, couchq.Config{})

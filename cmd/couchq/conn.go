@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/mattn/go-isatty"
@@ -279,7 +280,11 @@ func secretsIn(args []string, getenv func(string) string) []string {
 
 // scrubWriter replaces known secrets in everything written through it.
 // Each write is one log line or message, so a secret is never split.
+// Writes are serialized: the logger writes from every goroutine of a
+// worker, and the writer underneath (a test's buffer, a pipe) need not be
+// safe for concurrent use.
 type scrubWriter struct {
+	mu      sync.Mutex
 	w       io.Writer
 	secrets []string
 }
@@ -289,6 +294,8 @@ func (s *scrubWriter) Write(p []byte) (int, error) {
 	for _, secret := range s.secrets {
 		out = strings.ReplaceAll(out, secret, "***")
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if _, err := io.WriteString(s.w, out); err != nil {
 		return 0, err
 	}

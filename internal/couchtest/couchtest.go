@@ -1,6 +1,10 @@
-// Package couchtest gives tests a real CouchDB-compatible server: COUCHDB_URL if set, else Apache
-// CouchDB (couchdb:3) in Docker when a Docker engine answers, else PouchDB Server started from
-// tools/pouchdb-server. Each test gets its own database via NewDB.
+// Package couchtest gives tests a real CouchDB-compatible server: COUCHDB_URL if set, else a
+// single Apache CouchDB node started from a local release (COUCHQ_COUCHDB_HOME, else
+// /opt/couchdb), else Apache CouchDB (couchdb:3) in Docker when a Docker engine answers, else
+// PouchDB Server started from tools/pouchdb-server. Each test gets its own database via NewDB.
+//
+// With a local release, Server.Cluster also gives the cluster tier a 3-node cluster of its own
+// (q=2, n=3), whose nodes tests can stop, kill and restart.
 //
 // A package's tests typically share one server per test binary:
 //
@@ -41,6 +45,7 @@ type Kind string
 
 const (
 	KindEnv     Kind = "env"     // COUCHDB_URL
+	KindLocal   Kind = "local"   // a single Apache CouchDB node started from a local release
 	KindDocker  Kind = "docker"  // couchdb:3 container started by couchtest
 	KindPouchDB Kind = "pouchdb" // PouchDB Server child process started by couchtest
 )
@@ -50,9 +55,17 @@ const (
 	EnvURL      = "COUCHDB_URL"      // use this server; credentials in the URL or in the next two
 	EnvUser     = "COUCHDB_USER"     //
 	EnvPassword = "COUCHDB_PASSWORD" //
-	// EnvServer forces the choice when COUCHDB_URL is unset: "docker" (fail rather than fall back)
-	// or "pouchdb" (do not even ask Docker).
+	// EnvServer forces the choice when COUCHDB_URL is unset: "couchdb" (the local Apache CouchDB
+	// release; fail rather than fall back), "docker" (skip the local release; fail rather than
+	// fall back) or "pouchdb" (neither of them).
 	EnvServer = "COUCHQ_TEST_SERVER"
+)
+
+// Values of EnvServer.
+const (
+	ServerCouchDB = "couchdb"
+	ServerDocker  = "docker"
+	ServerPouchDB = "pouchdb"
 )
 
 const (
@@ -72,7 +85,9 @@ type Server struct {
 	logger   zerolog.Logger
 
 	pouch   *localserver.PouchDB // KindPouchDB
-	dataDir string               // KindPouchDB; removed by Stop
+	couch   *localserver.CouchDB // KindLocal, and each node set a Cluster runs
+	dataDir string               // KindPouchDB and KindLocal; removed by Stop
+	cluster clusterState         // the cluster tier's 3-node cluster, started on first use
 	pool    *dockertest.Pool     // KindDocker
 	res     *dockertest.Resource // KindDocker
 
@@ -139,36 +154,53 @@ func selectServer(ctx context.Context, logger zerolog.Logger) (*Server, error) {
 		return fromEnv(raw, logger)
 	}
 	force := os.Getenv(EnvServer)
-	var why string
 	switch force {
-	case "pouchdb":
-		why = EnvServer + "=pouchdb"
-	case "", "docker":
+	case "", ServerCouchDB, ServerDocker, ServerPouchDB:
+	default:
+		return nil, fmt.Errorf("%s=%q: want %s, %s or %s", EnvServer, force, ServerCouchDB, ServerDocker, ServerPouchDB)
+	}
+	why := []string{EnvURL + " is unset"}
+	if force == "" || force == ServerCouchDB {
+		home, err := localserver.FindCouchDB(os.Getenv)
+		if err == nil {
+			s, err := startLocal(ctx, home, logger)
+			if err == nil {
+				s.reason = strings.Join(append(why, "a local Apache CouchDB release is installed at "+home), "; ")
+				return s, nil
+			}
+			err = fmt.Errorf("starting the local Apache CouchDB at %s failed: %w", home, err)
+		}
+		if force == ServerCouchDB {
+			return nil, fmt.Errorf("%s=%s: %w", EnvServer, ServerCouchDB, err)
+		}
+		why = append(why, err.Error())
+	} else {
+		why = append(why, EnvServer+"="+force)
+	}
+	if force == "" || force == ServerDocker {
 		pool, err := dockerPool(ctx)
-		if err != nil {
-			if force == "docker" {
+		if err == nil {
+			s, err := startDocker(ctx, pool, logger)
+			if err == nil {
+				s.reason = strings.Join(append(why, "a Docker engine answers"), "; ")
+				return s, nil
+			}
+			if force == ServerDocker {
+				return nil, err
+			}
+			why = append(why, "a Docker engine answers, but "+err.Error())
+		} else {
+			if force == ServerDocker {
 				return nil, fmt.Errorf("%s=docker but no Docker engine answers: %w", EnvServer, err)
 			}
-			why = "COUCHDB_URL unset and no Docker engine answers (" + err.Error() + ")"
-			break
+			why = append(why, "no Docker engine answers ("+err.Error()+")")
 		}
-		s, err := startDocker(ctx, pool, logger)
-		if err == nil {
-			s.reason = "COUCHDB_URL unset and a Docker engine answers"
-			return s, nil
-		}
-		if force == "docker" {
-			return nil, err
-		}
-		why = "COUCHDB_URL unset and Docker answers, but " + err.Error()
-	default:
-		return nil, fmt.Errorf("%s=%q: want docker or pouchdb", EnvServer, force)
 	}
 	s, err := startPouchDB(ctx, logger)
 	if err != nil {
-		return nil, fmt.Errorf("%s; falling back to PouchDB Server failed: %w", why, err)
+		return nil, fmt.Errorf("%s; falling back to PouchDB Server failed: %w", strings.Join(why, "; "), err)
 	}
-	s.reason = why
+	s.reason = strings.Join(why, "; ")
 	return s, nil
 }
 
@@ -309,31 +341,49 @@ func (s *Server) NewDB(t testing.TB) *kivik.DB {
 	return c.DB(name)
 }
 
-// Restart stops and restarts the server on the same data and URL. Only a PouchDB Server started
-// by couchtest can be restarted.
+// Restart stops and restarts the server on the same data and URL. Only a server couchtest
+// started from a local release (Apache CouchDB or PouchDB Server) can be restarted.
 func (s *Server) Restart(ctx context.Context) error {
-	if s.pouch == nil {
-		return fmt.Errorf("restarting the test server: only a PouchDB Server started by couchtest can be restarted; this is a %s server (%s)", s.kind, s.reason)
+	switch {
+	case s.couch != nil:
+		if err := s.couch.StopNode(ctx, 1); err != nil {
+			return fmt.Errorf("restarting the test server: %w", err)
+		}
+		if err := s.couch.StartNode(ctx, 1); err != nil {
+			return fmt.Errorf("restarting the test server: %w", err)
+		}
+		return nil
+	case s.pouch != nil:
+		if err := s.pouch.Restart(ctx); err != nil {
+			return fmt.Errorf("restarting the test server: %w", err)
+		}
+		return nil
 	}
-	if err := s.pouch.Restart(ctx); err != nil {
-		return fmt.Errorf("restarting the test server: %w", err)
-	}
-	return nil
+	return fmt.Errorf("restarting the test server: only a server couchtest started itself can be restarted; this is a %s server (%s)", s.kind, s.reason)
 }
+
+// CanRestart reports whether Restart can work on this server.
+func (s *Server) CanRestart() bool { return s.couch != nil || s.pouch != nil }
 
 // Stop stops the server if couchtest started it (an env server is left alone) and removes its
 // data. Later calls return the first call's result.
 func (s *Server) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
+		s.stopErr = s.cluster.stop(ctx)
 		switch {
+		case s.couch != nil:
+			s.stopErr = errors.Join(s.stopErr, s.couch.Stop(ctx))
+			if err := os.RemoveAll(s.dataDir); err != nil {
+				s.stopErr = errors.Join(s.stopErr, fmt.Errorf("removing CouchDB data: %w", err))
+			}
 		case s.pouch != nil:
-			s.stopErr = s.pouch.Stop(ctx)
+			s.stopErr = errors.Join(s.stopErr, s.pouch.Stop(ctx))
 			if err := os.RemoveAll(s.dataDir); err != nil {
 				s.stopErr = errors.Join(s.stopErr, fmt.Errorf("removing PouchDB Server data: %w", err))
 			}
 		case s.res != nil:
 			if err := s.pool.Purge(s.res); err != nil {
-				s.stopErr = fmt.Errorf("removing CouchDB container %s: %w", s.res.Container.ID, err)
+				s.stopErr = errors.Join(s.stopErr, fmt.Errorf("removing CouchDB container %s: %w", s.res.Container.ID, err))
 			}
 		}
 	})
