@@ -224,3 +224,44 @@ func TestInjectRevisionFailsLoudly(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterNodeDownAndBack: the cluster tier's cluster has three nodes that all know each
+// other, databases get n=3, and a node stopped and started again catches up on what was
+// written while it was down.
+func TestClusterNodeDownAndBack(t *testing.T) {
+	cl := srv.Cluster(t)
+	if cl.Nodes() != couchtest.ClusterNodes || !cl.Caps().Cluster || cl.Caps().ClusterN != 3 {
+		t.Fatalf("cluster: %d nodes, caps %+v; want 3 nodes with n=3", cl.Nodes(), cl.Caps())
+	}
+	for i := 1; i <= cl.Nodes(); i++ {
+		var m struct {
+			Cluster []string `json:"cluster_nodes"`
+		}
+		if status := getJSON(t, strings.TrimSuffix(cl.Node(i).DBURL("_membership"), "/"), &m); status != http.StatusOK || len(m.Cluster) != 3 {
+			t.Fatalf("node %d: _membership status %d, cluster_nodes %v", i, status, m.Cluster)
+		}
+	}
+	db := cl.NewDB(t)
+	if err := cl.StopNode(ctx(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Put(ctx(t), "written-while-3-down", map[string]any{"v": 1}); err != nil {
+		t.Fatalf("write with node 3 down: %v", err)
+	}
+	if err := cl.StartNode(ctx(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	c3 := cl.Node(3).Client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var doc map[string]any
+		err := c3.DB(db.Name()).Get(ctx(t), "written-while-3-down").ScanDoc(&doc)
+		if err == nil && doc["v"] == float64(1) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 3 never served the document written while it was down: %v%s", err, cl.LogTail(3))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
