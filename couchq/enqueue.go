@@ -135,10 +135,12 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	return results, nil
 }
 
-// writeOpts makes a single-document write wait for every replica.
+// writeOpts makes a single-document write wait for a majority of the
+// replicas (w = quorum, see Client.quorum); CouchDB answers 202 instead of
+// 201 when fewer copies took it.
 func (c *Client) writeOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{kivik.Param("w", c.n)}
+		return []kivik.Option{kivik.Param("w", c.quorum())}
 	}
 	return nil
 }
@@ -147,7 +149,7 @@ func (c *Client) writeOpts() []kivik.Option {
 // query string only (kivik would put a plain Param into the body).
 func (c *Client) bulkOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.n)}}
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.quorum())}}
 	}
 	return nil
 }

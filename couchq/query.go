@@ -146,6 +146,16 @@ func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
 		if err := rows.ScanDoc(&raw); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
+		if gone(raw) {
+			// Every view couchq reads emits WorkItems only, so a row whose
+			// document is missing, deleted or no longer a WorkItem was
+			// indexed from a revision that has since been replaced: on a
+			// cluster the index and the document come from different
+			// copies. The job is gone from this view, not malformed.
+			id, _ := rows.ID()
+			c.log.Debug().Str("job", id).Msg("view row's document is gone; skipping")
+			continue
+		}
 		var it WorkItem
 		if err := json.Unmarshal(raw, &it); err != nil {
 			m := &MalformedError{Field: "document", Reason: err.Error()}
@@ -168,4 +178,18 @@ func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return b, nil
+}
+
+// gone reports whether a view row's included document is not (or no
+// longer) a WorkItem: null (deleted since it was indexed), a deletion
+// stub, or a document whose type is no longer "WorkItem".
+func gone(raw json.RawMessage) bool {
+	var head struct {
+		Deleted bool            `json:"_deleted"`
+		Type    json.RawMessage `json:"type"`
+	}
+	if len(raw) == 0 || string(raw) == "null" || json.Unmarshal(raw, &head) != nil {
+		return len(raw) == 0 || string(raw) == "null"
+	}
+	return head.Deleted || string(head.Type) != `"`+DocType+`"`
 }
