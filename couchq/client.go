@@ -84,8 +84,8 @@ type Client struct {
 	db  *kivik.DB
 	cfg Config
 	log zerolog.Logger
-	// n is the database's replica count: when n > 1, writes wait for a
-	// majority of the replicas and are confirmed by reading from a majority.
+	// n is the database's replica count: writes wait for n replicas and
+	// are confirmed by reading from n replicas when n > 1.
 	n int
 	// selectorFeed, when set, follows _changes with a native _selector
 	// filter (see Server.Open); otherwise the design document's filter.
@@ -122,11 +122,6 @@ func (c *Client) Replicas() int { return c.n }
 func (c *Client) Config() Config { return c.cfg }
 
 func (c *Client) now() time.Time { return c.cfg.Now() }
-
-// quorum is a majority of the replicas: the w of every protocol write and
-// the r of every confirming read. Any two majorities share a copy, and a
-// majority survives one node of three being down.
-func (c *Client) quorum() int { return c.n/2 + 1 }
 
 // confirming reports whether writes need the confirming read.
 func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }

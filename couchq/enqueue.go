@@ -135,12 +135,10 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	return results, nil
 }
 
-// writeOpts makes a single-document write wait for a majority of the
-// replicas (w = quorum, see Client.quorum); CouchDB answers 202 instead of
-// 201 when fewer copies took it.
+// writeOpts makes a single-document write wait for every replica.
 func (c *Client) writeOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{kivik.Param("w", c.quorum())}
+		return []kivik.Option{kivik.Param("w", c.n)}
 	}
 	return nil
 }
@@ -149,7 +147,7 @@ func (c *Client) writeOpts() []kivik.Option {
 // query string only (kivik would put a plain Param into the body).
 func (c *Client) bulkOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.quorum())}}
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.n)}}
 	}
 	return nil
 }

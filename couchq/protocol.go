@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -94,22 +93,15 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 	}
 	var bulk []kivik.BulkResult
 	var err error
-	wctx, status := withStatus(ctx)
 	if len(docs) == 1 {
 		// A plain PUT is cheaper for the server than a one-document batch.
 		var rev string
-		rev, err = c.db.Put(wctx, items[index[0]].ID, docs[0], c.writeOpts()...)
+		rev, err = c.db.Put(ctx, items[index[0]].ID, docs[0], c.writeOpts()...)
 		bulk = []kivik.BulkResult{{ID: items[index[0]].ID, Rev: rev, Error: err}}
 		err = nil
 	} else {
-		bulk, err = c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
+		bulk, err = c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 	}
-	// 202: fewer than a majority of the copies took at least one of the
-	// claims (CouchDB says no more for a batch). None of them may run: a
-	// competing claim of the same revision may have reached a majority.
-	// What was stored stays claimed until its lease runs out; the sweeper,
-	// or the claimant that did reach a majority, cleans it up.
-	noQuorum := c.n > 1 && status.Load() == http.StatusAccepted
 	ids := make([]string, len(index))
 	for k, i := range index {
 		ids[k] = items[i].ID
@@ -121,32 +113,12 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
 			continue
 		}
-		if noQuorum {
-			c.log.Warn().Str("job", items[i].ID).Str("rev", r.Rev).Int("w", c.quorum()).
-				Msg("claim acknowledged by fewer than a majority of the copies (202); not running it")
-			results[i] = ClaimResult{Err: c.claimError(items[i].ID, errNoQuorum)}
-			continue
-		}
 		results[i].Item.Rev = r.Rev
 	}
 	if c.confirming() {
-		c.confirmClaims(ctx, results, items, index, by)
+		c.confirmClaims(ctx, results, index)
 	}
 	return results
-}
-
-// errNoQuorum marks a claim CouchDB stored on fewer than a majority of the
-// copies (it answered 202 Accepted).
-var errNoQuorum = errors.New("claim acknowledged by fewer than a majority of the copies (202)")
-
-// withStatus returns a context in which the kivik calls made record the
-// HTTP status of their answer: the only way to tell CouchDB's 201 (the
-// write reached w copies) from its 202 (fewer), which kivik treats alike.
-func withStatus(ctx context.Context) (context.Context, *atomic.Int32) {
-	var status atomic.Int32
-	return chttp.WithClientTrace(ctx, &chttp.ClientTrace{HTTPResponse: func(r *http.Response) {
-		status.Store(int32(r.StatusCode))
-	}}), &status
 }
 
 func (c *Client) claimError(id string, err error) error {
@@ -156,181 +128,62 @@ func (c *Client) claimError(id string, err error) error {
 	return fmt.Errorf("claiming %s: %w", id, err)
 }
 
-// confirmClaims confirms accepted claims concurrently: one read each, and
-// more only where the job has conflicting revisions.
-func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items []*WorkItem, index []int, by string) {
+// confirmClaims confirms accepted claims concurrently: one read each.
+func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, index []int) {
 	var wg sync.WaitGroup
 	for _, i := range index {
 		if results[i].Err != nil {
 			continue
 		}
 		wg.Add(1)
-		go func(r *ClaimResult, parent string) {
+		go func(r *ClaimResult) {
 			defer wg.Done()
 			id := r.Item.ID
-			won, losers, err := c.settle(ctx, id, r.Item.Rev, parent, by, true)
+			won, err := c.Confirm(ctx, id, r.Item.Rev)
 			switch {
 			case err != nil:
 				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
 			case !won:
 				*r = ClaimResult{Err: c.claimError(id, errLostRace)}
-			case len(losers) > 0:
-				c.recordLosers(ctx, r.Item, losers)
 			}
-		}(&results[i], items[i].Rev)
+		}(&results[i])
 	}
 	wg.Wait()
 }
 
-// recordLosers leaves in the job's history a trace of each competing claim
-// whose revision the winner removed, so that a job that lost a race keeps
-// the record of it. Best effort: the claim stands either way.
-func (c *Client) recordLosers(ctx context.Context, item *WorkItem, losers []string) {
-	next := item.Clone()
-	for _, l := range losers {
-		c.record(next, "claim-lost", l, "a competing claim of the same revision reached fewer than a majority of the copies, or lost the race; its revision was removed")
-	}
-	rev, err := c.write(ctx, next)
-	if err != nil {
-		c.log.Warn().Err(err).Str("job", item.ID).Msg("could not record the claims that lost the race")
-		return
-	}
-	next.Rev = rev
-	*item = *next
-}
-
-// Confirm settles a write that CouchDB accepted as rev without knowing
-// whether it reached a majority of the copies: it reads the document back
-// from a majority (r = quorum) with conflicts=true and reports whether rev
-// stands. The winning revision keeps the job and deletes the other leaves;
-// a loser deletes its own revision and must not act on the write (for a
-// claim: must not run the job). Either way a leaf that holds a live claim
-// of another claimant on another branch is never deleted: the writer backs
-// off instead.
+// Confirm settles a write that CouchDB accepted as rev: it reads the
+// document back from every replica (r = n) with conflicts=true and reports
+// whether rev is the winning revision. The winner deletes the losing
+// revisions; a loser deletes its own losing revision and must not act on
+// the write (for a claim: must not run the job).
 //
-// Claim and every other protocol write settle this way when the database
-// has more than one replica (or Config.AlwaysConfirm is set).
+// Claim and every other protocol write call Confirm when the database has
+// more than one replica (or Config.AlwaysConfirm is set).
 func (c *Client) Confirm(ctx context.Context, id, rev string) (bool, error) {
-	won, _, err := c.settle(ctx, id, rev, "", "", false)
-	return won, err
-}
-
-// settle is Confirm knowing more: parent is the revision the write was
-// based on, self who wrote it, and majority whether CouchDB answered 201
-// with w = quorum. A sibling of rev (another child of parent) cannot have
-// reached a majority too, since each copy takes only one child of a
-// revision: with majority, rev holds the job and its siblings are removed
-// whichever CouchDB shows as the winner. It returns the claimants whose
-// competing claims were removed.
-func (c *Client) settle(ctx context.Context, id, rev, parent, self string, majority bool) (bool, []string, error) {
 	winner, conflicts, found, err := c.readBack(ctx, id)
 	if err != nil || !found {
-		return false, nil, err // not found: deleted under us, nothing of ours stands
+		return false, err // not found: deleted under us, nothing of ours stands
 	}
-	var others []string
-	mine := winner == rev
 	if winner != rev {
-		others = append(others, winner)
+		for _, r := range conflicts {
+			if r == rev {
+				c.dropRevision(ctx, id, r)
+			}
+		}
+		return false, nil
 	}
 	for _, r := range conflicts {
-		if r == rev {
-			mine = true
-			continue
-		}
-		others = append(others, r)
+		c.dropRevision(ctx, id, r)
 	}
-	if !mine {
-		return false, nil, nil // ours is gone: removed by the holder, or never seen by a majority
-	}
-	var drop, losers []string
-	now := ToUnix(c.now())
-	for _, o := range others {
-		l, err := c.readLeaf(ctx, id, o)
-		if err != nil {
-			return false, nil, err
-		}
-		if l == nil {
-			continue // removed meanwhile
-		}
-		sibling := parent != "" && l.parent() == parent
-		switch {
-		case majority && sibling:
-			drop = append(drop, o)
-		case l.Claimed && l.LeaseUntil > now && l.ClaimedBy != self:
-			// Someone may be running the job on another branch, which we
-			// cannot prove stale: back off rather than run it twice.
-			c.log.Warn().Str("job", id).Str("rev", rev).Str("holder", l.ClaimedBy).Str("holder_rev", o).
-				Msg("job has a live claim on a conflicting revision; backing off")
-			c.dropRevision(ctx, id, rev)
-			return false, nil, nil
-		case !majority && winner != rev:
-			c.dropRevision(ctx, id, rev)
-			return false, nil, nil
-		default:
-			drop = append(drop, o)
-		}
-		if l.Claimed && l.ClaimedBy != "" && l.ClaimedBy != self {
-			losers = append(losers, l.ClaimedBy)
-		}
-	}
-	for _, o := range drop {
-		c.dropRevision(ctx, id, o)
-	}
-	return true, losers, nil
+	return true, nil
 }
 
-// leaf is what settle needs to know of a conflicting revision.
-type leaf struct {
-	Claimed    bool    `json:"claimed"`
-	ClaimedBy  string  `json:"claimed_by"`
-	LeaseUntil float64 `json:"lease_until"`
-	Revisions  struct {
-		Start int      `json:"start"`
-		IDs   []string `json:"ids"`
-	} `json:"_revisions"`
-}
-
-// parent is the revision a leaf was written over ("" for a first revision).
-func (l *leaf) parent() string {
-	if len(l.Revisions.IDs) < 2 {
-		return ""
-	}
-	return fmt.Sprintf("%d-%s", l.Revisions.Start-1, l.Revisions.IDs[1])
-}
-
-// readLeaf reads one leaf revision with its history; nil when it is gone.
-// Fields are read leniently: a malformed value only reads as missing.
-func (c *Client) readLeaf(ctx context.Context, id, rev string) (*leaf, error) {
-	var raw map[string]json.RawMessage
-	err := c.db.Get(ctx, id, kivik.Params(map[string]any{"rev": rev, "revs": true})).ScanDoc(&raw)
-	if isStatus(err, http.StatusNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading revision %s of %s: %w", rev, id, err)
-	}
-	var l leaf
-	for k, v := range raw {
-		switch k {
-		case "claimed":
-			_ = json.Unmarshal(v, &l.Claimed)
-		case "claimed_by":
-			_ = json.Unmarshal(v, &l.ClaimedBy)
-		case "lease_until":
-			_ = json.Unmarshal(v, &l.LeaseUntil)
-		case "_revisions":
-			_ = json.Unmarshal(v, &l.Revisions)
-		}
-	}
-	return &l, nil
-}
-
-// readBack reads a document's winning revision and its conflicts from a
-// majority of the replicas (r = quorum).
+// readBack reads a document's winning revision and its conflicts from
+// every replica (r = n).
 func (c *Client) readBack(ctx context.Context, id string) (winner string, conflicts []string, found bool, err error) {
 	opts := map[string]any{"conflicts": true}
 	if c.n > 1 {
-		opts["r"] = c.quorum()
+		opts["r"] = c.n
 	}
 	var doc struct {
 		Rev       string   `json:"_rev"`
@@ -359,13 +212,12 @@ func (c *Client) dropRevision(ctx context.Context, id, rev string) {
 // put writes next over the held revision (through the write batcher) and
 // confirms it when needed. On success next carries its new Rev.
 func (c *Client) put(ctx context.Context, next *WorkItem) error {
-	parent := next.Rev
 	rev, err := c.write(ctx, next)
 	if err != nil {
 		return err
 	}
 	if c.confirming() {
-		won, _, err := c.settle(ctx, next.ID, rev, parent, next.ClaimedBy, false)
+		won, err := c.Confirm(ctx, next.ID, rev)
 		if err != nil {
 			return err
 		}
