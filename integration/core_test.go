@@ -577,3 +577,42 @@ func (c *clock) Add(d time.Duration) {
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
 }
+
+// A hand-written claim whose lease is not a number, or missing, written
+// before couchq was installed, is swept: quarantined as failed with its bad
+// value kept, never left claimed forever (item 8 of the real-CouchDB issue).
+func TestSweepQuarantinesClaimsWithoutANumericLease(t *testing.T) {
+	tb := setupWithout(t, couchq.Config{})
+	bad := map[string]string{
+		"lease-never":   `{"type":"WorkItem","worker":"mail","claimed":true,"status":"running","lease_until":"never"}`,
+		"lease-missing": `{"type":"WorkItem","worker":"mail","claimed":true,"status":"running","claimed_by":"h/1/w"}`,
+		"lease-null":    `{"type":"WorkItem","worker":"mail","claimed":true,"lease_until":null}`,
+	}
+	for id, body := range bad {
+		if code, resp := tb.raw(t, http.MethodPut, "/"+id, body); code != http.StatusCreated {
+			t.Fatalf("PUT %s: %d %s", id, code, resp)
+		}
+	}
+	tb.install(t)
+	res, err := tb.client.Sweep(tb.ctx, "test/1/sweeper", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sweep: %+v", res)
+	for id := range bad {
+		it, err := tb.client.Get(tb.ctx, id)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if it.Claimed || it.Status == couchq.StatusRunning {
+			t.Errorf("%s still claimed after a sweep: %+v", id, it)
+		}
+	}
+	never, err := tb.client.Get(tb.ctx, "lease-never")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv, _ := never.Extra("invalid"); !strings.Contains(string(inv), `"never"`) {
+		t.Fatalf("the bad lease was not kept: invalid = %s (status %s, last_error %q)", inv, never.Status, never.LastError)
+	}
+}
