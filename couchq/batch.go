@@ -87,9 +87,13 @@ func (c *Client) sendWrites(batch []*pendingWrite) {
 			close(pw.done)
 		}
 	}()
+	wctx, trace := c.traced(ctx)
 	if len(batch) == 1 {
 		pw := batch[0]
-		pw.rev, pw.err = c.db.Put(ctx, pw.doc.ID, pw.doc, c.writeOpts()...)
+		pw.rev, pw.err = c.db.Put(wctx, pw.doc.ID, pw.doc, c.writeOpts()...)
+		if pw.err == nil && trace.uncommitted(pw.doc.ID, pw.rev) {
+			pw.err = errNoMajority
+		}
 		return
 	}
 	docs := make([]any, len(batch))
@@ -97,9 +101,12 @@ func (c *Client) sendWrites(batch []*pendingWrite) {
 	for i, pw := range batch {
 		docs[i], ids[i] = pw.doc, pw.doc.ID
 	}
-	results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+	results, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
 	for i, r := range c.resendUnexplained(ctx, docs, ids, results, err) {
 		batch[i].rev, batch[i].err = r.Rev, r.Error
+		if r.Error == nil && trace.uncommitted(r.ID, r.Rev) {
+			batch[i].err = errNoMajority
+		}
 	}
 }
 

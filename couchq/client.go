@@ -54,9 +54,10 @@ type Config struct {
 	HistoryLimit int
 	// Replicas overrides the replica count n read from the server. Leave 0.
 	Replicas int
-	// AlwaysConfirm makes every protocol write do the confirming read even
-	// on a single node (n = 1), where a 409 already settles every race. Tests
-	// use it to prove the cluster path against one server.
+	// AlwaysConfirm makes claims do the cluster's confirming read, and the
+	// sweeper check for conflicting revisions, even on a single node (n = 1),
+	// where a 409 already settles every race. Tests use it to prove the
+	// cluster path against one server.
 	AlwaysConfirm bool
 	// Now is the clock; default time.Now. Tests and metrics scripts set it.
 	Now func() time.Time
@@ -84,8 +85,8 @@ type Client struct {
 	db  *kivik.DB
 	cfg Config
 	log zerolog.Logger
-	// n is the database's replica count: writes wait for n replicas and
-	// are confirmed by reading from n replicas when n > 1.
+	// n is the database's replica count: when n > 1, writes wait for a
+	// majority and claims are confirmed by reading from one (cluster.go).
 	n int
 	// selectorFeed, when set, follows _changes with a native _selector
 	// filter (see Server.Open); otherwise the design document's filter.
@@ -123,7 +124,7 @@ func (c *Client) Config() Config { return c.cfg }
 
 func (c *Client) now() time.Time { return c.cfg.Now() }
 
-// confirming reports whether writes need the confirming read.
+// confirming reports whether claims need the confirming read.
 func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }
 
 // Init creates the database when it does not exist and installs or upgrades

@@ -135,10 +135,11 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	return results, nil
 }
 
-// writeOpts makes a single-document write wait for every replica.
+// writeOpts makes a single-document write wait for a majority of the
+// copies: CouchDB's 201 then means the write is committed (see cluster.go).
 func (c *Client) writeOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{kivik.Param("w", c.n)}
+		return []kivik.Option{kivik.Param("w", c.quorum())}
 	}
 	return nil
 }
@@ -147,7 +148,7 @@ func (c *Client) writeOpts() []kivik.Option {
 // query string only (kivik would put a plain Param into the body).
 func (c *Client) bulkOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.n)}}
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.quorum())}}
 	}
 	return nil
 }

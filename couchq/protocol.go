@@ -91,16 +91,17 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 	if len(docs) == 0 {
 		return results
 	}
+	wctx, trace := c.traced(ctx)
 	var bulk []kivik.BulkResult
 	var err error
 	if len(docs) == 1 {
 		// A plain PUT is cheaper for the server than a one-document batch.
 		var rev string
-		rev, err = c.db.Put(ctx, items[index[0]].ID, docs[0], c.writeOpts()...)
+		rev, err = c.db.Put(wctx, items[index[0]].ID, docs[0], c.writeOpts()...)
 		bulk = []kivik.BulkResult{{ID: items[index[0]].ID, Rev: rev, Error: err}}
 		err = nil
 	} else {
-		bulk, err = c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+		bulk, err = c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
 	}
 	ids := make([]string, len(index))
 	for k, i := range index {
@@ -109,6 +110,13 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 	aligned := alignBulk(ids, bulk, err)
 	for k, i := range index {
 		r := aligned[k]
+		if r.Error == nil && trace.uncommitted(r.ID, r.Rev) {
+			// Another claim of the same revision may hold the majority.
+			// What was stored stays claimed until that claimant withdraws
+			// it or the sweeper settles the job; it never runs.
+			c.log.Debug().Str("job", r.ID).Str("rev", r.Rev).Msg("claim reached a minority of the copies; not running it")
+			r.Error = errNoMajority
+		}
 		if r.Error != nil {
 			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
 			continue
@@ -116,114 +124,54 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 		results[i].Item.Rev = r.Rev
 	}
 	if c.confirming() {
-		c.confirmClaims(ctx, results, index)
+		c.confirmClaims(ctx, results, items, index)
 	}
 	return results
 }
 
 func (c *Client) claimError(id string, err error) error {
-	if isStatus(err, http.StatusConflict) || errors.Is(err, errLostRace) {
+	if isStatus(err, http.StatusConflict) || errors.Is(err, errLostRace) ||
+		errors.Is(err, errNoMajority) || errors.Is(err, errBranchLive) {
 		return fmt.Errorf("claiming %s: %w (%w)", id, ErrClaimConflict, err)
 	}
 	return fmt.Errorf("claiming %s: %w", id, err)
 }
 
-// confirmClaims confirms accepted claims concurrently: one read each.
-func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, index []int) {
+// confirmClaims confirms committed claims concurrently (see confirmClaim):
+// one read each.
+func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items []*WorkItem, index []int) {
 	var wg sync.WaitGroup
 	for _, i := range index {
 		if results[i].Err != nil {
 			continue
 		}
 		wg.Add(1)
-		go func(r *ClaimResult) {
+		go func(r *ClaimResult, parent string) {
 			defer wg.Done()
 			id := r.Item.ID
-			won, err := c.Confirm(ctx, id, r.Item.Rev)
+			_, err := c.confirmClaim(ctx, r.Item, parent)
 			switch {
+			case errors.Is(err, errBranchLive) || errors.Is(err, errLostRace):
+				*r = ClaimResult{Err: c.claimError(id, err)}
 			case err != nil:
 				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
-			case !won:
-				*r = ClaimResult{Err: c.claimError(id, errLostRace)}
 			}
-		}(&results[i])
+		}(&results[i], items[i].Rev)
 	}
 	wg.Wait()
 }
 
-// Confirm settles a write that CouchDB accepted as rev: it reads the
-// document back from every replica (r = n) with conflicts=true and reports
-// whether rev is the winning revision. The winner deletes the losing
-// revisions; a loser deletes its own losing revision and must not act on
-// the write (for a claim: must not run the job).
-//
-// Claim and every other protocol write call Confirm when the database has
-// more than one replica (or Config.AlwaysConfirm is set).
-func (c *Client) Confirm(ctx context.Context, id, rev string) (bool, error) {
-	winner, conflicts, found, err := c.readBack(ctx, id)
-	if err != nil || !found {
-		return false, err // not found: deleted under us, nothing of ours stands
-	}
-	if winner != rev {
-		for _, r := range conflicts {
-			if r == rev {
-				c.dropRevision(ctx, id, r)
-			}
-		}
-		return false, nil
-	}
-	for _, r := range conflicts {
-		c.dropRevision(ctx, id, r)
-	}
-	return true, nil
-}
-
-// readBack reads a document's winning revision and its conflicts from
-// every replica (r = n).
-func (c *Client) readBack(ctx context.Context, id string) (winner string, conflicts []string, found bool, err error) {
-	opts := map[string]any{"conflicts": true}
-	if c.n > 1 {
-		opts["r"] = c.n
-	}
-	var doc struct {
-		Rev       string   `json:"_rev"`
-		Conflicts []string `json:"_conflicts"`
-	}
-	if err := c.db.Get(ctx, id, kivik.Params(opts)).ScanDoc(&doc); err != nil {
-		if isStatus(err, http.StatusNotFound) {
-			return "", nil, false, nil
-		}
-		return "", nil, false, fmt.Errorf("reading %s back: %w", id, err)
-	}
-	return doc.Rev, doc.Conflicts, true, nil
-}
-
-// dropRevision deletes a losing leaf revision. Failing is harmless: the
-// conflict stays until the next confirming read by a winner removes it.
-func (c *Client) dropRevision(ctx context.Context, id, rev string) {
-	if _, err := c.db.Delete(ctx, id, rev, c.writeOpts()...); err != nil &&
-		!isStatus(err, http.StatusNotFound) && !isStatus(err, http.StatusConflict) {
-		c.log.Warn().Err(err).Str("job", id).Str("rev", rev).Msg("could not delete losing revision")
-		return
-	}
-	c.log.Debug().Str("job", id).Str("rev", rev).Msg("deleted losing revision")
-}
-
-// put writes next over the held revision (through the write batcher) and
-// confirms it when needed. On success next carries its new Rev.
+// put writes next over the held revision (through the write batcher). On
+// a cluster a write that reached fewer than a majority of the copies is a
+// lost claim: a sweep or an operator wrote over the same revision on the
+// majority. On success next carries its new Rev.
 func (c *Client) put(ctx context.Context, next *WorkItem) error {
 	rev, err := c.write(ctx, next)
+	if errors.Is(err, errNoMajority) {
+		return fmt.Errorf("%w: %w", ErrClaimLost, err)
+	}
 	if err != nil {
 		return err
-	}
-	if c.confirming() {
-		won, err := c.Confirm(ctx, next.ID, rev)
-		if err != nil {
-			return err
-		}
-		if !won {
-			return fmt.Errorf("%w: %w", ErrClaimLost, errLostRace)
-		}
 	}
 	next.Rev = rev
 	return nil
@@ -377,23 +325,21 @@ func truncate(s string) string {
 }
 
 // DeleteFinished deletes a claimed job that finished, for job types that
-// keep no record of done work. A 409 is ErrClaimLost, as for Complete.
+// keep no record of done work. A 409 is ErrClaimLost, as for Complete. The
+// tombstone keeps the job's type, worker and status, so that a stale
+// branch of the job on a cluster is seen to come after its end.
 func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
-	rev, err := c.db.Delete(ctx, item.ID, item.Rev, c.writeOpts()...)
+	tomb := map[string]any{
+		"_id": item.ID, "_rev": item.Rev, "_deleted": true, "type": "WorkItem",
+		"worker": item.Worker, "status": StatusDone, "finished_at": ToUnix(c.now()),
+	}
+	wctx, trace := c.traced(ctx)
+	rev, err := c.db.Put(wctx, item.ID, tomb, c.writeOpts()...)
+	if err == nil && trace.uncommitted(item.ID, rev) {
+		err = fmt.Errorf("%w: %w", ErrClaimLost, errNoMajority)
+	}
 	if err != nil {
 		return wrapLost("deleting finished job", item.ID, err)
-	}
-	if c.confirming() {
-		// CouchDB prefers a live leaf over a deleted one, so a deletion
-		// that won reads back as 404; a live document means another
-		// writer's revision (a sweep, an operator) won.
-		_, _, found, err := c.readBack(ctx, item.ID)
-		if err != nil {
-			return wrapLost("deleting finished job", item.ID, err)
-		}
-		if found {
-			return wrapLost("deleting finished job", item.ID, fmt.Errorf("%w: %w", ErrClaimLost, errLostRace))
-		}
 	}
 	item.Rev = rev
 	item.Status = StatusDone

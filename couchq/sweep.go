@@ -21,6 +21,8 @@ type SweepResult struct {
 	Lost int
 	// Malformed claimed documents that could not be quarantined (logged).
 	Malformed int
+	// Settled jobs had conflicting revisions (a cluster) and were made whole.
+	Settled int
 }
 
 // Sweep returns claims whose lease ran out before now to the queue: each
@@ -76,6 +78,21 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 	for _, it := range items {
 		if !it.Claimed || it.LeaseUntil > ToUnix(now) {
 			continue // renewed since the view was built
+		}
+		if c.confirming() {
+			// On a cluster the expired claim may be one branch of a
+			// conflicted job: requeueing it would make a second live
+			// branch. Settle the job first; it is requeued once whole.
+			leaves, err := c.Leaves(ctx, it.ID)
+			if err != nil {
+				return err
+			}
+			if !whole(leaves, it.Rev) {
+				if n, _ := c.settle(ctx, it.ID, leaves, by); n > 0 {
+					res.Settled++
+				}
+				continue
+			}
 		}
 		dead := it.ClaimedBy
 		cause := fmt.Sprintf("lease expired at %s; claimant %s presumed dead",

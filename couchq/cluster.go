@@ -1,0 +1,410 @@
+package couchq
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+)
+
+// The cluster protocol. On a database with n > 1 copies of each shard,
+// CouchDB has no compare-and-swap: each copy checks the _rev on its own, so
+// two claims of one revision can both be stored (each on the copies it
+// reached first) and become a stored conflict. couchq therefore:
+//
+//   - writes with w = a majority of the copies and trusts only a write
+//     CouchDB answers 201 for ("committed"). Each copy takes one child of a
+//     revision, and two majorities share a copy, so of the claims of one
+//     revision at most one is committed. A 202 ("accepted": fewer copies
+//     took it) claim never runs; a holder's write answered 202 means the
+//     claim is lost (a sweep or an operator reached the majority first).
+//   - after a committed claim, reads every leaf revision of the job from a
+//     majority of the copies (open_revs=all, r = majority; the union of
+//     what they hold). Leaves that are other claims of the same revision
+//     cannot be committed and are withdrawn; any other live leaf (a branch
+//     that split off earlier, which this claim cannot rule out) makes the
+//     claimant back off without running the job; the sweeper settles such a
+//     job once no leaf holds a live lease.
+//   - withdraws a revision by deleting it with a tombstone that says so
+//     (withdrawn: true), and never withdraws its own: a tombstone on the
+//     only branch would delete the job.
+//
+// A job deleted on purpose (delete-done, purge) leaves a tombstone without
+// that mark, which counts as finished: no other branch runs after it.
+
+// quorum is the majority of the database's copies.
+func (c *Client) quorum() int { return c.n/2 + 1 }
+
+// errNoMajority marks a write CouchDB stored on fewer than a majority of
+// the copies (it answered 202 Accepted with w = majority).
+var errNoMajority = errors.New("write reached fewer than a majority of the copies (202 Accepted)")
+
+// errBranchLive marks a committed claim that backed off because the job
+// has another live branch.
+var errBranchLive = errors.New("the job has another live revision branch; backing off")
+
+// commitTrace records what CouchDB answered to one write request: kivik
+// reports 201 and 202 alike, and a _bulk_docs answer marks each document
+// stored on fewer than w copies with "accepted": true.
+type commitTrace struct {
+	mu       sync.Mutex
+	status   int
+	accepted map[string]bool // id + "\x00" + rev
+}
+
+// traced returns ctx with a trace recording the answer of the one request
+// made with it. Off a cluster it records nothing and costs nothing.
+func (c *Client) traced(ctx context.Context) (context.Context, *commitTrace) {
+	t := &commitTrace{}
+	if c.n <= 1 {
+		return ctx, t
+	}
+	return chttp.WithClientTrace(ctx, &chttp.ClientTrace{HTTPResponseBody: t.record}), t
+}
+
+func (t *commitTrace) record(r *http.Response) {
+	body, _ := io.ReadAll(r.Body)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.status = r.StatusCode
+	if r.StatusCode != http.StatusAccepted {
+		return
+	}
+	t.accepted = map[string]bool{}
+	type result struct {
+		ID       string `json:"id"`
+		Rev      string `json:"rev"`
+		Accepted bool   `json:"accepted"`
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		var rs []result
+		_ = json.Unmarshal(body, &rs)
+		for _, r := range rs {
+			if r.Accepted {
+				t.accepted[r.ID+"\x00"+r.Rev] = true
+			}
+		}
+		return
+	}
+	var one result
+	_ = json.Unmarshal(body, &one)
+	t.accepted[one.ID+"\x00"+one.Rev] = true
+}
+
+// uncommitted reports whether the write of id that produced rev reached
+// fewer than a majority of the copies.
+func (t *commitTrace) uncommitted(id, rev string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.accepted[id+"\x00"+rev]
+}
+
+// Leaf is one leaf revision of a job document, as a majority of the
+// copies hold it.
+type Leaf struct {
+	Rev string
+	// Parent is the revision this one was written over ("" for a first).
+	Parent  string
+	Deleted bool
+	// Withdrawn marks a tombstone couchq wrote to withdraw a claim or a
+	// stale branch (not a deletion of the job).
+	Withdrawn  bool
+	Status     Status
+	Claimed    bool
+	ClaimedBy  string
+	LeaseUntil float64
+	// Item is the leaf decoded as a job; nil for tombstones and documents
+	// that do not decode.
+	Item *WorkItem
+	pos  int
+	hash string
+}
+
+// live reports whether the leaf holds a claim whose lease has not run out.
+func (l *Leaf) live(now float64) bool {
+	return !l.Deleted && l.Claimed && l.LeaseUntil > now
+}
+
+// finishedTombstone reports whether the leaf deleted the job on purpose.
+func (l *Leaf) finishedTombstone() bool { return l.Deleted && !l.Withdrawn }
+
+// Leaves reads every leaf revision of a job from a majority of the copies
+// (one copy off a cluster), tombstones included. A job that never existed
+// has none.
+func (c *Client) Leaves(ctx context.Context, id string) ([]Leaf, error) {
+	var (
+		mu     sync.Mutex
+		status int
+		body   []byte
+	)
+	// kivik cannot read open_revs=all (it asks for a list of revisions); the
+	// trace keeps CouchDB's JSON answer, and kivik's complaint about it (an
+	// array, not one document) is ignored when the answer is there.
+	tctx := chttp.WithClientTrace(ctx, &chttp.ClientTrace{HTTPResponseBody: func(r *http.Response) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		status, body = r.StatusCode, b
+		mu.Unlock()
+	}})
+	params := map[string]any{"open_revs": "all", "revs": true}
+	if c.n > 1 {
+		params["r"] = c.quorum()
+	}
+	err := c.db.Get(tctx, id, couchdb.OptionNoMultipartGet(), kivik.Params(params)).ScanDoc(&json.RawMessage{})
+	mu.Lock()
+	defer mu.Unlock()
+	if status == http.StatusNotFound || isStatus(err, http.StatusNotFound) {
+		return nil, nil
+	}
+	if status != http.StatusOK {
+		if err == nil {
+			err = fmt.Errorf("status %d", status)
+		}
+		return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+	}
+	var replies []struct {
+		OK json.RawMessage `json:"ok"`
+	}
+	if err := json.Unmarshal(body, &replies); err != nil {
+		return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+	}
+	leaves := make([]Leaf, 0, len(replies))
+	for _, r := range replies {
+		if len(r.OK) == 0 {
+			continue // {"missing": rev}: not found on the copies asked
+		}
+		l, err := parseLeaf(r.OK)
+		if err != nil {
+			return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+		}
+		leaves = append(leaves, l)
+	}
+	// CouchDB's own order: the first is the one it shows (live before
+	// deleted, then the longest history, then the highest revision id).
+	sort.SliceStable(leaves, func(i, j int) bool { return leaves[i].outranks(&leaves[j]) })
+	return leaves, nil
+}
+
+// parseLeaf reads the fields the protocol needs leniently: a malformed
+// value reads as missing, since a leaf must be seen whatever it holds.
+func parseLeaf(raw json.RawMessage) (Leaf, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return Leaf{}, err
+	}
+	var l Leaf
+	var revs struct {
+		Start int      `json:"start"`
+		IDs   []string `json:"ids"`
+	}
+	_ = json.Unmarshal(fields["_rev"], &l.Rev)
+	_ = json.Unmarshal(fields["_deleted"], &l.Deleted)
+	_ = json.Unmarshal(fields["withdrawn"], &l.Withdrawn)
+	_ = json.Unmarshal(fields["status"], &l.Status)
+	_ = json.Unmarshal(fields["claimed"], &l.Claimed)
+	_ = json.Unmarshal(fields["claimed_by"], &l.ClaimedBy)
+	_ = json.Unmarshal(fields["lease_until"], &l.LeaseUntil)
+	_ = json.Unmarshal(fields["_revisions"], &revs)
+	if len(revs.IDs) > 1 {
+		l.Parent = strconv.Itoa(revs.Start-1) + "-" + revs.IDs[1]
+	}
+	if p, h, ok := strings.Cut(l.Rev, "-"); ok {
+		l.pos, _ = strconv.Atoi(p)
+		l.hash = h
+	}
+	if !l.Deleted {
+		var it WorkItem
+		if err := json.Unmarshal(raw, &it); err == nil {
+			l.Item = &it
+			l.Status = it.Status // a hand-written job without one is queued
+		}
+	}
+	return l, nil
+}
+
+// outranks is CouchDB's choice of the winning revision.
+func (l *Leaf) outranks(o *Leaf) bool {
+	if l.Deleted != o.Deleted {
+		return !l.Deleted
+	}
+	if l.pos != o.pos {
+		return l.pos > o.pos
+	}
+	return l.hash > o.hash
+}
+
+// ConfirmClaim is the check ClaimMany makes of each committed claim when
+// the database has more than one copy (or Config.AlwaysConfirm is set):
+// claimed is the job as the claim wrote it, parentRev the revision it was
+// written over. It returns nil when the claim stands, and an error
+// wrapping ErrClaimConflict when the claimant must not run the job.
+// Exported for claimants that write their own claims, and for tests.
+func (c *Client) ConfirmClaim(ctx context.Context, claimed *WorkItem, parentRev string) error {
+	if _, err := c.confirmClaim(ctx, claimed, parentRev); err != nil {
+		if errors.Is(err, errBranchLive) || errors.Is(err, errLostRace) {
+			return c.claimError(claimed.ID, err)
+		}
+		return fmt.Errorf("confirming claim of %s: %w", claimed.ID, err)
+	}
+	return nil
+}
+
+// confirmClaim settles a committed claim (claimed is the job as written,
+// parent the revision it was written over) against the job's other leaves.
+// It withdraws the other claims of parent, which cannot be committed, and
+// reports errBranchLive when another branch could hold or have finished
+// the job. It returns the claimants whose claims it withdrew.
+func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent string) ([]string, error) {
+	leaves, err := c.Leaves(ctx, claimed.ID)
+	if err != nil {
+		return nil, err
+	}
+	mine := false
+	var siblings []Leaf
+	for _, l := range leaves {
+		switch {
+		case l.Rev == claimed.Rev:
+			mine = true
+		case l.Deleted && l.Withdrawn:
+		case !l.Deleted && l.Parent == parent && l.Claimed:
+			siblings = append(siblings, l)
+		default:
+			c.log.Warn().Str("job", claimed.ID).Str("rev", claimed.Rev).Str("other_rev", l.Rev).
+				Str("other_status", string(l.Status)).Bool("other_deleted", l.Deleted).
+				Msg("claim committed but the job has another branch; not running it (the sweeper settles it)")
+			return nil, errBranchLive
+		}
+	}
+	if !mine {
+		return nil, fmt.Errorf("%w: the claim was overwritten before it was confirmed", errLostRace)
+	}
+	// The withdrawn claims go into the holder's history with its next write.
+	var losers []string
+	for _, s := range siblings {
+		if c.withdraw(ctx, claimed.ID, s, claimed.ClaimedBy) == nil {
+			losers = append(losers, s.ClaimedBy)
+			c.record(claimed, "claim-withdrawn", s.ClaimedBy,
+				"a competing claim of the same revision reached fewer than a majority of the copies; it was withdrawn and did not run")
+		}
+	}
+	return losers, nil
+}
+
+// withdraw deletes a leaf that must not stand with a tombstone marked
+// withdrawn. It fails (and changes nothing) when the leaf moved on.
+func (c *Client) withdraw(ctx context.Context, id string, l Leaf, by string) error {
+	tomb := map[string]any{
+		"_id": id, "_rev": l.Rev, "_deleted": true, "type": "WorkItem",
+		"withdrawn": true, "withdrawn_by": by, "status": l.Status, "claimed_by": l.ClaimedBy,
+	}
+	ctx, trace := c.traced(ctx)
+	rev, err := c.db.Put(ctx, id, tomb, c.writeOpts()...)
+	if err != nil {
+		c.log.Debug().Err(err).Str("job", id).Str("rev", l.Rev).Msg("could not withdraw a revision")
+		return err
+	}
+	if trace.uncommitted(id, rev) {
+		c.log.Debug().Str("job", id).Str("rev", l.Rev).Msg("withdrawal reached a minority of the copies")
+	}
+	c.log.Debug().Str("job", id).Str("rev", l.Rev).Str("claimant", l.ClaimedBy).Msg("withdrew a revision")
+	return nil
+}
+
+// Settle makes a job with several live leaves (a stored conflict) whole
+// again, once none of them holds a live lease: it keeps the leaf that went
+// furthest (finished, else queued, else an expired claim, which it
+// requeues) and withdraws the others. A tombstone left by a deletion of the
+// job wins over every live leaf. It reports whether the job is settled.
+func (c *Client) Settle(ctx context.Context, id, by string) (bool, error) {
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	_, settled := c.settle(ctx, id, leaves, by)
+	return settled, nil
+}
+
+// whole reports whether a job's leaves are just rev: no conflict, and no
+// deletion on another branch.
+func whole(leaves []Leaf, rev string) bool {
+	n := 0
+	for _, l := range leaves {
+		switch {
+		case l.Deleted && l.Withdrawn:
+		case l.Rev == rev && !l.Deleted:
+			n++
+		default:
+			return false
+		}
+	}
+	return n == 1
+}
+
+// settle is Settle on leaves already read; it also returns how many leaves
+// it withdrew.
+func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string) (int, bool) {
+	now := ToUnix(c.now())
+	var live []Leaf
+	ended := false
+	for _, l := range leaves {
+		if l.live(now) {
+			return 0, false // a holder may be running it: wait for it
+		}
+		switch {
+		case l.finishedTombstone():
+			ended = true
+		case !l.Deleted:
+			live = append(live, l)
+		}
+	}
+	if len(live) == 0 || (len(live) == 1 && !ended) {
+		return 0, true
+	}
+	keep := -1
+	if !ended {
+		keep = 0
+		for i := range live {
+			if settleRank(&live[i]) > settleRank(&live[keep]) {
+				keep = i // live is in CouchDB's order: ties keep its winner
+			}
+		}
+	}
+	withdrawn := 0
+	for i, l := range live {
+		if i == keep {
+			continue
+		}
+		if err := c.withdraw(ctx, id, l, by); err != nil {
+			return withdrawn, false // it moved on: settle again next sweep
+		}
+		withdrawn++
+	}
+	c.log.Info().Str("job", id).Int("leaves", len(live)).Bool("deleted", ended).Msg("settled a conflicted job")
+	return withdrawn, true
+}
+
+// settleRank orders the leaves of a conflicted job: what went furthest stays.
+func settleRank(l *Leaf) int {
+	switch {
+	case l.Item == nil:
+		return 0
+	case l.Status.Terminal():
+		return 3
+	case l.Status == StatusQueued && !l.Claimed:
+		return 2
+	default:
+		return 1
+	}
+}

@@ -1,0 +1,270 @@
+package integration
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// The cluster protocol's decisions, proven on one server: the revision
+// trees a cluster makes (a claim stored on a minority of the copies, a
+// branch that split off earlier, a job deleted on one branch) are built
+// with new_edits=false, and the claimant's check and the sweeper's
+// settling are run on them with Config.AlwaysConfirm. The cluster tier
+// (cluster_test.go) proves the same against three nodes.
+
+// conflictBundle is a testBundle with a clock, for leases that run out.
+type conflictBundle struct {
+	*testBundle
+	clock *clock
+}
+
+func setupConflict(t *testing.T) *conflictBundle {
+	t.Helper()
+	clk := newClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	return &conflictBundle{testBundle: setup(t, couchq.Config{AlwaysConfirm: true, Now: clk.Now}), clock: clk}
+}
+
+// child injects a revision of doc written over parent (as another copy of
+// the shard would have stored it) and returns its rev.
+func (cb *conflictBundle) child(t *testing.T, parent string, doc map[string]any) string {
+	t.Helper()
+	pos, hash, _ := strings.Cut(parent, "-")
+	var n int
+	fmt.Sscan(pos, &n)
+	id := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	rev := fmt.Sprintf("%d-%s", n+1, id)
+	doc["_rev"] = rev
+	doc["_revisions"] = map[string]any{"start": n + 1, "ids": []string{id, hash}}
+	cb.injectRevision(t, doc)
+	return rev
+}
+
+// asDoc is a job as a plain document, for injected revisions.
+func asDoc(t *testing.T, it *couchq.WorkItem) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// claimDirectly writes a claim of it the way ClaimMany does, without the
+// confirming read, and returns the claimed job.
+func (cb *conflictBundle) claimDirectly(t *testing.T, it *couchq.WorkItem, by string) *couchq.WorkItem {
+	t.Helper()
+	next := it.Clone()
+	next.Claimed, next.Status, next.ClaimedBy = true, couchq.StatusRunning, by
+	next.LeaseUntil = couchq.ToUnix(cb.clock.Now().Add(time.Minute))
+	next.Attempts++
+	rev, err := cb.db.Put(cb.ctx, next.ID, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Rev = rev
+	return next
+}
+
+func (cb *conflictBundle) enqueued(t *testing.T, worker string) *couchq.WorkItem {
+	t.Helper()
+	job, err := cb.client.Enqueue(cb.ctx, couchq.NewJob{Worker: worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := cb.client.Get(cb.ctx, job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return it
+}
+
+// liveLeaves lists the revisions of id that are not tombstones.
+func (cb *conflictBundle) liveLeaves(t *testing.T, id string) []couchq.Leaf {
+	t.Helper()
+	leaves, err := cb.client.Leaves(cb.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []couchq.Leaf
+	for _, l := range leaves {
+		if !l.Deleted {
+			live = append(live, l)
+		}
+	}
+	return live
+}
+
+// A claim committed on a majority stands against another claim of the
+// same revision (which reached only a minority, and never runs): whichever
+// of the two CouchDB shows as the winner, the committed one keeps the job,
+// the other is withdrawn, and the withdrawn claimant is in the history.
+func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
+	cb := setupConflict(t)
+	for i := range 8 {
+		it := cb.enqueued(t, "sib")
+		a := cb.claimDirectly(t, it, "host-a/1/a")
+		b := asDoc(t, it)
+		b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
+		revB := cb.child(t, it.Rev, b)
+		if len(cb.liveLeaves(t, it.ID)) != 2 {
+			t.Fatalf("job %d: the injected claim did not make a conflict", i)
+		}
+		if err := cb.client.ConfirmClaim(cb.ctx, a, it.Rev); err != nil {
+			t.Fatalf("job %d: the committed claim did not stand (B's rev %s): %v", i, revB, err)
+		}
+		live := cb.liveLeaves(t, it.ID)
+		if len(live) != 1 || live[0].Rev != a.Rev {
+			t.Fatalf("job %d: leaves after confirming %+v, want only %s", i, live, a.Rev)
+		}
+		// The holder's next write carries the withdrawn claim into the history.
+		if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+			t.Fatal(err)
+		}
+		stored, err := cb.client.Get(cb.ctx, it.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, e := range stored.History {
+			found = found || (e.Event == "claim-withdrawn" && e.By == "host-b/2/b")
+		}
+		if !found || stored.Status != couchq.StatusDone {
+			t.Fatalf("job %d: %s, history %+v", i, stored.Status, stored.History)
+		}
+	}
+}
+
+// A committed claim whose job has a live branch that split off before the
+// claimed revision cannot tell which branch is real: it backs off without
+// running the job. Once the claim's lease runs out the sweeper settles the
+// job on the branch that went furthest, and the job runs once more.
+func TestClaimBacksOffFromAnotherBranch(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "branch")
+	first := it.Rev
+	// The job moved on (here: an application edited it) on the majority...
+	edited := asDoc(t, it)
+	edited["note"] = "edited"
+	if _, err := cb.db.Put(cb.ctx, it.ID, edited); err != nil {
+		t.Fatal(err)
+	}
+	moved, err := cb.client.Get(cb.ctx, it.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cb.claimDirectly(t, moved, "host-a/1/a")
+	// ...while a stale copy kept a branch of the first revision, queued.
+	c := asDoc(t, it)
+	c["note"] = "stale branch"
+	cb.child(t, first, c)
+
+	err = cb.client.ConfirmClaim(cb.ctx, a, moved.Rev)
+	if !errors.Is(err, couchq.ErrClaimConflict) {
+		t.Fatalf("claim over a job with another live branch: %v, want ErrClaimConflict", err)
+	}
+	// The backed-off claim holds a live lease: the sweeper waits for it.
+	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
+	if err != nil || res.Settled != 0 || len(cb.liveLeaves(t, it.ID)) != 2 {
+		t.Fatalf("sweep with a live lease: %+v %v, leaves %d", res, err, len(cb.liveLeaves(t, it.ID)))
+	}
+	cb.clock.Add(2 * time.Minute)
+	if settled, err := cb.client.Settle(cb.ctx, it.ID, "sweeper"); err != nil || !settled {
+		t.Fatalf("settle after the lease ran out: %v %v", settled, err)
+	}
+	live := cb.liveLeaves(t, it.ID)
+	if len(live) != 1 || live[0].Status != couchq.StatusQueued || live[0].Claimed {
+		t.Fatalf("after settling: %+v, want one queued leaf", live)
+	}
+	// The job is claimable again, and this time the claim stands.
+	batch, err := cb.client.Due(cb.ctx, "branch", 10)
+	if err != nil || len(batch.Items) != 1 {
+		t.Fatalf("due after settling: %v %+v", err, batch)
+	}
+	if _, err := cb.client.Claim(cb.ctx, batch.Items[0], "host-d/4/d", time.Minute); err != nil {
+		t.Fatalf("claim after settling: %v", err)
+	}
+}
+
+// A job deleted when it finished (delete-done) stays deleted: an expired
+// claim on a stale branch is withdrawn by the sweeper, never requeued, and
+// a claim made over a stale branch backs off.
+func TestDeletedJobStaysDeletedOverAStaleBranch(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "gone")
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	if err := cb.client.DeleteFinished(cb.ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	// A stale copy's claim of the first revision, never run, lease ran out.
+	b := asDoc(t, it)
+	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
+	b["lease_until"] = couchq.ToUnix(cb.clock.Now().Add(-time.Second))
+	cb.child(t, it.Rev, b)
+	if _, err := cb.client.Get(cb.ctx, it.ID); err != nil {
+		t.Fatalf("the stale claim should show as the winner now: %v", err)
+	}
+	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != 0 || res.Settled != 1 {
+		t.Fatalf("sweep: %+v, want the stale claim settled, nothing requeued", res)
+	}
+	if _, err := cb.client.Get(cb.ctx, it.ID); !errors.Is(err, couchq.ErrNotFound) {
+		t.Fatalf("job after settling: %v, want not found", err)
+	}
+
+	// The same, caught by the claimant: a queued stale branch is claimed.
+	it2 := cb.enqueued(t, "gone")
+	a2 := cb.claimDirectly(t, it2, "host-a/1/a")
+	if err := cb.client.DeleteFinished(cb.ctx, a2); err != nil {
+		t.Fatal(err)
+	}
+	stale := asDoc(t, it2)
+	stale["note"] = "stale"
+	staleRev := cb.child(t, it2.Rev, stale)
+	staleItem, err := cb.client.Get(cb.ctx, it2.ID)
+	if err != nil || staleItem.Rev != staleRev {
+		t.Fatalf("stale branch: %v %+v", err, staleItem)
+	}
+	if _, err := cb.client.Claim(cb.ctx, staleItem, "host-c/3/c", time.Minute); !errors.Is(err, couchq.ErrClaimConflict) {
+		t.Fatalf("claim of a deleted job's stale branch: %v, want ErrClaimConflict", err)
+	}
+}
+
+// Leaves reads every leaf, tombstones included, in CouchDB's order.
+func TestLeavesListsEveryBranch(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "leaves")
+	if leaves, err := cb.client.Leaves(cb.ctx, it.ID); err != nil || len(leaves) != 1 || leaves[0].Rev != it.Rev || leaves[0].Status != couchq.StatusQueued {
+		t.Fatalf("one revision: %+v %v", leaves, err)
+	}
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	b := asDoc(t, it)
+	b["_deleted"] = true
+	cb.child(t, it.Rev, b)
+	leaves, err := cb.client.Leaves(cb.ctx, it.ID)
+	if err != nil || len(leaves) != 2 {
+		t.Fatalf("two leaves: %+v %v", leaves, err)
+	}
+	if leaves[0].Rev != a.Rev || !leaves[0].Claimed || leaves[0].ClaimedBy != "host-a/1/a" || leaves[0].Parent != it.Rev {
+		t.Fatalf("first leaf: %+v", leaves[0])
+	}
+	if !leaves[1].Deleted || leaves[1].Withdrawn || leaves[1].Parent != it.Rev {
+		t.Fatalf("second leaf: %+v", leaves[1])
+	}
+	if l, err := cb.client.Leaves(cb.ctx, "no-such-job"); err != nil || l != nil {
+		t.Fatalf("missing job: %+v %v", l, err)
+	}
+}
