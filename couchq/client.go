@@ -149,13 +149,22 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 // Dial connects to the CouchDB server at rawURL. Credentials may be in the
 // URL or given as user and password; they are sent as basic auth and kept
 // out of the URL the driver holds, so no error message can carry them.
+// rawURL may list several nodes of one cluster, comma-separated: requests
+// then fail over between them (see Failover; the first URL's credentials
+// apply to all).
 func Dial(rawURL, user, password string) (*kivik.Client, error) {
 	return DialHTTP(rawURL, user, password, NewHTTPClient())
 }
 
 // DialHTTP is Dial over the given HTTP client (for TLS settings, proxies or
-// instrumentation); NewHTTPClient is what Dial uses.
+// instrumentation); NewHTTPClient is what Dial uses. For a list of nodes
+// it fails over through a copy of hc, unless hc's transport is already a
+// Failover (made with NewFailover to log through a logger).
 func DialHTTP(rawURL, user, password string, hc *http.Client) (*kivik.Client, error) {
+	rawURL, hc, err := failoverClient(rawURL, hc, zerolog.Nop())
+	if err != nil {
+		return nil, err
+	}
 	base, user, password, err := splitCredentials(rawURL, user, password)
 	if err != nil {
 		return nil, err

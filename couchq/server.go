@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+	"github.com/rs/zerolog"
 )
 
 // Capabilities are what the server can do that couchq cares about.
@@ -46,6 +47,10 @@ func Connect(ctx context.Context, rawURL, user, password string) (*Server, error
 
 // ConnectHTTP is Connect over the given HTTP client (see DialHTTP).
 func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Client) (*Server, error) {
+	rawURL, hc, err := failoverClient(rawURL, hc, zerolog.Nop())
+	if err != nil {
+		return nil, err
+	}
 	client, err := DialHTTP(rawURL, user, password, hc)
 	if err != nil {
 		return nil, err

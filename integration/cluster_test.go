@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -346,5 +347,87 @@ func TestClusterNodeRestartsNoDoubleRun(t *testing.T) {
 	defer rc.mu.Unlock()
 	if len(rc.runs) != len(ids) {
 		t.Fatalf("%d jobs ran, want %d", len(rc.runs), len(ids))
+	}
+}
+
+// lineCounter is a log sink that counts lines containing a phrase.
+type lineCounter struct {
+	phrase string
+	n      atomic.Int64
+	t      *testing.T
+}
+
+func (lc *lineCounter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), lc.phrase) {
+		lc.n.Add(1)
+	}
+	lc.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// A worker given every node's URL (the CLI's comma-separated --url) goes on
+// through the other nodes while the one it used is down, and says so once,
+// not once per request.
+func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	urls := cb.cl.NodeURLs()
+	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",") // node 3 first
+	warnings := &lineCounter{phrase: "CouchDB node unreachable", t: t}
+	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
+	hc := couchq.NewHTTPClient()
+	fo, err := couchq.NewFailover(hc.Transport, couchq.SplitNodeURLs(list), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.Transport = fo
+	user, password := cb.cl.Node(1).Credentials()
+	srv, err := couchq.ConnectHTTP(cb.ctx, list, user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(cb.ctx, cb.dbName, couchq.Config{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rc runCounter
+	cfg := clusterWorker(log, map[string]worker.Handler{"fo": rc.handler("fo")})
+	cfg.ID = "fo"
+	w, err := worker.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(cb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	ids := cb.enqueue(t, "fo", 20)
+	waitAllDone(t, cb.clients[0], ids, time.Minute)
+	if fo.Node() != urls[2] {
+		t.Fatalf("requests went to %s before node 3 stopped, want %s", fo.Node(), urls[2])
+	}
+	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
+	more := cb.enqueue(t, "fo", 40)
+	waitAllDone(t, cb.clients[0], more, time.Minute)
+	// And through the same client: enqueue, read back.
+	it, err := client.Enqueue(cb.ctx, couchq.NewJob{Worker: "fo"})
+	if err != nil {
+		t.Fatalf("enqueue through the failover client with node 3 down: %v", err)
+	}
+	waitAllDone(t, client, []string{it.ID}, time.Minute)
+	if fo.Node() == urls[2] {
+		t.Fatal("requests still go to the stopped node")
+	}
+	if n := warnings.n.Load(); n < 1 || n > 2 {
+		t.Fatalf("%d warnings about the unreachable node, want 1 (at most one a minute)", n)
+	}
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once: %v", twice)
+	}
+	if err := cb.cl.StartNode(cb.ctx, 3); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -27,7 +27,9 @@ const defaultURL = "http://127.0.0.1:5984"
 // connUsage documents the flags every command shares.
 const connUsage = `	--url URL         CouchDB server; credentials may be in the URL or in
 	                  $COUCHDB_USER / $COUCHDB_PASSWORD
-	                  (default $COUCHDB_URL, else ` + defaultURL + `)
+	                  (default $COUCHDB_URL, else ` + defaultURL + `);
+	                  a comma-separated list of a cluster's nodes fails
+	                  over to the next when one cannot be reached
 	--db NAME         database (default $COUCHQ_DB, else ` + couchq.DBDefault + `)
 	--json            machine-readable JSON on stdout
 	--log-level LVL   debug, info, warn, error or disabled (default warn)
@@ -123,12 +125,37 @@ func (c *connFlags) resolveURL(m *Main) error {
 	if c.rawURL == "" {
 		c.rawURL = defaultURL
 	}
-	c.url = couchq.Redact(c.rawURL)
-	u, err := url.Parse(c.rawURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	nodes := couchq.SplitNodeURLs(c.rawURL)
+	redacted := make([]string, len(nodes))
+	for i, n := range nodes {
+		redacted[i] = couchq.Redact(n)
+	}
+	c.url = strings.Join(redacted, ",")
+	if len(nodes) == 0 {
 		return usageErrorf("invalid --url %q: want http(s)://[user:password@]host:port", c.url)
 	}
+	for i, n := range nodes {
+		u, err := url.Parse(n)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usageErrorf("invalid --url %q: want http(s)://[user:password@]host:port", redacted[i])
+		}
+	}
 	return nil
+}
+
+// httpClient is the HTTP client for the server: for a list of nodes, one
+// that fails over between them and says so in log (once a minute a node).
+func (m *Main) httpClient(c *connFlags, log zerolog.Logger) (*http.Client, error) {
+	hc := couchq.NewHTTPClient()
+	nodes := couchq.SplitNodeURLs(c.rawURL)
+	if len(nodes) > 1 {
+		f, err := couchq.NewFailover(hc.Transport, nodes, log)
+		if err != nil {
+			return nil, &usageError{err: err}
+		}
+		hc.Transport = f
+	}
+	return hc, nil
 }
 
 // resolveOthers settles the flags other than --url.
@@ -157,8 +184,12 @@ var dbNameRE = regexp.MustCompile(`^[a-z][a-z0-9_$()+/-]*$`)
 func validDBName(name string) bool { return dbNameRE.MatchString(name) }
 
 // dial connects to the server (no request is made yet).
-func (m *Main) dial(c *connFlags) (*kivik.Client, error) {
-	client, err := couchq.Dial(c.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"))
+func (m *Main) dial(c *connFlags, log zerolog.Logger) (*kivik.Client, error) {
+	hc, err := m.httpClient(c, log)
+	if err != nil {
+		return nil, err
+	}
+	client, err := couchq.DialHTTP(c.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"), hc)
 	if err != nil {
 		return nil, &usageError{err: err}
 	}
@@ -179,7 +210,7 @@ func (m *Main) connect(ctx context.Context, c *connFlags, log zerolog.Logger) (*
 // openQueue connects to the server and the queue database, which must
 // exist (couchq init creates it). close releases the connection.
 func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) (q *couchq.Client, close func(), err error) {
-	client, err := m.dial(c)
+	client, err := m.dial(c, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -257,7 +288,12 @@ func secretsIn(args []string, getenv func(string) string) []string {
 		}
 	}
 	add(getenv("COUCHDB_PASSWORD"))
+	var words []string
 	for _, s := range append([]string{getenv("COUCHDB_URL")}, args...) {
+		// A --url may list several nodes, each with its credentials.
+		words = append(words, strings.Split(s, ",")...)
+	}
+	for _, s := range words {
 		// The user information of anything URL-shaped, as typed (maybe
 		// percent-encoded) and decoded; parsing is not required, so that a
 		// URL too broken to parse is covered as well.

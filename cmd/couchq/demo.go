@@ -146,7 +146,7 @@ func (d *demo) startServer(ctx context.Context) error {
 		d.conn.url = d.local.URL()
 		fmt.Fprintf(d.out, "listening on %s, data in %s\n", d.local.URL(), dir)
 	}
-	client, err := d.m.dial(d.conn)
+	client, err := d.m.dial(d.conn, d.log)
 	if err != nil {
 		return err
 	}
@@ -238,7 +238,7 @@ func (d *demo) show(ctx context.Context) error {
 }
 
 func (d *demo) explore(context.Context) error {
-	base := withoutUser(d.conn.rawURL)
+	base := withoutUser(couchq.SplitNodeURLs(d.conn.rawURL)[0])
 	d.header("Look around")
 	fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: %s/_utils/#/database/%s/_all_docs\n", base, url.PathEscape(d.conn.db))
 	switch {

@@ -31,7 +31,11 @@ func (d *demo) work(ctx context.Context) error {
 
 	// Workers go through Connect and Open, as a program of yours would:
 	// on CouchDB they then follow the changes feed with a _selector filter.
-	srv, err := couchq.Connect(ctx, d.conn.rawURL, d.m.Getenv("COUCHDB_USER"), d.m.Getenv("COUCHDB_PASSWORD"))
+	hc, err := d.m.httpClient(d.conn, d.log)
+	if err != nil {
+		return err
+	}
+	srv, err := couchq.ConnectHTTP(ctx, d.conn.rawURL, d.m.Getenv("COUCHDB_USER"), d.m.Getenv("COUCHDB_PASSWORD"), hc)
 	if err != nil {
 		return serverError(d.conn.url, err)
 	}

@@ -43,7 +43,7 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		return err
 	}
 	log = log.Level(conn.level)
-	client, err := m.dial(conn)
+	client, err := m.dial(conn, log)
 	if err != nil {
 		return err
 	}

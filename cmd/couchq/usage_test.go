@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,8 @@ func TestUsageErrors(t *testing.T) {
 		{"show two ids", "", []string{"show", "a", "b"}, "want one job ID"},
 		{"bad db name", "", []string{"ls", "--db", "Jobs"}, `invalid --db "Jobs"`},
 		{"bad url", "", []string{"ls", "--url", "localhost:5984"}, "invalid --url"},
+		{"bad node in url list", "", []string{"ls", "--url", "http://a:1,localhost:5984"}, `invalid --url "localhost:5984"`},
+		{"empty url list", "", []string{"ls", "--url", ","}, "invalid --url"},
 		{"bad log level", "", []string{"init", "--log-level", "loud"}, `invalid --log-level "loud"`},
 		{"demo resets only demo dbs", "", []string{"demo", "--db", "couchq"}, "must start with couchq_demo"},
 		{"help for unknown", "", []string{"help", "nope"}, `unknown command "nope"`},
@@ -126,14 +129,15 @@ func TestUnreachableServer(t *testing.T) {
 func TestScrubbing(t *testing.T) {
 	t.Parallel()
 	secrets := secretsIn(
-		[]string{"ls", "--url=http://u:in-arg@h:1", "--url", "http://u:p%40ss@h:1", "http://u:[bad@h"},
+		[]string{"ls", "--url=http://u:in-arg@h:1", "--url", "http://u:p%40ss@h:1", "http://u:[bad@h",
+			"--url", "http://u:node-a@a:1,http://u:node-b@b:1"},
 		func(k string) string {
 			return map[string]string{"COUCHDB_PASSWORD": "env-pw", "COUCHDB_URL": "https://x:env-url-pw@h"}[k]
 		})
 	var buf bytes.Buffer
 	w := &scrubWriter{w: &buf, secrets: secrets}
-	_, _ = w.Write([]byte("in-arg env-pw env-url-pw p@ss p%40ss u:[bad"))
-	for _, leak := range []string{"in-arg", "env-pw", "env-url-pw", "p@ss", "p%40ss", "[bad"} {
+	_, _ = w.Write([]byte("in-arg env-pw env-url-pw p@ss p%40ss u:[bad node-a node-b"))
+	for _, leak := range []string{"in-arg", "env-pw", "env-url-pw", "p@ss", "p%40ss", "[bad", "node-a", "node-b"} {
 		if strings.Contains(buf.String(), leak) {
 			t.Errorf("scrubbed output %q still contains %q", buf.String(), leak)
 		}
@@ -186,4 +190,22 @@ func TestIndentWriter(t *testing.T) {
 	if got, want := buf.String(), "  a\n  bc\n\n  d\n"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
+}
+
+// --url may list several nodes: with the first one down, every command
+// goes through the next (and the worker command as well, see the cluster
+// tier in integration/).
+func TestURLListFailsOver(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	c = c.withEnv("COUCHDB_URL", unreachable+","+c.env["COUCHDB_URL"]).mustInit(t)
+	r := c.run(t, "enqueue", "--type", "fo", "--json")
+	expect(t, r, exitOK)
+	var out struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.ID == "" {
+		t.Fatalf("enqueue --json: %q (%v)", r.stdout, err)
+	}
+	expect(t, c.run(t, "show", out.ID), exitOK)
 }

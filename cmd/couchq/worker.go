@@ -136,7 +136,11 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 		return &usageError{err: err}
 	}
 
-	srv, err := couchq.Connect(ctx, conn.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"))
+	hc, err := m.httpClient(conn, log)
+	if err != nil {
+		return err
+	}
+	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"), hc)
 	if err != nil {
 		return serverError(conn.url, err)
 	}
