@@ -4,11 +4,10 @@
 //
 // A claim is a PUT of the job with claimed=true and the _rev that was read.
 // On one node CouchDB answers 409 to every other claimant. On a cluster two
-// claims carrying the same _rev can both be accepted by different nodes and
-// become a stored conflict a moment later, so every protocol write is made
-// with w = n (the replica count) and confirmed by a read with r = n and
-// conflicts=true: the writer goes on only if the winning revision is its own,
-// and the winner deletes the losing revisions.
+// claims carrying the same _rev can both be stored by different copies and
+// become a stored conflict a moment later, so every write is made with w =
+// a majority and only CouchDB's 201 commits it, and a committed claim reads
+// the job's whole revision tree before it runs (see cluster.go).
 package couchq
 
 import (

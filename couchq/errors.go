@@ -5,8 +5,9 @@ import (
 	"fmt"
 )
 
-// ErrClaimConflict means another claimant won the job: CouchDB answered 409
-// to the claim, or a cluster-confirmed read showed another claim winning.
+// ErrClaimConflict means the claimant must not run the job: CouchDB
+// answered 409 to the claim, or on a cluster the claim reached fewer than a
+// majority of the copies, or the job has another live revision branch.
 // It is the normal outcome of a race; the caller moves on to other work.
 var ErrClaimConflict = errors.New("claim conflict: another worker claimed the job")
 
