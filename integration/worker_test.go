@@ -3,11 +3,14 @@ package integration
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/worker"
@@ -372,5 +375,75 @@ func TestDeleteDoneIsPerType(t *testing.T) {
 	}
 	if _, err := tb.client.Get(tb.ctx, gone.ID); !errors.Is(err, couchq.ErrNotFound) {
 		t.Fatalf("a finished job of a DeleteDone type must be deleted: %v", err)
+	}
+}
+
+// slowWrites delays every document write (PUT, _bulk_docs) to the real
+// server by delay while on is set: a loaded cluster, as a worker sees it.
+type slowWrites struct {
+	next  http.RoundTripper
+	delay time.Duration
+	on    atomic.Bool
+}
+
+func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
+	if s.on.Load() && (r.Method == http.MethodPut || strings.HasSuffix(r.URL.Path, "/_bulk_docs")) {
+		time.Sleep(s.delay)
+	}
+	return s.next.RoundTrip(r)
+}
+
+// A lease renewal that takes a good part of the lease's margin is a
+// warning, once a minute however many renewals are slow, naming a lease
+// that would fit; the job still runs once and finishes.
+func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	hc := couchq.NewHTTPClient()
+	slow := &slowWrites{next: hc.Transport, delay: 300 * time.Millisecond}
+	hc.Transport = slow
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := &lineCounter{phrase: "lease renewal slow", t: t}
+	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
+	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	cfg := fastWorker(tb, map[string]worker.Handler{"slow": worker.HandlerFunc(func(ctx context.Context, j *worker.Job) error {
+		runs.Add(1)
+		slow.on.Store(true) // from now on, writes are slow
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	})})
+	cfg.Logger = log
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 1200*time.Millisecond, 250*time.Millisecond
+	w, err := worker.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the slow job done", func() bool {
+		it, err := tb.client.Get(tb.ctx, job.ID)
+		return err == nil && it.Status == couchq.StatusDone
+	})
+	if n := warnings.n.Load(); n != 1 {
+		t.Fatalf("%d slow-renewal warnings, want exactly 1", n)
+	}
+	if st := w.Stats(); st.SlowRenewals < 2 || runs.Load() != 1 {
+		t.Fatalf("slow renewals %d (want several), runs %d", st.SlowRenewals, runs.Load())
 	}
 }

@@ -403,9 +403,12 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		// apply an aborted renewal anyway, and the outcome written next
 		// (Release) would then carry a stale _rev and be refused.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+		began := time.Now()
 		err := w.client.Extend(rctx, rj.item, w.cfg.LeaseDuration)
+		took := time.Since(began)
 		cancel()
 		rj.mu.Unlock()
+		w.checkRenewalLatency(rj.item.ID, took)
 		switch {
 		case err == nil:
 		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
@@ -419,6 +422,35 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal failed; will retry")
 		}
 	}
+}
+
+// slowRenewalWarnEvery bounds how often a worker warns about slow lease
+// renewals: once a minute, however many jobs see them.
+const slowRenewalWarnEvery = time.Minute
+
+// checkRenewalLatency warns when a lease renewal took a good part of the
+// margin the lease leaves between heartbeats (LeaseDuration minus
+// HeartbeatInterval): a server that slow (a loaded cluster, a node down)
+// lets leases lapse while their jobs run, and the sweeper then gives the
+// jobs to another worker. The warning names a lease that would fit.
+func (w *Worker) checkRenewalLatency(job string, took time.Duration) {
+	margin := w.cfg.LeaseDuration - w.cfg.HeartbeatInterval
+	if took <= margin/4 {
+		return
+	}
+	w.stats.slowRenewals.Add(1)
+	now := time.Now().UnixNano()
+	last := w.slowWarned.Load()
+	if last != 0 && time.Duration(now-last) < slowRenewalWarnEvery {
+		return
+	}
+	if !w.slowWarned.CompareAndSwap(last, now) {
+		return
+	}
+	suggest := (w.cfg.HeartbeatInterval + 8*took).Round(time.Second)
+	w.log.Warn().Str("job", job).Dur("took", took).Dur("lease", w.cfg.LeaseDuration).
+		Dur("heartbeat", w.cfg.HeartbeatInterval).Dur("suggested_lease", max(suggest, w.cfg.LeaseDuration)).
+		Msg("lease renewal slow: at this latency leases may lapse while jobs run; raise LeaseDuration (--lease) (warned at most once a minute)")
 }
 
 // releaseStuck releases the claims of jobs whose handlers ignored

@@ -27,11 +27,14 @@ var errLeaseLost = errors.New("lease lost: the job was swept or cancelled")
 // Stats are counters a Worker keeps since it started.
 type Stats struct {
 	Claimed   int64 // jobs this worker claimed
-	Conflicts int64 // claims lost to another claimant (409 or confirmation)
+	Conflicts int64 // claims not to run (409, a minority of a cluster's copies, another branch)
 	Completed int64
 	Failed    int64 // failed attempts (retried or final)
 	Lost      int64 // results refused because the claim was gone
 	Queries   int64 // due-view queries
+	// SlowRenewals counts lease renewals that took over a quarter of the
+	// margin between LeaseDuration and HeartbeatInterval.
+	SlowRenewals int64
 }
 
 // Worker runs handlers for its job types. Create it with New, then Start
@@ -64,8 +67,10 @@ type Worker struct {
 	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
 
 	stats struct {
-		claimed, conflicts, completed, failed, lost, queries atomic.Int64
+		claimed, conflicts, completed, failed, lost, queries, slowRenewals atomic.Int64
 	}
+	// slowWarned is when the last slow-renewal warning went out (Unix ns).
+	slowWarned atomic.Int64
 }
 
 // New returns a Worker running cfg's handlers against client.
@@ -117,6 +122,7 @@ func (w *Worker) Stats() Stats {
 		Claimed: w.stats.claimed.Load(), Conflicts: w.stats.conflicts.Load(),
 		Completed: w.stats.completed.Load(), Failed: w.stats.failed.Load(),
 		Lost: w.stats.lost.Load(), Queries: w.stats.queries.Load(),
+		SlowRenewals: w.stats.slowRenewals.Load(),
 	}
 }
 
