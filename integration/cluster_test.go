@@ -431,3 +431,62 @@ func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A partition: node 3 is cut off from nodes 1 and 2 but still answers its
+// clients, from copies that go stale. A worker attached to it sees the old
+// queued jobs and claims them, and CouchDB stores each claim on node 3's
+// copy alone (202): none of them may run. A worker on the majority side
+// runs every job once. After the partition heals, node 3's branches meet
+// the majority's as stored conflicts; the jobs stay done, none runs again,
+// and node 3 serves them as done.
+func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	before := cb.enqueue(t, "part", 30)
+	for _, id := range before { // node 3 holds every job before it is cut off
+		waitStored(t, cb.clients[2], id, func(*couchq.WorkItem) bool { return true })
+	}
+	if err := cb.cl.Partition(cb.ctx, 3); err != nil {
+		t.Skipf("cannot cut a node off on this machine (tc on the loopback device needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = cb.cl.Heal(context.Background(), 3) })
+	cut := time.Now()
+	minority := startClusterWorker(t, cb, 3, "minority", &rc, "part")
+	startClusterWorker(t, cb, 1, "majority", &rc, "part")
+	ids := append(before, cb.enqueue(t, "part", 30)...)
+	waitAllDone(t, cb.clients[0], ids, 3*time.Minute)
+	t.Logf("%d jobs done on the majority side in %s; the minority worker: %+v (none may run)",
+		len(ids), time.Since(cut).Round(time.Millisecond), minority.Stats())
+
+	rc.mu.Lock()
+	for id, by := range rc.runs {
+		for _, w := range by {
+			if w == "minority" {
+				rc.mu.Unlock()
+				t.Fatalf("job %s ran on the minority side of a partition", id)
+			}
+		}
+	}
+	rc.mu.Unlock()
+	if st := minority.Stats(); st.Conflicts == 0 {
+		t.Logf("the minority worker made no claim at all: %+v (the test proves less)", st)
+	}
+
+	if err := cb.cl.Heal(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	// Node 3 catches up and serves every job as done (the sweeper settles
+	// the conflicts its stale claims left, once their leases run out).
+	waitAllDone(t, cb.clients[2], ids, 3*time.Minute)
+	waitAllDone(t, cb.clients[0], ids, time.Minute)
+	t.Logf("node 3 serves all %d jobs as done %s after the partition healed", len(ids), time.Since(healed).Round(time.Millisecond))
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once across a partition: %v", twice)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.runs) != len(ids) {
+		t.Fatalf("%d jobs ran, want %d", len(rc.runs), len(ids))
+	}
+}

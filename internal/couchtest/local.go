@@ -158,5 +158,10 @@ func (c *Cluster) StopNode(ctx context.Context, i int) error  { return c.couch.S
 func (c *Cluster) KillNode(ctx context.Context, i int) error  { return c.couch.KillNode(ctx, i) }
 func (c *Cluster) StartNode(ctx context.Context, i int) error { return c.couch.StartNode(ctx, i) }
 
+// Partition cuts node i off from the others while clients still reach it (see
+// localserver.CouchDB.Partition: it needs tc and root); Heal ends it.
+func (c *Cluster) Partition(ctx context.Context, i int) error { return c.couch.Partition(ctx, i) }
+func (c *Cluster) Heal(ctx context.Context, i int) error      { return c.couch.Heal(ctx, i) }
+
 // LogTail is the end of node i's log, for failure messages.
 func (c *Cluster) LogTail(i int) string { return c.couch.LogTail(i) }

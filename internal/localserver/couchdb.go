@@ -92,13 +92,15 @@ type CouchDB struct {
 	logger   zerolog.Logger
 	httpc    *http.Client
 
-	mu    sync.Mutex
-	nodes []*couchNode
+	mu          sync.Mutex
+	nodes       []*couchNode
+	partitioned map[int]bool // nodes cut off by Partition
 }
 
 type couchNode struct {
 	index    int // 1-based
 	name     string
+	ip       string // the loopback address it binds everything to
 	httpPort int
 	distPort int
 	dir      string
@@ -150,7 +152,8 @@ func StartCouchDB(ctx context.Context, opts CouchDBOptions) (*CouchDB, error) {
 		return nil, err
 	}
 	for i := 1; i <= opts.Nodes; i++ {
-		n := &couchNode{index: i, name: fmt.Sprintf("%s%d@127.0.0.1", c.prefix, i), dir: filepath.Join(opts.DataDir, fmt.Sprintf("node%d", i))}
+		ip := c.nodeIP(i)
+		n := &couchNode{index: i, ip: ip, name: fmt.Sprintf("%s%d@%s", c.prefix, i, ip), dir: filepath.Join(opts.DataDir, fmt.Sprintf("node%d", i))}
 		var err error
 		if n.httpPort, err = freePort(); err == nil {
 			n.distPort, err = freePort()
@@ -190,7 +193,17 @@ func (c *CouchDB) URL() string { return c.NodeURL(1) }
 
 // NodeURL is node i's (1-based) base URL, without credentials.
 func (c *CouchDB) NodeURL(i int) string {
-	return "http://" + net.JoinHostPort(host, strconv.Itoa(c.nodes[i-1].httpPort))
+	return "http://" + net.JoinHostPort(c.nodes[i-1].ip, strconv.Itoa(c.nodes[i-1].httpPort))
+}
+
+// nodeIP is the loopback address node i binds to: 127.0.0.1 for a single node; in a cluster
+// 127.0.0.i, so that a node's cluster traffic (Erlang distribution, in and out) has an address
+// of its own, which Partition cuts while the node's HTTP port stays reachable.
+func (c *CouchDB) nodeIP(i int) string {
+	if c.opts.Nodes == 1 {
+		return host
+	}
+	return fmt.Sprintf("127.0.0.%d", i)
 }
 
 // NodeURLs are every node's base URL, node 1 first.
@@ -248,6 +261,11 @@ func (c *CouchDB) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
+	for i := range c.partitioned {
+		if err := c.healLocked(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	var wg sync.WaitGroup
 	var emu sync.Mutex
 	for _, n := range c.nodes {
@@ -289,7 +307,11 @@ func (c *CouchDB) startEPMD() error {
 			return err
 		}
 		out := NewTail(4 << 10)
-		cmd := exec.Command(epmd, "-port", strconv.Itoa(port), "-address", host)
+		addrs := []string{host}
+		for i := 2; i <= c.opts.Nodes; i++ {
+			addrs = append(addrs, c.nodeIP(i))
+		}
+		cmd := exec.Command(epmd, "-port", strconv.Itoa(port), "-address", strings.Join(addrs, ","))
 		cmd.Stdout, cmd.Stderr = out, out
 		cmd.SysProcAttr = sysProcAttr()
 		proc, err := startProcess(cmd, out)
@@ -357,7 +379,12 @@ func (c *CouchDB) writeNodeConfig(n *couchNode) error {
 	}
 	fmt.Fprintf(&args, "-name %s\n-setcookie %s\n", n.name, c.cookie)
 	fmt.Fprintf(&args, "-kernel inet_dist_listen_min %d\n-kernel inet_dist_listen_max %d\n", n.distPort, n.distPort)
-	args.WriteString("-kernel inet_dist_use_interface {127,0,0,1}\n")
+	erlIP := "{" + strings.ReplaceAll(n.ip, ".", ",") + "}"
+	fmt.Fprintf(&args, "-kernel inet_dist_use_interface %s\n", erlIP)
+	// Outgoing distribution connections leave from the node's own address too.
+	fmt.Fprintf(&args, "-kernel inet_dist_connect_options [{ip,%s}]\n", erlIP)
+	// A node cut off is seen as down in about 8 s rather than a minute.
+	args.WriteString("-kernel net_ticktime 8\n")
 	if err := os.WriteFile(filepath.Join(n.dir, "vm.args"), []byte(args.String()), 0o600); err != nil {
 		return fmt.Errorf("writing vm.args: %w", err)
 	}
@@ -374,7 +401,7 @@ uuid = %[2]s
 single_node = %[3]s
 
 [chttpd]
-bind_address = 127.0.0.1
+bind_address = %[11]s
 port = %[4]d
 
 [chttpd_auth]
@@ -392,7 +419,7 @@ level = warning
 [admins]
 %[9]s = %[10]s
 `, data, c.uuid, single, n.httpPort, c.secret, c.opts.Q, min(c.opts.Nodes, 3),
-		filepath.Join(n.dir, "couchdb.log"), c.user, c.password)
+		filepath.Join(n.dir, "couchdb.log"), c.user, c.password, n.ip)
 	if err := os.WriteFile(filepath.Join(n.dir, "local.ini"), []byte(ini), 0o600); err != nil {
 		return fmt.Errorf("writing local.ini: %w", err)
 	}
@@ -471,7 +498,7 @@ func (c *CouchDB) stopNodeLocked(ctx context.Context, n *couchNode, kill bool) e
 func (c *CouchDB) waitUp(ctx context.Context, n *couchNode) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	url := "http://" + net.JoinHostPort(host, strconv.Itoa(n.httpPort))
+	url := "http://" + net.JoinHostPort(n.ip, strconv.Itoa(n.httpPort))
 	for {
 		var up struct {
 			Status string `json:"status"`
