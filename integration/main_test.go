@@ -4,9 +4,12 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +35,8 @@ type testBundle struct {
 	db     *kivik.DB
 	client *couchq.Client
 	log    zerolog.Logger
+	// lease is the lease test workers use (see testLease).
+	lease time.Duration
 }
 
 // setup creates a database for the test, installs the design document and
@@ -50,6 +55,7 @@ func setupWithout(t *testing.T, cfg couchq.Config) *testBundle {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	tb := &testBundle{
+		lease: testLease(t),
 		ctx:   ctx,
 		kivik: server.Client(t),
 		db:    server.NewDB(t),
@@ -110,4 +116,41 @@ func (tb *testBundle) due(t *testing.T, worker string) []string {
 func (tb *testBundle) injectRevision(t *testing.T, doc map[string]any) {
 	t.Helper()
 	couchtest.InjectRevision(tb.ctx, t, server, tb.db.Name(), doc)
+}
+
+// leaseProbe measures the server's write latency once per test run.
+var leaseProbe struct {
+	once  sync.Once
+	lease time.Duration
+	p90   time.Duration
+}
+
+// testLease is the lease test workers hold jobs with: 2 s, or 20 times the
+// server's 90th-percentile single-document write latency, measured once,
+// when that is longer (a loaded machine, a cluster). A fixed lease lets a
+// live worker lose its jobs to the sweeper when writes slow down.
+func testLease(t *testing.T) time.Duration {
+	t.Helper()
+	leaseProbe.once.Do(func() {
+		db := server.NewDB(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var took []time.Duration
+		for i := range 20 {
+			began := time.Now()
+			if _, err := db.Put(ctx, fmt.Sprintf("probe-%d", i), map[string]int{"i": i}); err != nil {
+				t.Logf("measuring write latency: %v", err)
+				continue
+			}
+			took = append(took, time.Since(began))
+		}
+		sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+		leaseProbe.lease = 2 * time.Second
+		if len(took) > 0 {
+			leaseProbe.p90 = took[len(took)*9/10]
+			leaseProbe.lease = max(leaseProbe.lease, (20 * leaseProbe.p90).Round(100*time.Millisecond))
+		}
+		t.Logf("test lease %s (write latency p90 %s)", leaseProbe.lease, leaseProbe.p90)
+	})
+	return leaseProbe.lease
 }

@@ -21,7 +21,7 @@ func fastWorker(tb *testBundle, handlers map[string]worker.Handler) worker.Confi
 	return worker.Config{
 		Handlers:        handlers,
 		Concurrency:     4,
-		LeaseDuration:   2 * time.Second,
+		LeaseDuration:   tb.lease,
 		SweepInterval:   200 * time.Millisecond,
 		Retry:           func(int) time.Duration { return 20 * time.Millisecond },
 		ShutdownTimeout: 2 * time.Second,
@@ -393,13 +393,12 @@ func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
 	return s.next.RoundTrip(r)
 }
 
-// A lease renewal that takes a good part of the lease's margin is a
-// warning, once a minute however many renewals are slow, naming a lease
+// A lease renewal that takes over a third of the lease is a warning, once a minute however many renewals are slow, naming a lease
 // that would fit; the job still runs once and finishes.
 func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
 	tb := setup(t, couchq.Config{})
 	hc := couchq.NewHTTPClient()
-	slow := &slowWrites{next: hc.Transport, delay: 300 * time.Millisecond}
+	slow := &slowWrites{next: hc.Transport, delay: 350 * time.Millisecond}
 	hc.Transport = slow
 	user, password := server.Credentials()
 	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
@@ -423,7 +422,8 @@ func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
 		return nil
 	})})
 	cfg.Logger = log
-	cfg.LeaseDuration, cfg.HeartbeatInterval = 1200*time.Millisecond, 250*time.Millisecond
+	// Renewals take 350 ms of a 900 ms lease: over a third, yet in time.
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 900*time.Millisecond, 200*time.Millisecond
 	w, err := worker.New(client, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -428,14 +428,12 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 // renewals: once a minute, however many jobs see them.
 const slowRenewalWarnEvery = time.Minute
 
-// checkRenewalLatency warns when a lease renewal took a good part of the
-// margin the lease leaves between heartbeats (LeaseDuration minus
-// HeartbeatInterval): a server that slow (a loaded cluster, a node down)
-// lets leases lapse while their jobs run, and the sweeper then gives the
-// jobs to another worker. The warning names a lease that would fit.
+// checkRenewalLatency warns when a lease renewal took over a third of the
+// lease: a server that slow (a loaded cluster, a node down) lets leases
+// lapse while their jobs run, and the sweeper then gives the jobs to
+// another worker. The warning has the figures and a lease that would fit.
 func (w *Worker) checkRenewalLatency(job string, took time.Duration) {
-	margin := w.cfg.LeaseDuration - w.cfg.HeartbeatInterval
-	if took <= margin/4 {
+	if took <= w.cfg.LeaseDuration/3 {
 		return
 	}
 	w.stats.slowRenewals.Add(1)
@@ -447,7 +445,7 @@ func (w *Worker) checkRenewalLatency(job string, took time.Duration) {
 	if !w.slowWarned.CompareAndSwap(last, now) {
 		return
 	}
-	suggest := (w.cfg.HeartbeatInterval + 8*took).Round(time.Second)
+	suggest := (10 * took).Round(time.Second)
 	w.log.Warn().Str("job", job).Dur("took", took).Dur("lease", w.cfg.LeaseDuration).
 		Dur("heartbeat", w.cfg.HeartbeatInterval).Dur("suggested_lease", max(suggest, w.cfg.LeaseDuration)).
 		Msg("lease renewal slow: at this latency leases may lapse while jobs run; raise LeaseDuration (--lease) (warned at most once a minute)")

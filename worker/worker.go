@@ -32,8 +32,8 @@ type Stats struct {
 	Failed    int64 // failed attempts (retried or final)
 	Lost      int64 // results refused because the claim was gone
 	Queries   int64 // due-view queries
-	// SlowRenewals counts lease renewals that took over a quarter of the
-	// margin between LeaseDuration and HeartbeatInterval.
+	// SlowRenewals counts lease renewals that took over a third of
+	// LeaseDuration (each is logged, at most once a minute).
 	SlowRenewals int64
 }
 

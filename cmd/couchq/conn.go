@@ -28,8 +28,9 @@ const defaultURL = "http://127.0.0.1:5984"
 const connUsage = `	--url URL         CouchDB server; credentials may be in the URL or in
 	                  $COUCHDB_USER / $COUCHDB_PASSWORD
 	                  (default $COUCHDB_URL, else ` + defaultURL + `);
-	                  a comma-separated list of a cluster's nodes fails
-	                  over to the next when one cannot be reached
+	                  repeat it (or give a comma-separated list) for a
+	                  cluster's nodes: requests fail over to the next
+	                  node when one cannot be reached
 	--db NAME         database (default $COUCHQ_DB, else ` + couchq.DBDefault + `)
 	--json            machine-readable JSON on stdout
 	--log-level LVL   debug, info, warn, error or disabled (default warn)
@@ -68,7 +69,14 @@ func commandUsage(usage string) string {
 // $COUCHDB_URL may carry a password.
 func addConnFlags(fs *flag.FlagSet) *connFlags {
 	c := &connFlags{}
-	fs.StringVar(&c.url, "url", "", "CouchDB server URL")
+	// Repeatable: each --url adds nodes of the same cluster (as a comma list does).
+	fs.Func("url", "CouchDB server URL", func(v string) error {
+		if c.url != "" {
+			c.url += ","
+		}
+		c.url += v
+		return nil
+	})
 	fs.StringVar(&c.db, "db", "", "database name")
 	fs.BoolVar(&c.json, "json", false, "JSON output")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level")

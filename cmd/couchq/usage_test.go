@@ -208,4 +208,7 @@ func TestURLListFailsOver(t *testing.T) {
 		t.Fatalf("enqueue --json: %q (%v)", r.stdout, err)
 	}
 	expect(t, c.run(t, "show", out.ID), exitOK)
+	// --url repeated is the same list.
+	live := c.env["COUCHDB_URL"][len(unreachable)+1:]
+	expect(t, c.withEnv("COUCHDB_URL", "").run(t, "show", out.ID, "--url", unreachable, "--url", live), exitOK)
 }
