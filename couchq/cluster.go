@@ -130,6 +130,18 @@ type Leaf struct {
 	Item *WorkItem
 	pos  int
 	hash string
+	// path is the leaf's revision history, newest first.
+	path []string
+}
+
+// descends reports whether rev is an ancestor of the leaf.
+func (l *Leaf) descends(rev string) bool {
+	for _, r := range l.path[min(1, len(l.path)):] {
+		if r == rev {
+			return true
+		}
+	}
+	return false
 }
 
 // live reports whether the leaf holds a claim whose lease has not run out.
@@ -217,8 +229,11 @@ func parseLeaf(raw json.RawMessage) (Leaf, error) {
 	_ = json.Unmarshal(fields["claimed_by"], &l.ClaimedBy)
 	_ = json.Unmarshal(fields["lease_until"], &l.LeaseUntil)
 	_ = json.Unmarshal(fields["_revisions"], &revs)
-	if len(revs.IDs) > 1 {
-		l.Parent = strconv.Itoa(revs.Start-1) + "-" + revs.IDs[1]
+	for k, id := range revs.IDs {
+		l.path = append(l.path, strconv.Itoa(revs.Start-k)+"-"+id)
+	}
+	if len(l.path) > 1 {
+		l.Parent = l.path[1]
 	}
 	if p, h, ok := strings.Cut(l.Rev, "-"); ok {
 		l.pos, _ = strconv.Atoi(p)
@@ -300,6 +315,34 @@ func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent str
 		}
 	}
 	return losers, nil
+}
+
+// HeldWriteStands settles a holder's write (renewal, outcome) that CouchDB
+// stored on fewer than a majority of the copies: slow or failing copies
+// answer 202 as well as a competitor that wrote over the held revision
+// first. It reads the leaves from a majority: the write stands when rev is
+// a leaf and no other write continued from parent (a sweep, an operator's
+// cancel). Competing writes of the held revision need its lease to have
+// run out, or an operator: the same cases a single node answers with 409.
+// Every held-job write of this package does it; exported for holders that
+// write their own documents, and for tests.
+func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (bool, error) {
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	mine := false
+	for _, l := range leaves {
+		switch {
+		case l.Rev == rev:
+			mine = true
+		case l.Deleted && l.Withdrawn:
+		case l.Rev == parent || l.descends(parent):
+			c.log.Debug().Str("job", id).Str("rev", rev).Str("other_rev", l.Rev).Msg("another write continued from the held revision")
+			return false, nil
+		}
+	}
+	return mine, nil
 }
 
 // withdraw deletes a leaf that must not stand with a tombstone marked

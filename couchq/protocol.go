@@ -162,18 +162,35 @@ func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items
 }
 
 // put writes next over the held revision (through the write batcher). On
-// a cluster a write that reached fewer than a majority of the copies is a
-// lost claim: a sweep or an operator wrote over the same revision on the
-// majority. On success next carries its new Rev.
+// a cluster a write that reached fewer than a majority of the copies is
+// read back: it is a lost claim when a sweep or an operator wrote over the
+// same revision. On success next carries its new Rev.
 func (c *Client) put(ctx context.Context, next *WorkItem) error {
+	parent := next.Rev
 	rev, err := c.write(ctx, next)
 	if errors.Is(err, errNoMajority) {
-		return fmt.Errorf("%w: %w", ErrClaimLost, err)
+		if err = c.settleHeldWrite(ctx, next.ID, parent, rev); err != nil {
+			return err
+		}
 	}
 	if err != nil {
 		return err
 	}
 	next.Rev = rev
+	return nil
+}
+
+// settleHeldWrite turns a holder's write answered 202 into success when it
+// stands (see HeldWriteStands), and into ErrClaimLost otherwise.
+func (c *Client) settleHeldWrite(ctx context.Context, id, parent, rev string) error {
+	stands, err := c.HeldWriteStands(ctx, id, parent, rev)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w (and reading it back: %w)", errNoMajority, err)
+	case !stands:
+		return fmt.Errorf("%w: %w", ErrClaimLost, errNoMajority)
+	}
+	c.log.Debug().Str("job", id).Str("rev", rev).Msg("write reached a minority of the copies, and nothing contests it")
 	return nil
 }
 
@@ -336,7 +353,7 @@ func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
 	wctx, trace := c.traced(ctx)
 	rev, err := c.db.Put(wctx, item.ID, tomb, c.writeOpts()...)
 	if err == nil && trace.uncommitted(item.ID, rev) {
-		err = fmt.Errorf("%w: %w", ErrClaimLost, errNoMajority)
+		err = c.settleHeldWrite(ctx, item.ID, item.Rev, rev)
 	}
 	if err != nil {
 		return wrapLost("deleting finished job", item.ID, err)

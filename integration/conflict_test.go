@@ -268,3 +268,32 @@ func TestLeavesListsEveryBranch(t *testing.T) {
 		t.Fatalf("missing job: %+v %v", l, err)
 	}
 }
+
+// A holder's write that reached only a minority of the copies (202) stands
+// when nothing else continued from the held revision — slow copies answer
+// 202 too — and is a lost claim when a sweep or an operator did.
+func TestHeldWriteStandsUnlessContested(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "held")
+	c := cb.claimDirectly(t, it, "host-a/1/a")
+	renewed := c.Clone()
+	renewed.LeaseUntil += 60
+	d, err := cb.db.Put(cb.ctx, c.ID, renewed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cb.client.HeldWriteStands(cb.ctx, c.ID, c.Rev, d); err != nil || !ok {
+		t.Fatalf("an uncontested write: stands %v, %v", ok, err)
+	}
+	// A sweep of the held revision, stored by other copies.
+	swept := asDoc(t, c)
+	swept["claimed"], swept["status"], swept["claimed_by"] = false, "queued", nil
+	cb.child(t, c.Rev, swept)
+	if ok, err := cb.client.HeldWriteStands(cb.ctx, c.ID, c.Rev, d); err != nil || ok {
+		t.Fatalf("a write contested by a sweep: stands %v, %v", ok, err)
+	}
+	// A revision the write never produced does not stand.
+	if ok, err := cb.client.HeldWriteStands(cb.ctx, c.ID, c.Rev, "9-00000000000000000000000000000000"); err != nil || ok {
+		t.Fatalf("a revision that is not a leaf: stands %v, %v", ok, err)
+	}
+}
