@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -489,4 +492,94 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 	if len(rc.runs) != len(ids) {
 		t.Fatalf("%d jobs ran, want %d", len(rc.runs), len(ids))
 	}
+}
+
+// Worker processes (the CLI) attached to all three nodes, each given every
+// node's URL with its own first, run webhook jobs; one is SIGKILLed
+// mid-run. Every job is done, and every delivery beyond a job's first is
+// explained by the killed claimant: its claim of that job was swept after
+// the lease ran out.
+func TestClusterProcessesKilledWorker(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("sends POSIX signals")
+	}
+	cb := setupCluster(t, couchq.Config{})
+	bin := buildCLI(t)
+	const n = 150
+	// Deliveries take 300 ms, so that each worker has some in flight when
+	// the victim is killed.
+	h := newHookServer(t, func(*http.Request, string, int) (time.Duration, int) {
+		return 300 * time.Millisecond, http.StatusOK
+	})
+	jobs := make([]couchq.NewJob, n)
+	for i := range jobs {
+		jobs[i] = couchq.NewJob{Worker: "hook", Payload: map[string]any{"url": fmt.Sprintf("%s/%d", h.URL, i)}}
+	}
+	res, err := cb.clients[0].EnqueueMany(cb.ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		ids[i] = r.Item.ID
+	}
+	urls := cb.cl.NodeURLs()
+	user, password := cb.cl.Node(1).Credentials()
+	var procs []*cliProc
+	for node := 1; node <= 3; node++ {
+		list := []string{urls[node-1]}
+		for i, u := range urls {
+			if i != node-1 {
+				list = append(list, u)
+			}
+		}
+		env := procEnv(cb.dbName)
+		env = withEnv(env, "COUCHDB_URL", strings.Join(list, ","))
+		env = withEnv(env, "COUCHDB_USER", user)
+		env = withEnv(env, "COUCHDB_PASSWORD", password)
+		procs = append(procs, startProcEnv(t, bin, env, fmt.Sprintf("worker-node%d", node),
+			procWorkerArgs("hook", "webhook", "--concurrency", "4", "--lease", "10s", "--heartbeat", "2s")...))
+	}
+	victim := procs[0]
+	waitFor(t, 2*time.Minute, "a quarter of the deliveries", func() bool { return h.total.Load() >= n/4 })
+	victim.signal(t, syscall.SIGKILL)
+	killedAt := time.Now()
+	if code := victim.wait(t, 5*time.Second); code != -1 {
+		t.Fatalf("the killed worker exited with %d, want -1", code)
+	}
+	waitAllDone(t, cb.clients[1], ids, 3*time.Minute)
+	t.Logf("all %d jobs done %s after the kill; %d deliveries", n, time.Since(killedAt).Round(time.Millisecond), h.total.Load())
+
+	dead := fmt.Sprintf("/%d/", victim.pid())
+	extra := 0
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, id := range ids {
+		if h.deliveries[id] <= 1 {
+			continue
+		}
+		extra++
+		it, err := cb.clients[1].Get(cb.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		explained := false
+		for _, e := range it.History {
+			explained = explained || (e.Event == couchq.EventLeaseExpired && strings.Contains(e.Error, dead))
+		}
+		if !explained || h.deliveries[id] > 2 {
+			t.Errorf("job %s delivered %d times, not explained by the killed worker (pid %d): %+v",
+				id, h.deliveries[id], victim.pid(), it.History)
+		}
+	}
+	if len(h.deliveries) != n {
+		t.Errorf("%d jobs delivered, want %d", len(h.deliveries), n)
+	}
+	if extra == 0 {
+		t.Log("the killed worker had no delivery in flight: this run proves less")
+	}
+	t.Logf("%d jobs delivered twice, each after the killed worker's lease ran out", extra)
 }

@@ -54,11 +54,7 @@ func TestProcesses(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("the process tests send POSIX signals")
 	}
-	bin := filepath.Join(t.TempDir(), "couchq")
-	build := exec.Command("go", "build", "-o", bin, "github.com/couchq/couchq/cmd/couchq")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildCLI(t)
 	for _, tc := range []struct {
 		name string
 		run  func(t *testing.T, bin string)
@@ -92,6 +88,28 @@ func procEnv(db string) []string {
 	return append(env, "COUCHDB_URL="+server.URL(), "COUCHDB_USER="+user, "COUCHDB_PASSWORD="+password, "COUCHQ_DB="+db)
 }
 
+// withEnv returns env with k set to v.
+func withEnv(env []string, k, v string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, k+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, k+"="+v)
+}
+
+// buildCLI builds the couchq CLI into the test's temp dir.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "couchq")
+	build := exec.Command("go", "build", "-o", bin, "github.com/couchq/couchq/cmd/couchq")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // cliProc is a running CLI process.
 type cliProc struct {
 	name   string
@@ -106,9 +124,15 @@ type cliProc struct {
 // killed if it still runs, and its stderr is logged if the test failed.
 func startProc(t *testing.T, bin, db, name string, args ...string) *cliProc {
 	t.Helper()
+	return startProcEnv(t, bin, procEnv(db), name, args...)
+}
+
+// startProcEnv is startProc with the environment given.
+func startProcEnv(t *testing.T, bin string, env []string, name string, args ...string) *cliProc {
+	t.Helper()
 	p := &cliProc{name: name, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = procEnv(db)
+	p.cmd.Env = env
 	p.cmd.Stdout = &p.stdout
 	p.cmd.Stderr = &p.stderr
 	if err := p.cmd.Start(); err != nil {
