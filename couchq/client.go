@@ -58,6 +58,14 @@ type Config struct {
 	// where a 409 already settles every race. Tests use it to prove the
 	// cluster path against one server.
 	AlwaysConfirm bool
+	// ReadYourWrites makes every write on a cluster wait for all n copies
+	// (w = n) rather than a majority, so that a view read right after,
+	// through any node, sees it: CouchDB serves each view from one copy of
+	// each shard, whichever answers first. The CLI sets it for its commands
+	// (couchq retry --failed, then couchq ls). A write that reaches fewer
+	// copies (a node down) is answered 202 and read back as usual. Workers
+	// leave it off: a majority is what their protocol needs, and faster.
+	ReadYourWrites bool
 	// Now is the clock; default time.Now. Tests and metrics scripts set it.
 	Now func() time.Time
 }

@@ -137,18 +137,28 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 
 // writeOpts makes a single-document write wait for a majority of the
 // copies: CouchDB's 201 then means the write is committed (see cluster.go).
+// With Config.ReadYourWrites it waits for every copy.
 func (c *Client) writeOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{kivik.Param("w", c.quorum())}
+		return []kivik.Option{kivik.Param("w", c.writeQuorum())}
 	}
 	return nil
+}
+
+// writeQuorum is the w of every write: a majority, or all n copies for a
+// client that reads its own writes.
+func (c *Client) writeQuorum() int {
+	if c.cfg.ReadYourWrites {
+		return c.n
+	}
+	return c.quorum()
 }
 
 // bulkOpts does the same for _bulk_docs, where CouchDB reads w from the
 // query string only (kivik would put a plain Param into the body).
 func (c *Client) bulkOpts() []kivik.Option {
 	if c.n > 1 {
-		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.quorum())}}
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.writeQuorum())}}
 	}
 	return nil
 }

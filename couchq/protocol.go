@@ -97,11 +97,11 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 	if len(docs) == 1 {
 		// A plain PUT is cheaper for the server than a one-document batch.
 		var rev string
-		rev, err = c.db.Put(wctx, items[index[0]].ID, docs[0], c.writeOpts()...)
+		rev, err = c.db.Put(wctx, items[index[0]].ID, docs[0], c.claimOpts(false)...)
 		bulk = []kivik.BulkResult{{ID: items[index[0]].ID, Rev: rev, Error: err}}
 		err = nil
 	} else {
-		bulk, err = c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
+		bulk, err = c.db.BulkDocs(wctx, docs, c.claimOpts(true)...)
 	}
 	ids := make([]string, len(index))
 	for k, i := range index {
@@ -127,6 +127,19 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 		c.confirmClaims(ctx, results, items, index)
 	}
 	return results
+}
+
+// claimOpts is the w of claims: always a majority, whatever
+// Config.ReadYourWrites says, since a claim's 201 must mean exactly that.
+func (c *Client) claimOpts(bulk bool) []kivik.Option {
+	switch {
+	case c.n <= 1:
+		return nil
+	case bulk:
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.quorum())}}
+	default:
+		return []kivik.Option{kivik.Param("w", c.quorum())}
+	}
 }
 
 func (c *Client) claimError(id string, err error) error {

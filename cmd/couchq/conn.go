@@ -222,7 +222,9 @@ func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) 
 	if err != nil {
 		return nil, nil, err
 	}
-	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli", Now: m.Now})
+	// ReadYourWrites: a command that lists jobs right after one that wrote
+	// them sees the writes on a cluster, through any node.
+	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli", Now: m.Now, ReadYourWrites: true})
 	if err != nil {
 		_ = client.Close()
 		if kivik.HTTPStatus(err) == http.StatusNotFound && !isNetError(err) {
