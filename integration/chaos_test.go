@@ -59,8 +59,33 @@ const chaosLease = 5 * time.Second
 // delivered more than once had been claimed by a killed worker whose lease
 // then expired. Bounded in time and count; it stops by itself.
 func testChaos(t *testing.T, bin string) {
-	size := chaosSizeFromEnv(t)
 	tb := setup(t, couchq.Config{})
+	target := chaosTarget{
+		tb:  tb,
+		env: func(int) []string { return procEnv(tb.db.Name()) },
+	}
+	if server.CanRestart() {
+		target.restart, target.restartWhat = server.Restart, "the server"
+	} else {
+		t.Logf("chaos: no server restart: %s servers are not ours to restart (%s)", server.Kind(), server.Reason())
+	}
+	runChaos(t, bin, target)
+}
+
+// chaosTarget is where a chaos run works: the jobs' database (tb), each
+// worker process's environment (env(n) for the nth started), and what to
+// restart once mid-run (nil: nothing).
+type chaosTarget struct {
+	tb          *testBundle
+	env         func(n int) []string
+	restart     func(ctx context.Context) error
+	restartWhat string
+}
+
+// runChaos is the chaos run of testChaos on target.
+func runChaos(t *testing.T, bin string, target chaosTarget) {
+	size := chaosSizeFromEnv(t)
+	tb := target.tb
 	// Hold each delivery so that the work spans most of the chaos period
 	// and kills land mid-delivery.
 	hold := time.Duration(float64(size.duration) * 0.7 * float64(size.workers*size.concurrency) / float64(size.jobs))
@@ -74,7 +99,7 @@ func testChaos(t *testing.T, bin string) {
 		"--sweep-interval", "1s", "--feed-timeout", "5s", "--fallback-poll", "2s", "--retry-delay", "200ms",
 		"--shutdown-timeout", "5s"}
 	start := func(n int) *cliProc {
-		return startProc(t, bin, tb.db.Name(), "worker-"+strconv.Itoa(n), args...)
+		return startProcEnv(t, bin, target.env(n), "worker-"+strconv.Itoa(n), args...)
 	}
 	live := make([]*cliProc, 0, size.workers)
 	for i := range size.workers {
@@ -83,10 +108,7 @@ func testChaos(t *testing.T, bin string) {
 	claimants := registered(t, tb, live...)
 	killed := map[string]bool{}
 	kills, restarted := 0, false
-	canRestart := server.CanRestart()
-	if !canRestart {
-		t.Logf("chaos: no server restart: %s servers are not ours to restart (%s)", server.Kind(), server.Reason())
-	}
+	canRestart := target.restart != nil
 
 	begin := time.Now()
 	deadline := begin.Add(size.duration)
@@ -95,13 +117,13 @@ func testChaos(t *testing.T, bin string) {
 		time.Sleep(time.Duration(1500+rand.IntN(1500)) * time.Millisecond)
 		if canRestart && !restarted && time.Since(begin) > size.duration/2 {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			err := server.Restart(ctx)
+			err := target.restart(ctx)
 			cancel()
 			if err != nil {
-				t.Fatalf("chaos: restarting the server: %v", err)
+				t.Fatalf("chaos: restarting %s: %v", target.restartWhat, err)
 			}
 			restarted = true
-			t.Logf("chaos: server restarted at %s", time.Since(begin).Round(time.Millisecond))
+			t.Logf("chaos: %s restarted at %s", target.restartWhat, time.Since(begin).Round(time.Millisecond))
 			continue
 		}
 		i := rand.IntN(len(live))
@@ -161,8 +183,8 @@ func testChaos(t *testing.T, bin string) {
 			t.Errorf("job %s delivered %d times but no killed worker's expired claim explains it: %s", id, n, events(it))
 		}
 	}
-	t.Logf("chaos: %d jobs, %d workers, %d kills, server restarted %v: %d duplicate deliveries (every one a killed worker's), %d deliveries in all",
-		size.jobs, size.workers, kills, restarted, duplicates, hook.total.Load())
+	t.Logf("chaos: %d jobs, %d workers, %d kills, %s restarted %v: %d duplicate deliveries (every one a killed worker's), %d deliveries in all",
+		size.jobs, size.workers, kills, target.restartWhat, restarted, duplicates, hook.total.Load())
 	if kills == 0 {
 		t.Error("chaos run ended before any worker was killed: nothing was proven")
 	}

@@ -526,21 +526,9 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 		}
 		ids[i] = r.Item.ID
 	}
-	urls := cb.cl.NodeURLs()
-	user, password := cb.cl.Node(1).Credentials()
 	var procs []*cliProc
 	for node := 1; node <= 3; node++ {
-		list := []string{urls[node-1]}
-		for i, u := range urls {
-			if i != node-1 {
-				list = append(list, u)
-			}
-		}
-		env := procEnv(cb.dbName)
-		env = withEnv(env, "COUCHDB_URL", strings.Join(list, ","))
-		env = withEnv(env, "COUCHDB_USER", user)
-		env = withEnv(env, "COUCHDB_PASSWORD", password)
-		procs = append(procs, startProcEnv(t, bin, env, fmt.Sprintf("worker-node%d", node),
+		procs = append(procs, startProcEnv(t, bin, cb.procEnv(node), fmt.Sprintf("worker-node%d", node),
 			procWorkerArgs("hook", "webhook", "--concurrency", "4", "--lease", "10s", "--heartbeat", "2s")...))
 	}
 	victim := procs[0]
@@ -636,4 +624,47 @@ func TestClusterCLIReadsItsOwnWrites(t *testing.T) {
 	if ryw > 0 {
 		t.Fatalf("with ReadYourWrites the listing missed the job just written %d of %d times", ryw, rounds)
 	}
+}
+
+// procEnv is the environment of a CLI process attached to node: every
+// node's URL, its own first, and the test's database.
+func (cb *clusterBundle) procEnv(node int) []string {
+	urls := cb.cl.NodeURLs()
+	list := []string{urls[node-1]}
+	for i, u := range urls {
+		if i != node-1 {
+			list = append(list, u)
+		}
+	}
+	user, password := cb.cl.Node(1).Credentials()
+	env := procEnv(cb.dbName)
+	env = withEnv(env, "COUCHDB_URL", strings.Join(list, ","))
+	env = withEnv(env, "COUCHDB_USER", user)
+	return withEnv(env, "COUCHDB_PASSWORD", password)
+}
+
+// The chaos run of TestProcesses/Chaos on the cluster: worker processes
+// spread over the three nodes (each with every node's URL), a random one
+// SIGKILLed every few seconds and replaced, and node 3 killed and
+// restarted once mid-run. Every job ends done, and every extra delivery is
+// a killed worker's.
+func TestClusterChaos(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("sends POSIX signals")
+	}
+	cb := setupCluster(t, couchq.Config{})
+	bin := buildCLI(t)
+	tb := &testBundle{ctx: cb.ctx, kivik: cb.cl.Client(t), client: cb.clients[0], log: cb.log, lease: testLease(t)}
+	tb.db = tb.kivik.DB(cb.dbName)
+	runChaos(t, bin, chaosTarget{
+		tb:  tb,
+		env: func(n int) []string { return cb.procEnv(n%3 + 1) },
+		restart: func(ctx context.Context) error {
+			if err := cb.cl.KillNode(ctx, 3); err != nil {
+				return err
+			}
+			return cb.cl.StartNode(ctx, 3)
+		},
+		restartWhat: "node 3 (killed)",
+	})
 }
