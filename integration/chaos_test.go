@@ -61,11 +61,12 @@ const chaosLease = 5 * time.Second
 func testChaos(t *testing.T, bin string) {
 	tb := setup(t, couchq.Config{})
 	target := chaosTarget{
-		tb:  tb,
-		env: func(int) []string { return procEnv(tb.db.Name()) },
+		tb:          tb,
+		env:         func(int) []string { return procEnv(tb.db.Name()) },
+		restartWhat: "the server",
 	}
 	if server.CanRestart() {
-		target.restart, target.restartWhat = server.Restart, "the server"
+		target.restart = server.Restart
 	} else {
 		t.Logf("chaos: no server restart: %s servers are not ours to restart (%s)", server.Kind(), server.Reason())
 	}
