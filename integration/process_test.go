@@ -30,22 +30,29 @@ import (
 // Process-level tests: the couchq CLI is built once and run as real
 // worker processes (not goroutines) against the test server, so that they
 // can be killed, frozen, interrupted and cut off from the server the way
-// production processes are. Timings are short: a 2 s lease renewed every
-// 500 ms and swept every 500 ms.
+// production processes are. Timings are short: a 2 s lease (longer on a
+// slow server: procLease) renewed four times a lease and swept every 500 ms.
 //
 // The tests are subtests of one test so that the binary is built once per
 // test binary and removed afterwards. None of them is parallel: the restart
 // test stops the package's shared server.
 
-const (
-	procLease     = 2 * time.Second
-	procHeartbeat = 500 * time.Millisecond
-)
+// procLease is the worker processes' lease: the measured test lease (2 s,
+// or longer on a slow server, see testLease), renewed four times a lease.
+// Tests call setup, which measures it, before they start processes.
+func procLease() time.Duration {
+	if leaseProbe.lease > 0 {
+		return leaseProbe.lease
+	}
+	return 2 * time.Second
+}
+
+func procHeartbeat() time.Duration { return procLease() / 4 }
 
 // procWorkerArgs is a couchq worker command line with the tests' timings.
 func procWorkerArgs(typ, handler string, extra ...string) []string {
 	args := []string{"worker", "--type", typ, "--handler", handler,
-		"--lease", procLease.String(), "--heartbeat", procHeartbeat.String(), "--sweep-interval", "500ms",
+		"--lease", procLease().String(), "--heartbeat", procHeartbeat().String(), "--sweep-interval", "500ms",
 		"--feed-timeout", "2s", "--fallback-poll", "1s", "--retry-delay", "100ms", "--shutdown-timeout", "5s"}
 	return append(args, extra...)
 }
@@ -593,7 +600,7 @@ func testFrozenWorker(t *testing.T, bin string) {
 	// one is answered 200 at once, so the stored status tells whose it is.
 	h := newHookServer(t, func(r *http.Request, _ string, attempt int) (time.Duration, int) {
 		if attempt == 1 {
-			return 3 * procLease, http.StatusAccepted
+			return 3 * procLease(), http.StatusAccepted
 		}
 		return 0, http.StatusOK
 	})
@@ -607,12 +614,12 @@ func testFrozenWorker(t *testing.T, bin string) {
 	a.signal(t, syscall.SIGSTOP)
 	frozenAt := time.Now()
 	var it *couchq.WorkItem
-	waitFor(t, 2*procLease, "the frozen worker's job to be swept", func() bool {
+	waitFor(t, 2*procLease(), "the frozen worker's job to be swept", func() bool {
 		var err error
 		it, err = tb.client.Get(tb.ctx, id)
 		return err == nil && claimedThenExpired(it, claimants[a])
 	})
-	t.Logf("swept %s after A froze (lease %s)", time.Since(frozenAt).Round(time.Millisecond), procLease)
+	t.Logf("swept %s after A froze (lease %s)", time.Since(frozenAt).Round(time.Millisecond), procLease())
 	it = waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
 	if got := events(it); got != "enqueued claimed lease-expired claimed done" {
 		t.Errorf("history: %s", got)
@@ -624,7 +631,7 @@ func testFrozenWorker(t *testing.T, bin string) {
 	// Let A's slow delivery be answered while A is still frozen, then wake
 	// A: it finds its claim gone (a 409 on the renewal or on the result)
 	// and discards its result.
-	waitFor(t, 4*procLease, "A's delivery to be answered", func() bool { return h.answeredCount(id) == 2 })
+	waitFor(t, 4*procLease(), "A's delivery to be answered", func() bool { return h.answeredCount(id) == 2 })
 	a.signal(t, syscall.SIGCONT)
 	var refused logLine
 	waitFor(t, 5*time.Second, "A to log that its result was refused", func() bool {
@@ -655,7 +662,7 @@ func testFrozenWorker(t *testing.T, bin string) {
 	}
 
 	// A's refusal happened; the stored job is still B's.
-	time.Sleep(procHeartbeat)
+	time.Sleep(procHeartbeat())
 	final, err := tb.client.Get(tb.ctx, id)
 	if err != nil {
 		t.Fatal(err)
