@@ -29,11 +29,11 @@ func (c *Client) WaitForChanges(ctx context.Context, since string, types []strin
 		// Resolve "now" to a real sequence: a feed that ends by the client's
 		// deadline (a server that ignores timeout) returns no last_seq, and
 		// polling from "now" again would lose the changes in between.
-		st, err := c.db.Stats(ctx)
+		seq, err := c.UpdateSeq(ctx)
 		if err != nil {
-			return 0, since, fmt.Errorf("reading the update sequence of %s: %w", c.db.Name(), err)
+			return 0, since, err
 		}
-		since = st.UpdateSeq
+		since = seq
 	}
 	if c.selectorFeed != nil {
 		return c.waitForChangesSelector(ctx, since, types, timeout)
@@ -66,4 +66,14 @@ func (c *Client) WaitForChanges(ctx context.Context, since string, types []strin
 		last = meta.LastSeq
 	}
 	return n, last, nil
+}
+
+// UpdateSeq is the database's current update sequence: where a changes
+// feed that must miss nothing written from now on starts.
+func (c *Client) UpdateSeq(ctx context.Context) (string, error) {
+	st, err := c.db.Stats(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the update sequence of %s: %w", c.db.Name(), err)
+	}
+	return st.UpdateSeq, nil
 }

@@ -2,11 +2,15 @@ package integration
 
 import (
 	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/worker"
 )
 
 // The changes feed wakes workers for claimable work only: a new job or a
@@ -95,4 +99,62 @@ func checkFeed(t *testing.T, tb *testBundle, c *couchq.Client) {
 		t.Fatal(err)
 	}
 	wait("a completion", false)
+}
+
+// slowDBInfo delays GET /{db} (the database info, where the update
+// sequence comes from) while on is set.
+type slowDBInfo struct {
+	next  http.RoundTripper
+	delay time.Duration
+	on    atomic.Bool
+}
+
+func (s *slowDBInfo) RoundTrip(r *http.Request) (*http.Response, error) {
+	if s.on.Load() && r.Method == http.MethodGet && strings.Count(strings.Trim(r.URL.Path, "/"), "/") == 0 {
+		time.Sleep(s.delay)
+	}
+	return s.next.RoundTrip(r)
+}
+
+// A job enqueued right after Start — after the runners' first look at the
+// due view, before the changes feed's first request — wakes the worker:
+// the feed starts from the update sequence read in Start, not from
+// whenever its first request happens to go out.
+func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	hc := couchq.NewHTTPClient()
+	slow := &slowDBInfo{next: hc.Transport, delay: 1500 * time.Millisecond}
+	hc.Transport = slow
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 1)
+	cfg := fastWorker(tb, map[string]worker.Handler{"early": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		ran <- struct{}{}
+		return nil
+	})})
+	w, err := worker.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	slow.on.Store(true) // from now on, reading the update sequence is slow
+	time.Sleep(300 * time.Millisecond)
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "early"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("a job enqueued right after Start did not run within 15 s (the fallback poll is %s)", cfg.FallbackPoll)
+	}
 }

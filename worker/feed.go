@@ -9,9 +9,10 @@ import (
 // WorkItems of this worker's types, and wakes the runners on every change.
 // It reconnects with backoff when the feed breaks (a server restart, say)
 // and wakes the runners after reconnecting, since changes may have been
-// missed meanwhile.
-func (w *Worker) followChanges(ctx context.Context) {
-	since := "now"
+// missed meanwhile. since is where it starts: Start reads it before the
+// runners' first query of the due view, so that a job enqueued between that
+// query and the feed's first request still wakes them.
+func (w *Worker) followChanges(ctx context.Context, since string) {
 	backoff := 100 * time.Millisecond
 	broken := false
 	for ctx.Err() == nil && !w.stopping() {

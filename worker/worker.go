@@ -147,6 +147,16 @@ func (w *Worker) Start(ctx context.Context) error {
 		cancelLoops()
 		return err
 	}
+	// The feed's starting point comes before the runners' first look at
+	// the due view: nothing enqueued in between goes unnoticed.
+	since := "now"
+	if !w.cfg.Drain {
+		if seq, err := w.client.UpdateSeq(ctx); err == nil {
+			since = seq
+		} else {
+			w.log.Warn().Err(err).Msg("reading the update sequence; the changes feed starts from now")
+		}
+	}
 	var drained sync.WaitGroup
 	for _, r := range w.runners {
 		w.loops.Add(1)
@@ -164,7 +174,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
-			w.followChanges(loopCtx)
+			w.followChanges(loopCtx, since)
 		}()
 	}
 	if w.cfg.SweepInterval > 0 {
