@@ -267,7 +267,7 @@ func (l *Leaf) outranks(o *Leaf) bool {
 // wrapping ErrClaimConflict when the claimant must not run the job.
 // Exported for claimants that write their own claims, and for tests.
 func (c *Client) ConfirmClaim(ctx context.Context, claimed *WorkItem, parentRev string) error {
-	if _, err := c.confirmClaim(ctx, claimed, parentRev); err != nil {
+	if err := c.confirmClaim(ctx, claimed, parentRev); err != nil {
 		if errors.Is(err, errBranchLive) || errors.Is(err, errLostRace) {
 			return c.claimError(claimed.ID, err)
 		}
@@ -280,11 +280,11 @@ func (c *Client) ConfirmClaim(ctx context.Context, claimed *WorkItem, parentRev 
 // parent the revision it was written over) against the job's other leaves.
 // It withdraws the other claims of parent, which cannot be committed, and
 // reports errBranchLive when another branch could hold or have finished
-// the job. It returns the claimants whose claims it withdrew.
-func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent string) ([]string, error) {
+// the job.
+func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent string) error {
 	leaves, err := c.Leaves(ctx, claimed.ID)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	mine := false
 	var siblings []Leaf
@@ -299,22 +299,20 @@ func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent str
 			c.log.Warn().Str("job", claimed.ID).Str("rev", claimed.Rev).Str("other_rev", l.Rev).
 				Str("other_status", string(l.Status)).Bool("other_deleted", l.Deleted).
 				Msg("claim committed but the job has another branch; not running it (the sweeper settles it)")
-			return nil, errBranchLive
+			return errBranchLive
 		}
 	}
 	if !mine {
-		return nil, fmt.Errorf("%w: the claim was overwritten before it was confirmed", errLostRace)
+		return fmt.Errorf("%w: the claim was overwritten before it was confirmed", errLostRace)
 	}
 	// The withdrawn claims go into the holder's history with its next write.
-	var losers []string
 	for _, s := range siblings {
 		if c.withdraw(ctx, claimed.ID, s, claimed.ClaimedBy) == nil {
-			losers = append(losers, s.ClaimedBy)
-			c.record(claimed, "claim-withdrawn", s.ClaimedBy,
+			c.record(claimed, EventClaimWithdrawn, s.ClaimedBy,
 				"a competing claim of the same revision reached fewer than a majority of the copies; it was withdrawn and did not run")
 		}
 	}
-	return losers, nil
+	return nil
 }
 
 // HeldWriteStands settles a holder's write (renewal, outcome) that CouchDB

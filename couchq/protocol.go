@@ -162,7 +162,7 @@ func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items
 		go func(r *ClaimResult, parent string) {
 			defer wg.Done()
 			id := r.Item.ID
-			_, err := c.confirmClaim(ctx, r.Item, parent)
+			err := c.confirmClaim(ctx, r.Item, parent)
 			switch {
 			case errors.Is(err, errBranchLive) || errors.Is(err, errLostRace):
 				*r = ClaimResult{Err: c.claimError(id, err)}

@@ -31,6 +31,9 @@ const (
 	EventReleased       = "released"
 	EventCancelled      = "cancelled"
 	EventRequeued       = "requeued"
+	// EventClaimWithdrawn names a claimant whose claim of the same revision
+	// reached only a minority of a cluster's copies and was withdrawn.
+	EventClaimWithdrawn = "claim-withdrawn"
 )
 
 // StatsOptions choose what Stats covers.

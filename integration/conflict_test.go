@@ -137,7 +137,7 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 		}
 		found := false
 		for _, e := range stored.History {
-			found = found || (e.Event == "claim-withdrawn" && e.By == "host-b/2/b")
+			found = found || (e.Event == couchq.EventClaimWithdrawn && e.By == "host-b/2/b")
 		}
 		if !found || stored.Status != couchq.StatusDone {
 			t.Fatalf("job %d: %s, history %+v", i, stored.Status, stored.History)
