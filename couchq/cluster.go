@@ -325,6 +325,18 @@ func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent str
 // Every held-job write of this package does it; exported for holders that
 // write their own documents, and for tests.
 func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (bool, error) {
+	// CouchDB answers a read with r = majority from the copies it reaches,
+	// even fewer: on the minority side of a partition the read back would
+	// see only that side. A node that is not connected to a majority of the
+	// cluster cannot vouch for anything.
+	if c.n > 1 {
+		ok, err := c.coordinatorInMajority(ctx)
+		if err != nil || !ok {
+			c.log.Debug().Err(err).Str("job", id).Bool("majority", ok).
+				Msg("the node cannot show it reaches a majority of the cluster; the write does not stand")
+			return false, nil
+		}
+	}
 	leaves, err := c.Leaves(ctx, id)
 	if err != nil {
 		return false, err
@@ -341,6 +353,28 @@ func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (b
 		}
 	}
 	return mine, nil
+}
+
+// coordinatorInMajority reports whether the node answering is connected to
+// a majority of the cluster's nodes (GET /_membership: all_nodes are the
+// ones it is connected to). It needs a server admin; without one it cannot
+// tell, and says so as an error.
+func (c *Client) coordinatorInMajority(ctx context.Context) (bool, error) {
+	m, err := c.db.Client().Membership(ctx)
+	if err != nil {
+		return false, fmt.Errorf("reading the cluster membership: %w", err)
+	}
+	connected := map[string]bool{}
+	for _, n := range m.AllNodes {
+		connected[n] = true
+	}
+	reached := 0
+	for _, n := range m.ClusterNodes {
+		if connected[n] {
+			reached++
+		}
+	}
+	return reached >= len(m.ClusterNodes)/2+1, nil
 }
 
 // withdraw deletes a leaf that must not stand with a tombstone marked

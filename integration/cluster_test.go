@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
@@ -473,6 +474,22 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 	rc.mu.Unlock()
 	if st := minority.Stats(); st.Conflicts == 0 {
 		t.Logf("the minority worker made no claim at all: %+v (the test proves less)", st)
+	}
+	// A holder's write made on the minority side is answered 202, and read
+	// back there it would look uncontested (node 3 sees only its own copy):
+	// it must not stand.
+	stale, err := cb.clients[2].Get(cb.ctx, before[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := stale.Clone()
+	next.LastError = "written on the minority side"
+	rev, err := cb.clients[2].DB().Put(cb.ctx, next.ID, next, kivik.Param("w", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cb.clients[2].HeldWriteStands(cb.ctx, next.ID, stale.Rev, rev); err != nil || ok {
+		t.Fatalf("a write on the minority side of a partition stands (%v, %v)", ok, err)
 	}
 
 	if err := cb.cl.Heal(cb.ctx, 3); err != nil {
