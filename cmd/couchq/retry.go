@@ -48,7 +48,7 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 			return err
 		}
 	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -42,7 +42,7 @@ func (m *Main) runShow(ctx context.Context, log zerolog.Logger, args []string) e
 	case rest[0] == "":
 		return usageErrorf("empty job ID")
 	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,7 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	if limit < 1 {
 		return usageErrorf("invalid --limit %d: must be at least 1", limit)
 	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,7 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q", rest[0])
 	}
-	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}

@@ -163,11 +163,12 @@ func selectServer(ctx context.Context, logger zerolog.Logger) (*Server, error) {
 	if force == "" || force == ServerCouchDB {
 		home, err := localserver.FindCouchDB(os.Getenv)
 		if err == nil {
-			s, err := startLocal(ctx, home, logger)
-			if err == nil {
+			var s *Server
+			if s, err = startLocal(ctx, home, logger); err == nil {
 				s.reason = strings.Join(append(why, "a local Apache CouchDB release is installed at "+home), "; ")
 				return s, nil
 			}
+			// Said in the run's first line, and the next server is tried.
 			err = fmt.Errorf("starting the local Apache CouchDB at %s failed: %w", home, err)
 		}
 		if force == ServerCouchDB {

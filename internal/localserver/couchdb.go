@@ -52,7 +52,7 @@ func FindCouchDB(getenv func(string) string) (string, error) {
 	}
 	for _, f := range []string{"etc/default.ini", "etc/vm.args"} {
 		if _, err := os.Stat(filepath.Join(home, f)); err != nil {
-			return "", fmt.Errorf("Apache CouchDB release at %s (%s) is incomplete: %w", home, from, err)
+			return "", fmt.Errorf("the Apache CouchDB release at %s (%s) is incomplete: %w", home, from, err)
 		}
 	}
 	return home, nil
