@@ -278,16 +278,21 @@ func (c *Client) ConfirmClaim(ctx context.Context, claimed *WorkItem, parentRev 
 
 // confirmClaim settles a committed claim (claimed is the job as written,
 // parent the revision it was written over) against the job's other leaves.
-// It withdraws the other claims of parent, which cannot be committed, and
-// reports errBranchLive when another branch could hold or have finished
-// the job.
+// Other claims of parent cannot be committed: they are withdrawn. Other
+// leaves that nobody can be running — queued, or a claim whose lease ran
+// out — are stale branches: they are withdrawn too, and the claim runs only
+// if every withdrawal is committed (a claimant of such a leaf and this
+// withdrawal cannot both win it). A live claim on another branch, or a job
+// finished on another branch, makes it report errBranchLive: the claimant
+// backs off, and the sweeper settles the job once no lease is live.
 func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent string) error {
 	leaves, err := c.Leaves(ctx, claimed.ID)
 	if err != nil {
 		return err
 	}
+	now := ToUnix(c.now())
 	mine := false
-	var siblings []Leaf
+	var siblings, stale []Leaf
 	for _, l := range leaves {
 		switch {
 		case l.Rev == claimed.Rev:
@@ -295,15 +300,24 @@ func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent str
 		case l.Deleted && l.Withdrawn:
 		case !l.Deleted && l.Parent == parent && l.Claimed:
 			siblings = append(siblings, l)
+		case !l.Deleted && !l.live(now) && l.Item != nil && !l.Status.Terminal():
+			stale = append(stale, l)
 		default:
 			c.log.Warn().Str("job", claimed.ID).Str("rev", claimed.Rev).Str("other_rev", l.Rev).
 				Str("other_status", string(l.Status)).Bool("other_deleted", l.Deleted).
-				Msg("claim committed but the job has another branch; not running it (the sweeper settles it)")
+				Msg("claim committed but the job is live or finished on another branch; not running it (the sweeper settles it)")
 			return errBranchLive
 		}
 	}
 	if !mine {
 		return fmt.Errorf("%w: the claim was overwritten before it was confirmed", errLostRace)
+	}
+	for _, l := range stale {
+		if err := c.withdraw(ctx, claimed.ID, l, claimed.ClaimedBy); err != nil {
+			c.log.Debug().Err(err).Str("job", claimed.ID).Str("other_rev", l.Rev).
+				Msg("could not withdraw a stale branch; not running the job")
+			return errBranchLive
+		}
 	}
 	// The withdrawn claims go into the holder's history with its next write.
 	for _, s := range siblings {
@@ -378,20 +392,22 @@ func (c *Client) coordinatorInMajority(ctx context.Context) (bool, error) {
 }
 
 // withdraw deletes a leaf that must not stand with a tombstone marked
-// withdrawn. It fails (and changes nothing) when the leaf moved on.
+// withdrawn (w = a majority). It fails when the leaf moved on, and reports
+// errNoMajority when the tombstone reached fewer than a majority.
 func (c *Client) withdraw(ctx context.Context, id string, l Leaf, by string) error {
 	tomb := map[string]any{
 		"_id": id, "_rev": l.Rev, "_deleted": true, "type": "WorkItem",
 		"withdrawn": true, "withdrawn_by": by, "status": l.Status, "claimed_by": l.ClaimedBy,
 	}
 	ctx, trace := c.traced(ctx)
-	rev, err := c.db.Put(ctx, id, tomb, c.writeOpts()...)
+	rev, err := c.db.Put(ctx, id, tomb, c.claimOpts(false)...)
 	if err != nil {
 		c.log.Debug().Err(err).Str("job", id).Str("rev", l.Rev).Msg("could not withdraw a revision")
 		return err
 	}
 	if trace.uncommitted(id, rev) {
 		c.log.Debug().Str("job", id).Str("rev", l.Rev).Msg("withdrawal reached a minority of the copies")
+		return errNoMajority
 	}
 	c.log.Debug().Str("job", id).Str("rev", l.Rev).Str("claimant", l.ClaimedBy).Msg("withdrew a revision")
 	return nil

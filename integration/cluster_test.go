@@ -300,6 +300,8 @@ func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
 	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
 		t.Fatal(err)
 	}
+	// Back up whatever happens: the cluster is shared with the next tests.
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
 	down := time.Now()
 	// Enqueued through a live node while node 3 is down.
 	ids = append(ids, cb.enqueue(t, "flow", 60)...)
@@ -328,6 +330,7 @@ func TestClusterNodeRestartsNoDoubleRun(t *testing.T) {
 	startClusterWorker(t, cb, 1, "w1", &rc, "one")
 	startClusterWorker(t, cb, 1, "w2", &rc, "one")
 	var ids []string
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
 	for round := range 3 {
 		if err := cb.cl.KillNode(cb.ctx, 3); err != nil {
 			t.Fatal(err)

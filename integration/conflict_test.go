@@ -145,48 +145,71 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 	}
 }
 
-// A committed claim whose job has a live branch that split off before the
-// claimed revision cannot tell which branch is real: it backs off without
-// running the job. Once the claim's lease runs out the sweeper settles the
+// A committed claim whose job has another branch that split off earlier:
+// a branch nobody can be running (queued, or a claim whose lease ran out)
+// is stale, withdrawn, and the claim runs; a branch with a live claim makes
+// the claimant back off. Once that lease runs out the sweeper settles the
 // job on the branch that went furthest, and the job runs once more.
-func TestClaimBacksOffFromAnotherBranch(t *testing.T) {
+func TestClaimOverAnotherBranch(t *testing.T) {
 	cb := setupConflict(t)
-	it := cb.enqueued(t, "branch")
-	first := it.Rev
-	// The job moved on (here: an application edited it) on the majority...
-	edited := asDoc(t, it)
-	edited["note"] = "edited"
-	if _, err := cb.db.Put(cb.ctx, it.ID, edited); err != nil {
-		t.Fatal(err)
+	// branches makes a job edited on the majority (the claim goes there)
+	// and a stale copy's branch of its first revision holding other.
+	branches := func(other map[string]any) (moved *couchq.WorkItem, otherRev string) {
+		t.Helper()
+		it := cb.enqueued(t, "branch")
+		edited := asDoc(t, it)
+		edited["note"] = "edited"
+		if _, err := cb.db.Put(cb.ctx, it.ID, edited); err != nil {
+			t.Fatal(err)
+		}
+		moved, err := cb.client.Get(cb.ctx, it.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc := asDoc(t, it)
+		for k, v := range other {
+			doc[k] = v
+		}
+		return moved, cb.child(t, it.Rev, doc)
 	}
-	moved, err := cb.client.Get(cb.ctx, it.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := cb.claimDirectly(t, moved, "host-a/1/a")
-	// ...while a stale copy kept a branch of the first revision, queued.
-	c := asDoc(t, it)
-	c["note"] = "stale branch"
-	cb.child(t, first, c)
 
-	err = cb.client.ConfirmClaim(cb.ctx, a, moved.Rev)
-	if !errors.Is(err, couchq.ErrClaimConflict) {
-		t.Fatalf("claim over a job with another live branch: %v, want ErrClaimConflict", err)
+	// A stale queued branch: withdrawn, the claim stands.
+	moved, staleRev := branches(map[string]any{"note": "stale branch"})
+	a := cb.claimDirectly(t, moved, "host-a/1/a")
+	if err := cb.client.ConfirmClaim(cb.ctx, a, moved.Rev); err != nil {
+		t.Fatalf("claim over a stale queued branch (%s): %v", staleRev, err)
 	}
-	// The backed-off claim holds a live lease: the sweeper waits for it.
+	if live := cb.liveLeaves(t, a.ID); len(live) != 1 || live[0].Rev != a.Rev {
+		t.Fatalf("leaves after the claim: %+v, want only the claim", live)
+	}
+	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// A branch with a live claim of someone else: back off.
+	moved, _ = branches(map[string]any{"claimed": true, "status": "running", "claimed_by": "host-b/2/b",
+		"lease_until": couchq.ToUnix(cb.clock.Now().Add(30 * time.Second))})
+	a = cb.claimDirectly(t, moved, "host-a/1/a")
+	if err := cb.client.ConfirmClaim(cb.ctx, a, moved.Rev); !errors.Is(err, couchq.ErrClaimConflict) {
+		t.Fatalf("claim over a job with a live claim on another branch: %v, want ErrClaimConflict", err)
+	}
+	// Two live leases: the sweeper waits for them.
 	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
-	if err != nil || res.Settled != 0 || len(cb.liveLeaves(t, it.ID)) != 2 {
-		t.Fatalf("sweep with a live lease: %+v %v, leaves %d", res, err, len(cb.liveLeaves(t, it.ID)))
+	if err != nil || res.Settled != 0 || len(cb.liveLeaves(t, a.ID)) != 2 {
+		t.Fatalf("sweep with live leases: %+v %v, leaves %d", res, err, len(cb.liveLeaves(t, a.ID)))
 	}
 	cb.clock.Add(2 * time.Minute)
-	if settled, err := cb.client.Settle(cb.ctx, it.ID, "sweeper"); err != nil || !settled {
-		t.Fatalf("settle after the lease ran out: %v %v", settled, err)
+	if settled, err := cb.client.Settle(cb.ctx, a.ID, "sweeper"); err != nil || !settled {
+		t.Fatalf("settle after the leases ran out: %v %v", settled, err)
 	}
-	live := cb.liveLeaves(t, it.ID)
-	if len(live) != 1 || live[0].Status != couchq.StatusQueued || live[0].Claimed {
-		t.Fatalf("after settling: %+v, want one queued leaf", live)
+	live := cb.liveLeaves(t, a.ID)
+	if len(live) != 1 {
+		t.Fatalf("after settling: %+v, want one leaf", live)
 	}
-	// The job is claimable again, and this time the claim stands.
+	// One expired claim is left: a sweep requeues it and the job runs.
+	if res, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil || res.Requeued != 1 {
+		t.Fatalf("sweep after settling: %+v %v", res, err)
+	}
 	batch, err := cb.client.Due(cb.ctx, "branch", 10)
 	if err != nil || len(batch.Items) != 1 {
 		t.Fatalf("due after settling: %v %+v", err, batch)
