@@ -472,18 +472,66 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 			}
 		}
 	}
-	withdrawn := 0
+	var gone []Leaf
 	for i, l := range live {
 		if i == keep {
 			continue
 		}
 		if err := c.withdraw(ctx, id, l, by); err != nil {
-			return withdrawn, false // it moved on: settle again next sweep
+			return len(gone), false // it moved on: settle again next sweep
 		}
-		withdrawn++
+		gone = append(gone, l)
 	}
+	if keep >= 0 && live[keep].Item != nil {
+		c.traceWithdrawn(ctx, live[keep], gone, by)
+	}
+	withdrawn := len(gone)
 	c.log.Info().Str("job", id).Int("leaves", len(live)).Bool("deleted", ended).Msg("settled a conflicted job")
 	return withdrawn, true
+}
+
+// traceWithdrawn writes what happened on the withdrawn branches into the
+// kept one, so that a run on a branch that lost (a claimant on the minority
+// side of a partition, a claim swept while its holder was slow) still shows
+// in the job's history: every entry the kept leaf lacks, in time order, then
+// a claim-withdrawn entry per branch. It is written like a claim (a
+// majority of the copies); when it fails only the trace is lost: the job is
+// settled either way, and a claim racing this write is settled by the
+// claim's confirmation.
+func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by string) {
+	next := kept.Item.Clone()
+	seen := make(map[Event]bool, len(next.History))
+	for _, e := range next.History {
+		seen[e] = true
+	}
+	for _, l := range gone {
+		if l.Item == nil {
+			continue
+		}
+		for _, e := range l.Item.History {
+			if !seen[e] {
+				seen[e] = true
+				next.History = append(next.History, e)
+			}
+		}
+	}
+	sort.SliceStable(next.History, func(i, j int) bool { return next.History[i].At < next.History[j].At })
+	for _, l := range gone {
+		what := string(l.Status)
+		if l.Claimed {
+			what = "claimed by " + l.ClaimedBy
+		}
+		c.record(next, EventClaimWithdrawn, l.ClaimedBy,
+			fmt.Sprintf("a conflicting branch (%s, revision %s) was withdrawn by %s when the job was settled", what, l.Rev, by))
+	}
+	ctx, trace := c.traced(ctx)
+	rev, err := c.db.Put(ctx, next.ID, next, c.claimOpts(false)...)
+	switch {
+	case err != nil:
+		c.log.Debug().Err(err).Str("job", next.ID).Msg("could not write the withdrawn branches' history into the kept one")
+	case trace.uncommitted(next.ID, rev):
+		c.log.Debug().Str("job", next.ID).Msg("the withdrawn branches' history reached a minority of the copies")
+	}
 }
 
 // settleRank orders the leaves of a conflicted job: what went furthest stays.

@@ -31,11 +31,54 @@ type SweepResult struct {
 // its attempts are used up. It reads at most limit expired leases per call.
 // Any number of sweepers may run at once: every write carries the _rev that
 // was read, so a claim renewed or swept in between is left alone.
+//
+// It also settles up to limit jobs with stored conflicts (the conflicts
+// view) once no lease on them is live: a cluster can store two writes of
+// one revision, and a conflict between two finished branches has no
+// expired claim to lead the sweeper to it.
 func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, error) {
-	var res SweepResult
 	if limit <= 0 {
 		limit = 500
 	}
+	res, err := c.sweepLeases(ctx, by, limit)
+	if err != nil {
+		return res, err
+	}
+	return res, c.settleConflicts(ctx, by, limit, &res)
+}
+
+// settleConflicts settles the jobs the conflicts view lists (see settle).
+// A job it cannot read is logged and left for the next sweep.
+func (c *Client) settleConflicts(ctx context.Context, by string, limit int, res *SweepResult) error {
+	rows := c.db.Query(ctx, designdocs.ID, "_view/conflicts", kivik.Param("limit", limit))
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		id, err := rows.ID()
+		if err != nil {
+			return fmt.Errorf("listing conflicted jobs: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("listing conflicted jobs: %w", err)
+	}
+	for _, id := range ids {
+		leaves, err := c.Leaves(ctx, id)
+		if err != nil {
+			c.log.Warn().Err(err).Str("job", id).Msg("cannot read a conflicted job's revisions; settling it next sweep")
+			continue
+		}
+		if n, _ := c.settle(ctx, id, leaves, by); n > 0 {
+			res.Settled++
+		}
+	}
+	return nil
+}
+
+// sweepLeases is Sweep's first half: expired and malformed claims.
+func (c *Client) sweepLeases(ctx context.Context, by string, limit int) (SweepResult, error) {
+	var res SweepResult
 	now := c.now()
 	// Malformed claims sort first (a lease that is not a number reads as
 	// 0). Each round quarantines the ones on its page, which unclaims them;

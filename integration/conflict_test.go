@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-kivik/kivik/v4"
+
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 )
 
 // The cluster protocol's decisions, proven on one server: the revision
@@ -206,6 +209,19 @@ func TestClaimOverAnotherBranch(t *testing.T) {
 	if len(live) != 1 {
 		t.Fatalf("after settling: %+v, want one leaf", live)
 	}
+	// The withdrawn branch's claim shows in the history of the kept one.
+	kept, err := cb.client.Get(cb.ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loser := map[string]string{"host-a/1/a": "host-b/2/b", "host-b/2/b": "host-a/1/a"}[kept.ClaimedBy]
+	traced := false
+	for _, e := range kept.History {
+		traced = traced || (e.Event == couchq.EventClaimWithdrawn && e.By == loser && strings.Contains(e.Error, "settled"))
+	}
+	if loser == "" || !traced {
+		t.Fatalf("kept branch (claimed by %q) has no trace of the withdrawn claim of %q: %+v", kept.ClaimedBy, loser, kept.History)
+	}
 	// One expired claim is left: a sweep requeues it and the job runs.
 	if res, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil || res.Requeued != 1 {
 		t.Fatalf("sweep after settling: %+v %v", res, err)
@@ -318,5 +334,72 @@ func TestHeldWriteStandsUnlessContested(t *testing.T) {
 	// A revision the write never produced does not stand.
 	if ok, err := cb.client.HeldWriteStands(cb.ctx, c.ID, c.Rev, "9-00000000000000000000000000000000"); err != nil || ok {
 		t.Fatalf("a revision that is not a leaf: stands %v, %v", ok, err)
+	}
+}
+
+// A job finished on two branches (a partition's two sides each ran it) has
+// no expired claim to lead the sweeper to it: the conflicts view does. The
+// sweep keeps one branch, and the other's run shows in its history.
+func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "twice")
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	other := asDoc(t, it)
+	other["status"], other["attempts"], other["finished_at"] = "done", 1, couchq.ToUnix(cb.clock.Now())
+	other["history"] = append(other["history"].([]any),
+		map[string]any{"at": cb.clock.Now().Add(-time.Second).UTC().Format(couchq.HistoryTimeFormat), "event": "claimed", "by": "host-b/2/b", "attempt": 1},
+		map[string]any{"at": cb.clock.Now().UTC().Format(couchq.HistoryTimeFormat), "event": "done", "by": "host-b/2/b", "attempt": 1})
+	cb.child(t, it.Rev, other)
+
+	rows := cb.db.Query(cb.ctx, designdocs.ID, "_view/conflicts", kivik.Param("key", "twice"))
+	listed := 0
+	for rows.Next() {
+		id, _ := rows.ID()
+		var v struct {
+			Status    string   `json:"status"`
+			Conflicts []string `json:"conflicts"`
+		}
+		if err := rows.ScanValue(&v); err != nil {
+			t.Fatal(err)
+		}
+		if id != it.ID || v.Status != "done" || len(v.Conflicts) != 1 {
+			t.Fatalf("conflicts view row %s: %+v", id, v)
+		}
+		listed++
+	}
+	if err := rows.Err(); err != nil || listed != 1 {
+		t.Fatalf("conflicts view: %d rows (%v), want 1", listed, err)
+	}
+
+	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
+	if err != nil || res.Settled != 1 {
+		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
+	}
+	live := cb.liveLeaves(t, it.ID)
+	if len(live) != 1 || live[0].Status != couchq.StatusDone {
+		t.Fatalf("leaves after the sweep: %+v, want one done", live)
+	}
+	h := live[0].Item.History
+	ran := map[string]bool{}
+	withdrawn := false
+	for _, e := range h {
+		if e.Event == "done" {
+			ran[e.By] = true
+		}
+		withdrawn = withdrawn || e.Event == couchq.EventClaimWithdrawn
+	}
+	if !ran["host-b/2/b"] || !withdrawn {
+		t.Fatalf("history of the kept branch lacks the other branch's run: %+v", h)
+	}
+	for i := 1; i < len(h); i++ {
+		if h[i].At < h[i-1].At {
+			t.Fatalf("history out of order at %d: %+v", i, h)
+		}
+	}
+	if res, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil || res.Settled != 0 {
+		t.Fatalf("second sweep: %+v %v, want nothing left to settle", res, err)
 	}
 }
