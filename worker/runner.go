@@ -57,7 +57,7 @@ func (r *runner) free() int { return cap(r.slots) - len(r.slots) }
 func (r *runner) loop(ctx context.Context, drained func()) {
 	defer drained()
 	log := r.w.log.With().Str("type", r.typ).Logger()
-	backoff := 100 * time.Millisecond
+	backoff, nextBackoff := 100*time.Millisecond, 100*time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
 		more, listedUpTo, err := r.fetch(ctx)
 		if err != nil {
@@ -82,9 +82,17 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if r.w.cfg.Drain {
 			wait = 100 * time.Millisecond // drain: wait only for running jobs
 		} else if r.free() > 0 {
-			if at, ok, err := r.w.client.Next(ctx, r.typ, listedUpTo); err == nil && ok {
-				until := time.Until(at)
-				if until < wait {
+			at, ok, err := r.w.client.Next(ctx, r.typ, listedUpTo)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				// Not knowing when the next scheduled job is due must not
+				// make it wait a whole fallback poll.
+				log.Warn().Err(err).Dur("retry_in", nextBackoff).Msg("looking for the next scheduled job failed")
+				wait = min(wait, nextBackoff)
+				nextBackoff = min(nextBackoff*2, 10*time.Second)
+			case err == nil:
+				nextBackoff = 100 * time.Millisecond
+				if until := time.Until(at); ok && until < wait {
 					wait = max(until, time.Millisecond)
 				}
 			}
