@@ -336,6 +336,8 @@ func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent str
 // a leaf and no other write continued from parent (a sweep, an operator's
 // cancel). Competing writes of the held revision need its lease to have
 // run out, or an operator: the same cases a single node answers with 409.
+// With parent "" it settles the creation of a document (a unique job):
+// any other live leaf is another creation of the same id.
 // Every held-job write of this package does it; exported for holders that
 // write their own documents, and for tests.
 func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (bool, error) {
@@ -361,7 +363,9 @@ func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (b
 		case l.Rev == rev:
 			mine = true
 		case l.Deleted && l.Withdrawn:
-		case l.Rev == parent || l.descends(parent):
+		case l.Rev == parent || l.descends(parent) || (parent == "" && !l.Deleted):
+			// (parent "": a document created; any other live leaf is
+			// another creation of the same id.)
 			c.log.Debug().Str("job", id).Str("rev", rev).Str("other_rev", l.Rev).Msg("another write continued from the held revision")
 			return false, nil
 		}

@@ -24,6 +24,10 @@ type NewJob struct {
 	MaxAttempts int
 	// ID sets the document id; empty picks a time-ordered one (NewID).
 	ID string
+	// Unique makes the enqueue idempotent: at most one job of this type
+	// per key (see UniqueOpts). The id is then derived from the key, so ID
+	// must be empty.
+	Unique UniqueOpts
 }
 
 // NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
@@ -65,23 +69,41 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	if math.IsNaN(date) {
 		return nil, fmt.Errorf("%w: invalid time %v", ErrInvalidJob, j.At)
 	}
+	if err := j.Unique.validate(j.Worker); err != nil {
+		return nil, err
+	}
 	id := j.ID
-	if id == "" {
+	switch {
+	case j.Unique.Key != "" && id != "":
+		return nil, fmt.Errorf("%w: a unique job's id is derived from its key: set ID or Unique, not both", ErrInvalidJob)
+	case j.Unique.Key != "":
+		id = UniqueID(j.Worker, j.Unique, c.now())
+	case id == "":
 		id = NewID()
 	}
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
-		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()),
+		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key,
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil
 }
 
-// Enqueue stores one job and returns it as stored.
+// Enqueue stores one job and returns it as stored. For a unique job whose
+// key is taken (see UniqueOpts) it returns the job that holds the key and
+// an error wrapping ErrDuplicate: the job exists, nothing was written.
 func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
 	it, err := c.item(j)
 	if err != nil {
 		return nil, err
+	}
+	if j.Unique.Key != "" {
+		rev, accepted, err := c.putJob(ctx, it)
+		r := c.resolveUnique(ctx, it, j.Unique, rev, accepted, err)
+		if r.Duplicate {
+			return r.Item, fmt.Errorf("enqueueing %s job with unique key %q: %w: %s", j.Worker, j.Unique.Key, ErrDuplicate, r.Item.ID)
+		}
+		return r.Item, r.Err
 	}
 	rev, err := c.db.Put(ctx, it.ID, it, c.writeOpts()...)
 	if err != nil {
@@ -93,8 +115,13 @@ func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
 
 // EnqueueResult is the outcome for one job of EnqueueMany.
 type EnqueueResult struct {
+	// Item is the job as stored; for a duplicate, the job that holds the
+	// unique key.
 	Item *WorkItem
-	Err  error
+	// Duplicate reports a unique job whose key was taken: nothing was
+	// written, and Item is the existing job.
+	Duplicate bool
+	Err       error
 }
 
 // EnqueueMany stores jobs with one _bulk_docs request. Each job succeeds or
@@ -116,7 +143,8 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	if len(docs) == 0 {
 		return results, nil
 	}
-	bulk, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+	tctx, trace := c.traced(ctx)
+	bulk, err := c.db.BulkDocs(tctx, docs, c.bulkOpts()...)
 	if err != nil {
 		return nil, fmt.Errorf("enqueueing %d jobs: %w", len(docs), err)
 	}
@@ -126,6 +154,13 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	}
 	for k, r := range alignBulk(ids, bulk, nil) {
 		i := index[k]
+		if u := jobs[i].Unique; u.Key != "" {
+			// A taken key (409), or a write a cluster stored on too few
+			// copies, is settled one job at a time.
+			accepted := r.Error == nil && trace.uncommitted(r.ID, r.Rev)
+			results[i] = c.resolveUnique(ctx, results[i].Item, u, r.Rev, accepted, r.Error)
+			continue
+		}
 		if r.Error != nil {
 			results[i] = EnqueueResult{Err: fmt.Errorf("enqueueing %s job %s: %w", jobs[i].Worker, r.ID, r.Error)}
 			continue

@@ -2,6 +2,8 @@ package couchq_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -57,4 +59,38 @@ func Example() {
 		panic(err)
 	}
 	_ = w.Run(ctx) // until ctx ends, then a graceful stop
+}
+
+// A unique job's id comes from its type and key, so every process that
+// enqueues it writes the same document and CouchDB keeps one.
+func ExampleUniqueID() {
+	at := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	fmt.Println(couchq.UniqueID("digest", couchq.UniqueOpts{Key: "user-42"}, at))
+	fmt.Println(couchq.UniqueID("report", couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour}, at))
+	// Output:
+	// job:unique:digest:user-42
+	// job:unique:report:daily@2026-11-23T00:00:00Z
+}
+
+// Enqueue a unique job: a second enqueue of the key returns the job that
+// holds it. (Compiled, not run: it needs a CouchDB server.)
+func ExampleClient_Enqueue_unique() {
+	ctx := context.Background()
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	it, err := q.Enqueue(ctx, couchq.NewJob{Worker: "digest", Unique: couchq.UniqueOpts{Key: "user-42"}})
+	switch {
+	case errors.Is(err, couchq.ErrDuplicate):
+		fmt.Println("already queued:", it.ID)
+	case err != nil:
+		panic(err)
+	default:
+		fmt.Println("enqueued:", it.ID)
+	}
 }

@@ -34,6 +34,9 @@ const (
 	// EventClaimWithdrawn names a claimant whose claim of the same revision
 	// reached only a minority of a cluster's copies and was withdrawn.
 	EventClaimWithdrawn = "claim-withdrawn"
+	// EventArchived starts the history of a finished unique job's copy,
+	// made when its key was enqueued again (see UniqueOpts).
+	EventArchived = "archived"
 )
 
 // StatsOptions choose what Stats covers.

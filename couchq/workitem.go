@@ -88,6 +88,9 @@ type WorkItem struct {
 	StartedAt  float64
 	FinishedAt float64
 	History    []Event
+	// UniqueKey is the key of a unique job (NewJob.Unique); its ID is
+	// derived from it (UniqueID).
+	UniqueKey string
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -138,6 +141,7 @@ type wireItem struct {
 	StartedAt   float64         `json:"started_at,omitempty"`
 	FinishedAt  float64         `json:"finished_at,omitempty"`
 	History     []Event         `json:"history,omitempty"`
+	UniqueKey   string          `json:"unique_key,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -145,7 +149,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history":
+		"created_at", "started_at", "finished_at", "history", "unique_key":
 		return true
 	}
 	return false
@@ -162,6 +166,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
+		UniqueKey: w.UniqueKey,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -227,6 +232,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.num("started_at", &w.StartedAt)
 	p.num("finished_at", &w.FinishedAt)
 	p.history(&w.History)
+	p.str("unique_key", &w.UniqueKey)
 	if c, ok := raw["_conflicts"]; ok {
 		_ = json.Unmarshal(c, &w.Conflicts) // informational only
 	}

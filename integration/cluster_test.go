@@ -753,3 +753,63 @@ func TestClusterChaos(t *testing.T) {
 		restartWhat: "node 3 (killed)",
 	})
 }
+
+// Enqueues of one unique key race through all three nodes, three at a time
+// on each: at most one says it created the job (none may, when every copy
+// took a different enqueue first), all get the same job back, and the job
+// runs once.
+func TestClusterUniqueKeyThroughEveryNode(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	const rounds, perNode = 10, 3
+	ids := make([]string, rounds)
+	exactlyOne := 0
+	for round := range rounds {
+		u := couchq.UniqueOpts{Key: fmt.Sprintf("order-%d", round)}
+		ids[round] = couchq.UniqueID("uniq", u, time.Time{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		created := 0
+		for node := range 3 {
+			for i := range perNode {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					it, err := cb.clients[node].Enqueue(cb.ctx, couchq.NewJob{Worker: "uniq",
+						Payload: map[string]int{"node": node + 1, "i": i}, Unique: u})
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil:
+						created++
+					case !errors.Is(err, couchq.ErrDuplicate):
+						t.Errorf("enqueue through node %d: %v", node+1, err)
+						return
+					}
+					if it == nil || it.ID != ids[round] {
+						t.Errorf("enqueue through node %d returned %+v, want job %s", node+1, it, ids[round])
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if created > 1 {
+			t.Fatalf("round %d: %d enqueues of one unique key each say they created the job", round, created)
+		}
+		if created == 1 {
+			exactlyOne++
+		}
+	}
+	t.Logf("%d of %d rounds: exactly one of %d racing enqueues created the job", exactlyOne, rounds, 3*perNode)
+	startClusterWorker(t, cb, 1, "w1", &rc, "uniq")
+	startClusterWorker(t, cb, 3, "w3", &rc, "uniq")
+	waitAllDone(t, cb.clients[1], ids, 2*time.Minute)
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("unique jobs run more than once: %v", twice)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.runs) != rounds {
+		t.Fatalf("%d jobs ran, want %d", len(rc.runs), rounds)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -274,6 +275,8 @@ func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
 		{`{"type":"WorkItem","worker":"a","attempts":-1}`, "attempts must be a whole number"},
 		{`{"type":"WorkItem","worker":"a","lease_until":"soon"}`, "lease_until must be a number"},
 		{`{"type":"WorkItem","worker":"a","history":{}}`, "history must be an array"},
+		{`{"type":"WorkItem","worker":"a","unique_key":7}`, "unique_key must be a string"},
+		{`{"type":"WorkItem","worker":"a","unique_key":"k"}`, "unique_key needs the id job:unique:a:k"},
 	}
 	for i, c := range cases {
 		code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/bad-%d", i), c.body)
@@ -289,6 +292,11 @@ func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
 		if code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/good-%d", i), ok); code != http.StatusCreated {
 			t.Errorf("%s: got %d %s, want 201", ok, code, body)
 		}
+	}
+	// A unique job written by hand, under the id couchq would derive.
+	if code, body := tb.raw(t, http.MethodPut, "/"+url.PathEscape("job:unique:a:k@2026-11-23T00:00:00Z"),
+		`{"type":"WorkItem","worker":"a","unique_key":"k"}`); code != http.StatusCreated {
+		t.Errorf("hand-written unique job: got %d %s, want 201", code, body)
 	}
 }
 

@@ -182,11 +182,11 @@ func (d *demo) enqueue(ctx context.Context) error {
 	now := d.m.Now()
 	one := func(flags string, job couchq.NewJob) (*couchq.WorkItem, error) {
 		d.header("couchq enqueue %s", flags)
-		it, err := enqueueOne(ctx, d.q, job)
+		it, dup, err := enqueueOne(ctx, d.q, job)
 		if err != nil {
 			return nil, err
 		}
-		return it, printEnqueued(d.out, it, d.conn.json)
+		return it, printEnqueued(d.out, it, dup, d.conn.json)
 	}
 	first, err := one(`--type email --payload '{"to":"ada@example.com","template":"welcome"}'`, couchq.NewJob{
 		Worker: "email", Payload: json.RawMessage(`{"to":"ada@example.com","template":"welcome"}`),
@@ -207,10 +207,15 @@ func (d *demo) enqueue(ctx context.Context) error {
 		return err
 	}
 	d.retryID = thumb.ID
-	if _, err := one(`--type report --payload '{"period":"daily"}' --in 2s`, couchq.NewJob{
+	// The report is unique per day: enqueueing it again finds the first.
+	report := couchq.NewJob{
 		Worker: "report", Payload: json.RawMessage(`{"period":"daily"}`), At: now.Add(2 * time.Second),
-	}); err != nil {
-		return err
+		Unique: couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour},
+	}
+	for range 2 {
+		if _, err := one(`--type report --payload '{"period":"daily"}' --in 2s --unique-key daily --unique-for 24h`, report); err != nil {
+			return err
+		}
 	}
 	const pings = 6
 	d.header("couchq enqueue --file pings.jsonl   (%d ping jobs in one _bulk_docs request)", pings)

@@ -22,7 +22,7 @@ import (
 
 const enqueueUsage = `Usage:
 	couchq enqueue --type TYPE [--payload JSON] [--at TIME | --in DURATION]
-	               [--max-attempts N] [--id ID] [flags]
+	               [--max-attempts N] [--id ID | --unique-key KEY [--unique-for D]] [flags]
 	couchq enqueue --file FILE [flags]
 
 Adds a job and prints its id. The job is due now unless --at or --in
@@ -34,9 +34,17 @@ schedules it.
 	--in DURATION       due after a Go duration, e.g. 90s, 10m, 2h
 	--max-attempts N    attempts before the job stays failed (default: the workers')
 	--id ID             document id (default: a time-ordered job:<uuid>)
+	--unique-key KEY    at most one TYPE job per KEY while it is queued or running:
+	                    enqueueing it again prints "already queued: ID" and exits 0.
+	                    The id is job:unique:TYPE:KEY (write that id by hand for the
+	                    same guarantee); a finished job is archived under ID~REV when
+	                    the key is enqueued again
+	--unique-for D      with --unique-key: one job per KEY per period D (from the Unix
+	                    epoch, UTC), whatever became of it; the id ends in @PERIOD-START
 	--file FILE         enqueue every line of a JSON Lines file ('-' for stdin):
 	                    {"type": "email", "payload": {...}, "at": "TIME" | "in": "10s",
-	                     "max_attempts": 5, "id": "..."}  ("worker" may stand for "type")
+	                     "max_attempts": 5, "id": "...", "unique_key": "K", "unique_for": "1h"}
+	                    ("worker" may stand for "type")
 	                    The whole file is checked first: one bad line and nothing is
 	                    enqueued. --type, --at/--in and --max-attempts are defaults
 	                    for lines that do not set them. Jobs go in batches of 500.
@@ -61,6 +69,8 @@ type jobSpec struct {
 	In          string          `json:"in"`
 	MaxAttempts *int            `json:"max_attempts"`
 	ID          string          `json:"id"`
+	UniqueKey   string          `json:"unique_key"`
+	UniqueFor   string          `json:"unique_for"`
 }
 
 // fileJob is a validated job of a --file and the line it came from.
@@ -81,6 +91,8 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	fs.StringVar(&spec.In, "in", "", "due after this duration")
 	fs.IntVar(&maxAttempts, "max-attempts", 0, "attempts before failing for good")
 	fs.StringVar(&spec.ID, "id", "", "document id")
+	fs.StringVar(&spec.UniqueKey, "unique-key", "", "unique key")
+	fs.StringVar(&spec.UniqueFor, "unique-for", "", "unique period")
 	fs.StringVar(&file, "file", "", "JSON Lines file, - for stdin")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
@@ -102,8 +114,8 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	now := m.Now()
 
 	if file != "" {
-		if payload != "" || spec.ID != "" {
-			return usageErrorf("--payload and --id name one job: with --file, put them on each line")
+		if payload != "" || spec.ID != "" || spec.UniqueKey != "" || spec.UniqueFor != "" {
+			return usageErrorf("--payload, --id and --unique-key name one job: with --file, put them on each line")
 		}
 		// Defaults are checked on their own so a bad flag is not blamed on a line.
 		if _, err := spec.schedule(now); err != nil {
@@ -139,41 +151,48 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	defer closeQueue()
-	it, err := enqueueOne(ctx, q, job)
+	it, dup, err := enqueueOne(ctx, q, job)
 	if err != nil {
 		return err
 	}
-	return printEnqueued(m.Stdout, it, conn.json)
+	return printEnqueued(m.Stdout, it, dup, conn.json)
 }
 
 // flagNames turns the JSON field names in a jobSpec error into the flags
 // they came from.
-var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id")
+var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id",
+	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for")
 
-// enqueueOne stores job, explaining the failures a user can act on.
-func enqueueOne(ctx context.Context, q *couchq.Client, job couchq.NewJob) (*couchq.WorkItem, error) {
-	it, err := q.Enqueue(ctx, job)
+// enqueueOne stores job, explaining the failures a user can act on. dup
+// reports a unique job whose key was taken: it is the existing job.
+func enqueueOne(ctx context.Context, q *couchq.Client, job couchq.NewJob) (it *couchq.WorkItem, dup bool, err error) {
+	it, err = q.Enqueue(ctx, job)
 	switch {
 	case err == nil:
-		return it, nil
+		return it, false, nil
+	case errors.Is(err, couchq.ErrDuplicate):
+		return it, true, nil
 	case errors.Is(err, couchq.ErrInvalidJob):
-		return nil, &usageError{err: err}
+		return nil, false, &usageError{err: err}
 	case kivik.HTTPStatus(err) == http.StatusConflict && !isNetError(err):
-		return nil, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
+		return nil, false, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
 	}
-	return nil, err
+	return nil, false, err
 }
 
 // enqueued is a new job as printed with --json.
 type enqueued struct {
-	ID    string     `json:"id"`
-	Rev   string     `json:"rev"`
-	Type  string     `json:"type"`
-	DueAt *time.Time `json:"due_at,omitempty"`
+	ID        string     `json:"id"`
+	Rev       string     `json:"rev"`
+	Type      string     `json:"type"`
+	DueAt     *time.Time `json:"due_at,omitempty"`
+	UniqueKey string     `json:"unique_key,omitempty"`
+	// Duplicate: the unique key was taken; this is the existing job.
+	Duplicate bool `json:"duplicate,omitempty"`
 }
 
-func newEnqueued(it *couchq.WorkItem) enqueued {
-	e := enqueued{ID: it.ID, Rev: it.Rev, Type: it.Worker}
+func newEnqueued(it *couchq.WorkItem, dup bool) enqueued {
+	e := enqueued{ID: it.ID, Rev: it.Rev, Type: it.Worker, UniqueKey: it.UniqueKey, Duplicate: dup}
 	if it.Date != 0 {
 		due := it.DueAt()
 		e.DueAt = &due
@@ -181,9 +200,13 @@ func newEnqueued(it *couchq.WorkItem) enqueued {
 	return e
 }
 
-func printEnqueued(w io.Writer, it *couchq.WorkItem, asJSON bool) error {
-	if asJSON {
-		return writeJSON(w, newEnqueued(it))
+func printEnqueued(w io.Writer, it *couchq.WorkItem, dup, asJSON bool) error {
+	switch {
+	case asJSON:
+		return writeJSON(w, newEnqueued(it, dup))
+	case dup:
+		_, err := fmt.Fprintf(w, "already queued: %s (%s)\n", it.ID, it.Status)
+		return err
 	}
 	_, err := fmt.Fprintln(w, it.ID)
 	return err
@@ -192,7 +215,7 @@ func printEnqueued(w io.Writer, it *couchq.WorkItem, asJSON bool) error {
 // newJob validates s and turns it into a couchq.NewJob; errors name the
 // JSON field at fault.
 func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
-	job := couchq.NewJob{Worker: s.Type, ID: s.ID}
+	job := couchq.NewJob{Worker: s.Type, ID: s.ID, Unique: couchq.UniqueOpts{Key: s.UniqueKey}}
 	if s.Worker != "" {
 		if s.Type != "" && s.Type != s.Worker {
 			return job, fmt.Errorf(`"type" %q and "worker" %q disagree: give one of them`, s.Type, s.Worker)
@@ -204,6 +227,25 @@ func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
 	}
 	if strings.HasPrefix(s.ID, "_") {
 		return job, fmt.Errorf(`invalid "id" %q: ids starting with _ are reserved by CouchDB`, s.ID)
+	}
+	if s.ID != "" && s.UniqueKey != "" {
+		return job, errors.New(`give "id" or "unique_key", not both: a unique job's id is derived from its key`)
+	}
+	if s.UniqueFor != "" {
+		d, err := time.ParseDuration(s.UniqueFor)
+		if err != nil || d < time.Second {
+			return job, fmt.Errorf(`invalid "unique_for" %q: want a duration of at least 1s, such as 1h or 24h`, s.UniqueFor)
+		}
+		if s.UniqueKey == "" {
+			return job, errors.New(`"unique_for" needs a "unique_key"`)
+		}
+		job.Unique.For = d
+	}
+	if len(s.UniqueKey) > couchq.MaxUniqueKeyLen {
+		return job, fmt.Errorf(`"unique_key" is %d bytes, at most %d`, len(s.UniqueKey), couchq.MaxUniqueKeyLen)
+	}
+	if s.UniqueKey != "" && strings.Contains(job.Worker, ":") {
+		return job, fmt.Errorf(`"type" %q cannot contain ':' in a unique job`, job.Worker)
 	}
 	if s.MaxAttempts != nil {
 		if *s.MaxAttempts < 0 {
@@ -329,7 +371,7 @@ func parseJobLine(text []byte, defaults jobSpec, now time.Time) (couchq.NewJob, 
 			return couchq.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, id)", field)
+			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, id, unique_key, unique_for)", field)
 		}
 		if text[0] != '{' {
 			return couchq.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
@@ -373,7 +415,7 @@ func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, 
 		ID    string `json:"id,omitempty"`
 		Error string `json:"error"`
 	}
-	var ids []string
+	var ids, dups []string
 	var failed []failure
 	for start := 0; start < len(jobs); start += bulkBatch {
 		batch := jobs[start:min(start+bulkBatch, len(jobs))]
@@ -396,6 +438,10 @@ func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, 
 				failed = append(failed, failure{Line: batch[i].line, ID: batch[i].job.ID, Error: msg})
 				continue
 			}
+			if r.Duplicate {
+				dups = append(dups, r.Item.ID)
+				continue
+			}
 			ids = append(ids, r.Item.ID)
 		}
 		bar.set(start + len(batch))
@@ -415,13 +461,22 @@ func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, 
 		if failed == nil {
 			failed = []failure{}
 		}
-		if err := writeJSON(m.Stdout, map[string]any{"enqueued": len(ids), "failed": failed, "ids": ids}); err != nil {
+		if dups == nil {
+			dups = []string{}
+		}
+		if err := writeJSON(m.Stdout, map[string]any{"enqueued": len(ids), "failed": failed, "ids": ids,
+			"already_queued": dups}); err != nil {
 			return err
 		}
-	} else if len(failed) == 0 {
-		fmt.Fprintf(m.Stdout, "%d enqueued\n", len(ids))
 	} else {
-		fmt.Fprintf(m.Stdout, "%d enqueued, %d failed\n", len(ids), len(failed))
+		line := fmt.Sprintf("%d enqueued", len(ids))
+		if len(dups) > 0 {
+			line += fmt.Sprintf(", %d already queued (unique keys)", len(dups))
+		}
+		if len(failed) > 0 {
+			line += fmt.Sprintf(", %d failed", len(failed))
+		}
+		fmt.Fprintln(m.Stdout, line)
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("%d of %d jobs from %s failed", len(failed), len(jobs), label)

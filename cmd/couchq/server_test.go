@@ -391,3 +391,37 @@ func TestBinaryExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// A unique key: the second enqueue says which job holds it, and exits 0;
+// a --file counts the duplicates apart.
+func TestEnqueueUniqueKey(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	r := c.run(t, "enqueue", "--type", "digest", "--unique-key", "user-42")
+	expect(t, r, exitOK)
+	if got := strings.TrimSpace(r.stdout); got != "job:unique:digest:user-42" {
+		t.Fatalf("unique enqueue printed %q", got)
+	}
+	r = c.run(t, "enqueue", "--type", "digest", "--unique-key", "user-42", "--payload", `{"other":true}`)
+	expect(t, r, exitOK)
+	if got := strings.TrimSpace(r.stdout); got != "already queued: job:unique:digest:user-42 (queued)" {
+		t.Fatalf("second unique enqueue printed %q", got)
+	}
+	r = c.run(t, "enqueue", "--type", "digest", "--unique-key", "user-42", "--json")
+	expect(t, r, exitOK)
+	var e enqueued
+	if err := json.Unmarshal([]byte(r.stdout), &e); err != nil || !e.Duplicate || e.UniqueKey != "user-42" || e.ID != "job:unique:digest:user-42" {
+		t.Fatalf("unique enqueue --json: %+v %v: %q", e, err, r.stdout)
+	}
+	r = c.withStdin(`{"type":"digest","unique_key":"user-42"}`+"\n"+`{"type":"digest","unique_key":"user-7","unique_for":"24h"}`+"\n").
+		run(t, "enqueue", "--file", "-")
+	expect(t, r, exitOK)
+	if got := strings.TrimSpace(r.stdout); got != "1 enqueued, 1 already queued (unique keys)" {
+		t.Fatalf("unique enqueue --file printed %q", got)
+	}
+	r = c.run(t, "show", "job:unique:digest:user-42")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "unique key  user-42") {
+		t.Errorf("show does not name the unique key:\n%s", r.stdout)
+	}
+}

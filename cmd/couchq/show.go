@@ -112,6 +112,9 @@ func printJob(w io.Writer, q *couchq.Client, it *couchq.WorkItem, now time.Time)
 	}
 	field("due", due)
 	field("attempts", fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it)))
+	if it.UniqueKey != "" {
+		field("unique key", it.UniqueKey)
+	}
 	if it.CreatedAt != 0 {
 		field("created", timeAndAgo(couchq.FromUnix(it.CreatedAt), now))
 	}

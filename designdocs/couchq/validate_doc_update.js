@@ -44,11 +44,18 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (given(newDoc.claimed) && typeof newDoc.claimed !== 'boolean') {
     reject('claimed', 'must be a boolean, got ' + describe(newDoc.claimed));
   }
-  var strings = ['claimed_by', 'last_error'];
+  var strings = ['claimed_by', 'last_error', 'unique_key'];
   for (var s = 0; s < strings.length; s++) {
     if (given(newDoc[strings[s]]) && typeof newDoc[strings[s]] !== 'string') {
       reject(strings[s], 'must be a string, got ' + describe(newDoc[strings[s]]));
     }
+  }
+  // A unique job's id is derived from its type and key (couchq.UniqueID):
+  // a key on any other id would promise a uniqueness nothing enforces.
+  // (Archived copies, id + "~" + rev, and periods, id + "@" + start, keep
+  // the prefix.)
+  if (given(newDoc.unique_key) && newDoc._id.indexOf('job:unique:' + newDoc.worker + ':' + newDoc.unique_key) !== 0) {
+    reject('unique_key', 'needs the id job:unique:' + newDoc.worker + ':' + newDoc.unique_key + ' (got ' + JSON.stringify(newDoc._id) + ')');
   }
   var counts = ['attempts', 'max_attempts'];
   for (var i = 0; i < counts.length; i++) {

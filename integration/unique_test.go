@@ -1,0 +1,203 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// A unique key holds one job while it is queued or running: a second
+// enqueue returns that job and says so, in Enqueue and in EnqueueMany
+// (also twice in one batch). Once the job is done the key is free: the
+// next enqueue archives the finished job (nothing lost) and queues a new
+// one under the same id.
+func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	c := tb.client
+	job := couchq.NewJob{Worker: "digest", Payload: map[string]int{"user": 42}, Unique: couchq.UniqueOpts{Key: "user-42"}}
+	first, err := c.Enqueue(tb.ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "job:unique:digest:user-42"; first.ID != want || first.UniqueKey != "user-42" {
+		t.Fatalf("unique job id %q key %q, want %q", first.ID, first.UniqueKey, want)
+	}
+	again, err := c.Enqueue(tb.ctx, job)
+	if !errors.Is(err, couchq.ErrDuplicate) || again == nil || again.ID != first.ID || again.Rev != first.Rev {
+		t.Fatalf("second enqueue: %+v, %v; want the first job and ErrDuplicate", again, err)
+	}
+	other := job
+	other.Unique.Key = "user-43"
+	res, err := c.EnqueueMany(tb.ctx, []couchq.NewJob{job, other, other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Duplicate || res[0].Item.ID != first.ID || res[0].Err != nil {
+		t.Errorf("batch: the taken key: %+v", res[0])
+	}
+	if res[1].Duplicate || res[1].Err != nil || !res[2].Duplicate || res[2].Item.ID != res[1].Item.ID {
+		t.Errorf("batch: a new key twice: %+v, %+v; want one new job, then its duplicate", res[1], res[2])
+	}
+	if n := len(allJobs(t, tb, "digest")); n != 2 {
+		t.Fatalf("%d digest jobs stored, want 2", n)
+	}
+
+	// Running still holds the key.
+	claimed, err := c.Claim(tb.ctx, first, "host/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(tb.ctx, job); !errors.Is(err, couchq.ErrDuplicate) {
+		t.Fatalf("enqueue while the job runs: %v, want ErrDuplicate", err)
+	}
+	if err := c.Complete(tb.ctx, claimed, []byte(`{"sent":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	// Done frees it: a new job under the same id; the finished one kept.
+	next, err := c.Enqueue(tb.ctx, job)
+	if err != nil {
+		t.Fatalf("enqueue after the job finished: %v", err)
+	}
+	if next.ID != first.ID || next.Status != couchq.StatusQueued || next.Attempts != 0 {
+		t.Fatalf("re-enqueued job: %+v", next)
+	}
+	archived, err := c.Get(tb.ctx, couchq.ArchiveID(claimed.ID, claimed.Rev))
+	if err != nil {
+		t.Fatalf("the finished job was not archived: %v", err)
+	}
+	if archived.Status != couchq.StatusDone || string(archived.Result) != `{"sent":true}` ||
+		archived.History[len(archived.History)-1].Event != couchq.EventArchived {
+		t.Fatalf("archived job: %+v", archived)
+	}
+	if n := len(allJobs(t, tb, "digest")); n != 3 {
+		t.Fatalf("%d digest jobs stored, want 3 (two queued, one archived)", n)
+	}
+}
+
+// With a period the key holds one job per period, whatever became of it;
+// the next period has its own.
+func TestUniqueKeyPerPeriod(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 23, 10, 15, 0, 0, time.UTC))
+	tb := setup(t, couchq.Config{Now: clk.Now})
+	c := tb.client
+	job := couchq.NewJob{Worker: "report", Unique: couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour}}
+	first, err := c.Enqueue(tb.ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "job:unique:report:daily@2026-11-23T00:00:00Z"; first.ID != want {
+		t.Fatalf("id %q, want %q", first.ID, want)
+	}
+	claimed, err := c.Claim(tb.ctx, first, "host/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(tb.ctx, claimed, nil); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(10 * time.Hour)
+	if dup, err := c.Enqueue(tb.ctx, job); !errors.Is(err, couchq.ErrDuplicate) || dup.Status != couchq.StatusDone {
+		t.Fatalf("enqueue later the same day: %+v %v, want the done job as a duplicate", dup, err)
+	}
+	clk.Add(14 * time.Hour)
+	next, err := c.Enqueue(tb.ctx, job)
+	if err != nil || next.ID != "job:unique:report:daily@2026-11-24T00:00:00Z" {
+		t.Fatalf("enqueue the next day: %+v %v", next, err)
+	}
+}
+
+// Bad unique options are refused before anything is written.
+func TestUniqueOptionsRefused(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	for _, tc := range []struct {
+		job  couchq.NewJob
+		want string
+	}{
+		{couchq.NewJob{Worker: "a:b", Unique: couchq.UniqueOpts{Key: "k"}}, "cannot contain ':'"},
+		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{For: time.Hour}}, "needs a unique key"},
+		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{Key: "k", For: time.Millisecond}}, "at least 1s"},
+		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{Key: strings.Repeat("k", 300)}}, "at most"},
+		{couchq.NewJob{Worker: "a", ID: "job:mine", Unique: couchq.UniqueOpts{Key: "k"}}, "not both"},
+	} {
+		_, err := tb.client.Enqueue(tb.ctx, tc.job)
+		if !errors.Is(err, couchq.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want ErrInvalidJob saying %q", tc.job, err, tc.want)
+		}
+	}
+	if n := len(allJobs(t, tb, "a")) + len(allJobs(t, tb, "a:b")); n != 0 {
+		t.Fatalf("%d jobs stored by refused enqueues", n)
+	}
+}
+
+// Eight CLI processes enqueue the same key at once: one job, one process
+// says it enqueued it, seven say "already queued" with its id, all exit 0.
+func TestUniqueKeyFromEightProcesses(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	bin := buildCLI(t)
+	const n = 8
+	for round := range 3 {
+		key := fmt.Sprintf("order-%d", round)
+		procs := make([]*cliProc, n)
+		for i := range procs {
+			procs[i] = startProc(t, bin, tb.db.Name(), fmt.Sprintf("enqueue-%d", i),
+				"enqueue", "--type", "invoice", "--unique-key", key, "--payload", fmt.Sprintf(`{"from":%d}`, i))
+		}
+		created, dup := 0, 0
+		id := couchq.UniqueID("invoice", couchq.UniqueOpts{Key: key}, time.Time{})
+		for _, p := range procs {
+			if code := p.wait(t, time.Minute); code != 0 {
+				t.Fatalf("%s exited %d: %s", p.name, code, p.stderr.String())
+			}
+			out := strings.TrimSpace(p.stdout.String())
+			switch {
+			case out == id:
+				created++
+			case strings.HasPrefix(out, "already queued: "+id):
+				dup++
+			default:
+				t.Fatalf("%s printed %q", p.name, out)
+			}
+		}
+		if created != 1 || dup != n-1 {
+			t.Fatalf("round %d: %d created, %d already queued; want 1 and %d", round, created, dup, n-1)
+		}
+	}
+	if jobs := allJobs(t, tb, "invoice"); len(jobs) != 3 {
+		t.Fatalf("%d invoice jobs stored, want 3", len(jobs))
+	}
+}
+
+// Goroutines of one process race too: at most one enqueue creates the
+// job, all others get it back as a duplicate.
+func TestUniqueKeyConcurrentEnqueues(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	created, dups := 0, 0
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "race", Payload: i, Unique: couchq.UniqueOpts{Key: "k"}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				created++
+			case errors.Is(err, couchq.ErrDuplicate) && it != nil && it.ID == "job:unique:race:k":
+				dups++
+			default:
+				t.Errorf("enqueue %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if created != 1 || dups != 15 {
+		t.Fatalf("%d created, %d duplicates; want 1 and 15", created, dups)
+	}
+}
