@@ -101,10 +101,14 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 }
 
 // waitForChangesSelector is WaitForChanges with a native _selector filter.
-func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
+func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) ([]string, string, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+grace(timeout))
 	defer cancel()
-	selector := claimableSelector(types)
+	control := map[string]any{"type": ControlDocType}
+	if len(types) > 0 {
+		control["worker"] = map[string]any{"$in": types}
+	}
+	selector := map[string]any{"$or": []any{claimableSelector(types), control}}
 	q := url.Values{
 		"feed":    {"longpoll"},
 		"since":   {since},
@@ -117,7 +121,7 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	}
 	body, err := json.Marshal(map[string]any{"selector": selector})
 	if err != nil {
-		return 0, since, fmt.Errorf("encoding the changes selector: %w", err)
+		return nil, since, fmt.Errorf("encoding the changes selector: %w", err)
 	}
 	// The body goes through GetBody: chttp's DoJSON sends Options.JSON
 	// nowhere, and CouchDB answers an empty body with 400 "invalid UTF-8
@@ -128,9 +132,9 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 		}}, &resp)
 	if err != nil {
 		if ctx.Err() == nil && reqCtx.Err() != nil {
-			return 0, since, nil
+			return nil, since, nil
 		}
-		return 0, since, fmt.Errorf("following changes since %s: %w", since, err)
+		return nil, since, fmt.Errorf("following changes since %s: %w", since, err)
 	}
 	last := since
 	var s string
@@ -140,7 +144,15 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	case len(resp.LastSeq) > 0 && string(resp.LastSeq) != "null":
 		last = string(resp.LastSeq) // CouchDB 1.x numbers
 	}
-	return len(resp.Results), last, nil
+	ids := make([]string, 0, len(resp.Results))
+	for _, r := range resp.Results {
+		var ch struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(r, &ch)
+		ids = append(ids, ch.ID)
+	}
+	return ids, last, nil
 }
 
 // claimableSelector matches what the work filter (designdocs/couchq/

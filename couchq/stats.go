@@ -73,8 +73,11 @@ type QueueNow struct {
 	Done      int64 `json:"done"`
 	Cancelled int64 `json:"cancelled"`
 	// OldestDueAge is how long the oldest due job has been waiting, in
-	// seconds: the "are we keeping up" number. 0 when nothing is due.
+	// seconds: the "are we keeping up" number. 0 when nothing is due, and
+	// for a paused type: its due jobs wait on purpose, they are not late.
 	OldestDueAge float64 `json:"oldest_due_age"`
+	// Paused: the type's workers claim nothing (see Client.Pause).
+	Paused bool `json:"paused"`
 }
 
 // TypeStats are one job type's figures.
@@ -145,11 +148,25 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 			return nil, err
 		}
 	}
+	paused, err := c.Paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A paused type with no jobs at all is still worth a row.
+	for typ := range paused {
+		if (opts.Worker == "" || opts.Worker == typ) && !contains(types, typ) {
+			types = append(types, typ)
+		}
+	}
+	sort.Strings(types)
 	out := &Stats{Since: opts.Since.UTC(), Until: opts.Until.UTC()}
 	for _, typ := range types {
 		ts, err := c.typeStats(ctx, typ, opts, now)
 		if err != nil {
 			return nil, err
+		}
+		if paused[typ] {
+			ts.Queue.Paused, ts.Queue.OldestDueAge = true, 0
 		}
 		out.Types = append(out.Types, *ts)
 	}

@@ -813,3 +813,32 @@ func TestClusterUniqueKeyThroughEveryNode(t *testing.T) {
 		t.Fatalf("%d jobs ran, want %d", len(rc.runs), rounds)
 	}
 }
+
+// A pause written through node 1 reaches the workers attached to nodes 2
+// and 3 through their own feeds, and a resume through node 3 starts them
+// again.
+func TestClusterPauseReachesEveryNode(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	startClusterWorker(t, cb, 2, "w2", &rc, "held")
+	startClusterWorker(t, cb, 3, "w3", &rc, "held")
+	first := cb.enqueue(t, "held", 5)
+	waitAllDone(t, cb.clients[0], first, time.Minute)
+
+	if err := cb.clients[0].Pause(cb.ctx, "held", "test", ""); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	waiting := cb.enqueue(t, "held", 10)
+	time.Sleep(2 * time.Second)
+	if started, _ := rc.total(""); started != len(first) {
+		t.Fatalf("%d jobs started after the pause, want none", started-len(first))
+	}
+	if err := cb.clients[2].Resume(cb.ctx, "held", "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitAllDone(t, cb.clients[1], waiting, time.Minute)
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once: %v", twice)
+	}
+}

@@ -6,7 +6,8 @@ import (
 )
 
 // followChanges long-polls the database's _changes feed, filtered to
-// WorkItems of this worker's types, and wakes the runners on every change.
+// WorkItems of this worker's types and their control documents, wakes the
+// runners on every job change and follows pauses and resumes.
 // It reconnects with backoff when the feed breaks (a server restart, say)
 // and wakes the runners after reconnecting, since changes may have been
 // missed meanwhile. since is where it starts: Start reads it before the
@@ -16,7 +17,7 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 	backoff := 100 * time.Millisecond
 	broken := false
 	for ctx.Err() == nil && !w.stopping() {
-		n, last, err := w.client.WaitForChanges(ctx, since, w.Types(), w.cfg.FeedTimeout)
+		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), w.cfg.FeedTimeout)
 		if err != nil {
 			if ctx.Err() != nil || w.stopping() {
 				return
@@ -34,14 +35,53 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		if broken {
 			w.log.Info().Msg("changes feed reconnected")
 			broken = false
+			w.refreshPaused(ctx) // a pause or resume may have been missed
 			w.wakeAll()
 		}
 		backoff = 100 * time.Millisecond
 		if last != "" {
 			since = last
 		}
-		if n > 0 {
+		if len(fc.Controls) > 0 {
+			w.refreshPaused(ctx)
+			// On a cluster the feed can report a change before a majority
+			// of the copies hold it, so the read may miss it: look again.
+			time.AfterFunc(time.Second, func() {
+				if ctx.Err() == nil {
+					w.refreshPaused(ctx)
+				}
+			})
+		}
+		if fc.Jobs > 0 {
 			w.wakeAll()
 		}
+	}
+}
+
+// refreshPaused reads the control documents of the worker's types and
+// pauses or resumes their runners; a resumed runner looks for work at once.
+// When they cannot be read, nothing changes (the next feed change or
+// reconnect reads them again).
+func (w *Worker) refreshPaused(ctx context.Context) {
+	w.pauseMu.Lock() // one read at a time: an older read never lands last
+	defer w.pauseMu.Unlock()
+	paused, err := w.client.Paused(ctx, w.Types()...)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("reading which job types are paused; keeping the current state")
+		}
+		return
+	}
+	for _, r := range w.runners {
+		now := paused[r.typ]
+		if r.paused.Swap(now) == now {
+			continue
+		}
+		if now {
+			w.log.Info().Str("type", r.typ).Msg("job type paused: not claiming it; running jobs finish")
+			continue
+		}
+		w.log.Info().Str("type", r.typ).Msg("job type resumed")
+		r.nudge()
 	}
 }

@@ -37,6 +37,9 @@ type runner struct {
 	// behind records that the last fetch left due work behind, so that a
 	// finished job's freed slot should look for more.
 	behind atomic.Bool
+	// paused mirrors the type's control document: a paused runner claims
+	// nothing and waits for the feed to say it was resumed.
+	paused atomic.Bool
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -59,6 +62,15 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 	log := r.w.log.With().Str("type", r.typ).Logger()
 	backoff, nextBackoff := 100*time.Millisecond, 100*time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
+		if r.paused.Load() {
+			if r.w.cfg.Drain && len(r.slots) == 0 {
+				return // a paused type has nothing to drain
+			}
+			if !r.idle(ctx, r.w.cfg.FallbackPoll) {
+				return
+			}
+			continue
+		}
 		more, listedUpTo, err := r.fetch(ctx)
 		if err != nil {
 			if ctx.Err() != nil || r.w.stopping() {

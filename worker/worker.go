@@ -59,6 +59,8 @@ type Worker struct {
 	jobs    sync.WaitGroup // running jobs
 	drained chan struct{}  // closed when every runner drained (Drain mode)
 
+	pauseMu sync.Mutex // serialises refreshPaused
+
 	mu      sync.Mutex
 	running map[string]*runningJob
 	started time.Time
@@ -157,6 +159,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.log.Warn().Err(err).Msg("reading the update sequence; the changes feed starts from now")
 		}
 	}
+	w.refreshPaused(ctx) // before the first claim
 	var drained sync.WaitGroup
 	for _, r := range w.runners {
 		w.loops.Add(1)

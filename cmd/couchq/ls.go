@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -65,7 +66,30 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 	if err != nil {
 		return err
 	}
-	return printJobs(m.Stdout, q, batch, opts.Limit, m.Now(), conn.json)
+	if err := printJobs(m.Stdout, q, batch, opts.Limit, m.Now(), conn.json); err != nil || conn.json {
+		return err
+	}
+	return printPaused(ctx, m.Stdout, q, opts.Worker)
+}
+
+// printPaused says which job types are paused (only typ, when given): their
+// queued jobs wait on purpose.
+func printPaused(ctx context.Context, w io.Writer, q *couchq.Client, typ string) error {
+	var only []string
+	if typ != "" {
+		only = []string{typ}
+	}
+	paused, err := q.Paused(ctx, only...)
+	if err != nil || len(paused) == 0 {
+		return err
+	}
+	types := make([]string, 0, len(paused))
+	for t := range paused {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	_, err = fmt.Fprintf(w, "paused: %s (their workers claim nothing; 'couchq resume TYPE')\n", strings.Join(types, ", "))
+	return err
 }
 
 func statusList() string {

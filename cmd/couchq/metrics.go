@@ -79,7 +79,7 @@ func (s *summaryTotals) add(sum couchq.Summary) {
 }
 
 type metricDescs struct {
-	jobs, due, scheduled, oldestDue                      *prometheus.Desc
+	jobs, due, scheduled, oldestDue, paused              *prometheus.Desc
 	added, started, finished, failed, retried            *prometheus.Desc
 	wait, service, execution                             *prometheus.Desc
 	workersAlive, workersDead                            *prometheus.Desc
@@ -96,7 +96,8 @@ func newMetricDescs() metricDescs {
 		due:       prometheus.NewDesc("couchq_queue_due", "Queued jobs that are due now: the backlog workers have yet to claim.", typ, nil),
 		scheduled: prometheus.NewDesc("couchq_queue_scheduled", "Queued jobs due later (scheduled, or waiting to retry).", typ, nil),
 		oldestDue: prometheus.NewDesc("couchq_oldest_due_age_seconds",
-			"How long the oldest due job has waited since it became due; 0 when nothing is due. Alert on this to know the workers keep up.", typ, nil),
+			"How long the oldest due job has waited since it became due; 0 when nothing is due, and for a paused type. Alert on this to know the workers keep up.", typ, nil),
+		paused: prometheus.NewDesc("couchq_type_paused", "1 while the job type is paused (couchq pause): its workers claim nothing.", typ, nil),
 
 		added:    prometheus.NewDesc("couchq_jobs_added_total", "Jobs enqueued (activity log event enqueued).", typ, nil),
 		started:  prometheus.NewDesc("couchq_jobs_started_total", "Attempts started: claims by a worker, retries included (event claimed).", typ, nil),
@@ -144,7 +145,7 @@ const refreshTimeout = 30 * time.Second
 func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := c.d
 	for _, desc := range []*prometheus.Desc{
-		d.jobs, d.due, d.scheduled, d.oldestDue, d.added, d.started, d.finished, d.failed, d.retried,
+		d.jobs, d.due, d.scheduled, d.oldestDue, d.paused, d.added, d.started, d.finished, d.failed, d.retried,
 		d.wait, d.service, d.execution, d.workersAlive, d.workersDead, d.workerRunning,
 		d.workerUtilization, d.workerHeartbeatAge, d.up, d.refreshErrors, d.refreshDuration,
 	} {
@@ -208,6 +209,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		send(d.due, prometheus.GaugeValue, float64(t.Queue.Due), t.Type)
 		send(d.scheduled, prometheus.GaugeValue, float64(t.Queue.Scheduled), t.Type)
 		send(d.oldestDue, prometheus.GaugeValue, t.Queue.OldestDueAge, t.Type)
+		send(d.paused, prometheus.GaugeValue, map[bool]float64{true: 1}[t.Queue.Paused], t.Type)
 	}
 	alive, dead := map[string]float64{}, map[string]float64{}
 	seen := map[string]bool{}

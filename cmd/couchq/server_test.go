@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -424,4 +425,38 @@ func TestEnqueueUniqueKey(t *testing.T) {
 	if !strings.Contains(r.stdout, "unique key  user-42") {
 		t.Errorf("show does not name the unique key:\n%s", r.stdout)
 	}
+}
+
+// pause and resume: what they print, and what ls and stats then show.
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	expect(t, c.run(t, "enqueue", "--type", "mail"), exitOK)
+	r := c.run(t, "pause", "mail", "--reason", "smtp down")
+	expect(t, r, exitOK)
+	if got := strings.TrimSpace(r.stdout); got != "paused mail: its workers stop claiming it; the jobs they hold finish" {
+		t.Fatalf("pause printed %q", got)
+	}
+	r = c.run(t, "ls")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "paused: mail (their workers claim nothing; 'couchq resume TYPE')") {
+		t.Fatalf("ls does not show the paused type:\n%s", r.stdout)
+	}
+	r = c.run(t, "stats")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "OLDEST DUE  PAUSED") || !regexp.MustCompile(`(?m)^mail +1 +0 +0 +0 +- +paused$`).MatchString(r.stdout) {
+		t.Fatalf("stats does not show the paused type:\n%s", r.stdout)
+	}
+	r = c.run(t, "resume", "mail", "--json")
+	expect(t, r, exitOK)
+	var pr pauseResult
+	if err := json.Unmarshal([]byte(r.stdout), &pr); err != nil || pr != (pauseResult{Type: "mail", Paused: false}) {
+		t.Fatalf("resume --json printed %q (%v)", r.stdout, err)
+	}
+	r = c.run(t, "ls")
+	expect(t, r, exitOK)
+	if strings.Contains(r.stdout, "paused") {
+		t.Fatalf("ls still shows a paused type:\n%s", r.stdout)
+	}
+	expect(t, c.run(t, "resume", "never-paused"), exitOK)
 }

@@ -195,13 +195,25 @@ func printStats(w io.Writer, st *couchq.Stats) error {
 		}
 		fmt.Fprintln(w)
 		tw = newTable(w)
-		fmt.Fprintln(tw, "QUEUE NOW\tDUE\tSCHEDULED\tRUNNING\tFAILED\tOLDEST DUE")
+		anyPaused := false
+		for _, t := range st.Types {
+			anyPaused = anyPaused || t.Queue.Paused
+		}
+		header := "QUEUE NOW\tDUE\tSCHEDULED\tRUNNING\tFAILED\tOLDEST DUE"
+		if anyPaused {
+			header += "\tPAUSED"
+		}
+		fmt.Fprintln(tw, header)
 		for _, t := range st.Types {
 			oldest := "-"
-			if t.Queue.Due > 0 {
+			if t.Queue.Due > 0 && !t.Queue.Paused { // a paused type's jobs wait on purpose
 				oldest = fmtSeconds(t.Queue.OldestDueAge)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Running, t.Queue.Failed, oldest)
+			row := fmt.Sprintf("%s\t%d\t%d\t%d\t%d\t%s", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Running, t.Queue.Failed, oldest)
+			if anyPaused {
+				row += "\t" + map[bool]string{true: "paused", false: "-"}[t.Queue.Paused]
+			}
+			fmt.Fprintln(tw, row)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

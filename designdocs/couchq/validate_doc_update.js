@@ -4,7 +4,23 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // Deletions always pass so that purging and conflict clean-up never fail.
   // The rules match couchq's decoder (couchq/workitem.go): what passes here,
   // couchq can run; null counts as missing, as it does there.
-  if (newDoc._deleted === true || newDoc.type !== 'WorkItem') {
+  if (newDoc._deleted === true) {
+    return;
+  }
+  if (newDoc.type === 'TypeControl') {
+    // A job type's control document (couchq.TypeControl): workers follow it.
+    if (typeof newDoc.worker !== 'string' || newDoc.worker === '') {
+      throw ({forbidden: 'invalid TypeControl: worker must be the job type, a non-empty string'});
+    }
+    if (newDoc._id !== 'control:' + newDoc.worker) {
+      throw ({forbidden: 'invalid TypeControl: the id must be control:' + newDoc.worker + ', got ' + JSON.stringify(newDoc._id)});
+    }
+    if (typeof newDoc.paused !== 'boolean') {
+      throw ({forbidden: 'invalid TypeControl: paused must be a boolean'});
+    }
+    return;
+  }
+  if (newDoc.type !== 'WorkItem') {
     return;
   }
   function reject(field, why) {

@@ -3,7 +3,24 @@ function (doc, req) {
   // _selector filter (PouchDB Server). It passes only changes that can give
   // a worker something to claim — WorkItems that are unclaimed and not
   // running or finished, as in the due view — so that claims, renewals and
-  // completions do not wake every worker. ?types=a,b narrows it to job types.
+  // completions do not wake every worker, and the control documents of job
+  // types (a pause or a resume). ?types=a,b narrows it to job types.
+  var types = req.query && req.query.types;
+  function wanted(worker) {
+    if (!types) {
+      return true;
+    }
+    var list = String(types).split(',');
+    for (var i = 0; i < list.length; i++) {
+      if (list[i] === worker) {
+        return true;
+      }
+    }
+    return false;
+  }
+  if (doc.type === 'TypeControl') {
+    return wanted(doc.worker);
+  }
   if (doc.type !== 'WorkItem' || doc.claimed === true) {
     return false;
   }
@@ -11,15 +28,5 @@ function (doc, req) {
   if (s === 'running' || s === 'done' || s === 'failed' || s === 'cancelled') {
     return false;
   }
-  var types = req.query && req.query.types;
-  if (!types) {
-    return true;
-  }
-  var list = String(types).split(',');
-  for (var i = 0; i < list.length; i++) {
-    if (list[i] === doc.worker) {
-      return true;
-    }
-  }
-  return false;
+  return wanted(doc.worker);
 }

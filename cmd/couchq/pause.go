@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rs/zerolog"
+)
+
+const pauseUsage = `Usage: couchq pause TYPE [--reason TEXT] [flags]
+
+Pauses a job type: every worker of TYPE stops claiming it within a moment
+(they follow the type's control document, control:TYPE, through the
+changes feed they already hold) and finishes the jobs it holds. Jobs can
+still be enqueued; they wait. 'couchq stats' and 'ls' show paused types,
+and a paused type's due jobs do not count as late. Pausing a paused type
+changes nothing. 'couchq resume TYPE' undoes it.
+
+	--reason TEXT   why, kept on the control document and shown by stats
+`
+
+const resumeUsage = `Usage: couchq resume TYPE [flags]
+
+Resumes a paused job type: its workers claim its due jobs again at once.
+Resuming a type that is not paused changes nothing.
+`
+
+// pauseResult is what pause and resume print with --json.
+type pauseResult struct {
+	Type   string `json:"type"`
+	Paused bool   `json:"paused"`
+}
+
+func (m *Main) runPause(ctx context.Context, log zerolog.Logger, args []string) error {
+	return m.setPaused(ctx, log, args, true)
+}
+
+func (m *Main) runResume(ctx context.Context, log zerolog.Logger, args []string) error {
+	return m.setPaused(ctx, log, args, false)
+}
+
+func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string, paused bool) error {
+	name, usage := "resume", resumeUsage
+	if paused {
+		name, usage = "pause", pauseUsage
+	}
+	fs := m.newFlagSet(name, usage)
+	conn := addConnFlags(fs)
+	var reason string
+	if paused {
+		fs.StringVar(&reason, "reason", "", "why")
+	}
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(rest) == 0:
+		return usageErrorf("missing job TYPE")
+	case len(rest) > 1:
+		return usageErrorf("want one job TYPE, got %d", len(rest))
+	case rest[0] == "":
+		return usageErrorf("the job TYPE must not be empty")
+	}
+	typ := rest[0]
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	if paused {
+		err = q.Pause(ctx, typ, q.Config().Actor, reason)
+	} else {
+		err = q.Resume(ctx, typ, q.Config().Actor)
+	}
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if conn.json {
+		return writeJSON(m.Stdout, pauseResult{Type: typ, Paused: paused})
+	}
+	if paused {
+		_, err = fmt.Fprintf(m.Stdout, "paused %s: its workers stop claiming it; the jobs they hold finish\n", typ)
+	} else {
+		_, err = fmt.Fprintf(m.Stdout, "resumed %s\n", typ)
+	}
+	return err
+}
