@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -100,6 +101,10 @@ type Client struct {
 	selectorFeed *chttp.Client
 	// batcher coalesces concurrent writes of held jobs into _bulk_docs.
 	batcher writeBatcher
+	// singleQueries is set once the server turned down a multi-range view
+	// request (.../queries; PouchDB Server): DueFirst then asks range by
+	// range.
+	singleQueries atomic.Bool
 }
 
 // New returns a Client for db. It asks the server for the database's

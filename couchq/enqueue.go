@@ -22,6 +22,8 @@ type NewJob struct {
 	At time.Time
 	// MaxAttempts overrides the workers' default for this job; 0 keeps it.
 	MaxAttempts int
+	// Priority is 1 (runs first) to 5 (last); 0 is PriorityDefault (3).
+	Priority int
 	// ID sets the document id; empty picks a time-ordered one (NewID).
 	ID string
 	// Unique makes the enqueue idempotent: at most one job of this type
@@ -69,6 +71,10 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	if math.IsNaN(date) {
 		return nil, fmt.Errorf("%w: invalid time %v", ErrInvalidJob, j.At)
 	}
+	if j.Priority != 0 && (j.Priority < PriorityHighest || j.Priority > PriorityLowest) {
+		return nil, fmt.Errorf("%w: priority must be from %d (runs first) to %d, or 0 for the default (%d), got %d",
+			ErrInvalidJob, PriorityHighest, PriorityLowest, PriorityDefault, j.Priority)
+	}
 	if err := j.Unique.validate(j.Worker); err != nil {
 		return nil, err
 	}
@@ -83,7 +89,7 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	}
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
-		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key,
+		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil

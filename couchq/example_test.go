@@ -94,3 +94,15 @@ func ExampleClient_Enqueue_unique() {
 		fmt.Println("enqueued:", it.ID)
 	}
 }
+
+// A job's priority runs from 1 (first) to 5 (last); one without a priority
+// sits in the middle.
+func ExampleWorkItem_EffectivePriority() {
+	for _, it := range []couchq.WorkItem{{Priority: couchq.PriorityHighest}, {}, {Priority: 5}} {
+		fmt.Println(it.EffectivePriority())
+	}
+	// Output:
+	// 1
+	// 3
+	// 5
+}

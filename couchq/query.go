@@ -142,42 +142,51 @@ func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
 	defer rows.Close()
 	b := &Batch{}
 	for rows.Next() {
-		var raw json.RawMessage
-		if err := rows.ScanDoc(&raw); err != nil {
+		if err := c.scanRow(rows, b); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		if gone(raw) {
-			// Every view couchq reads emits WorkItems only, so a row whose
-			// document is missing, deleted or no longer a WorkItem was
-			// indexed from a revision that has since been replaced: on a
-			// cluster the index and the document come from different
-			// copies. The job is gone from this view, not malformed.
-			id, _ := rows.ID()
-			c.log.Debug().Str("job", id).Msg("view row's document is gone; skipping")
-			continue
-		}
-		var it WorkItem
-		if err := json.Unmarshal(raw, &it); err != nil {
-			m := &MalformedError{Field: "document", Reason: err.Error()}
-			errors.As(err, &m)
-			if m.ID == "" {
-				m.ID, _ = rows.ID()
-			}
-			var meta struct {
-				Rev string `json:"_rev"`
-			}
-			_ = json.Unmarshal(raw, &meta)
-			c.log.Info().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
-				Msg("skipping malformed WorkItem")
-			b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
-			continue
-		}
-		b.Items = append(b.Items, &it)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return b, nil
+}
+
+// scanRow adds the current row's document to b: a job, a malformed one, or
+// nothing when the document is gone.
+func (c *Client) scanRow(rows *kivik.ResultSet, b *Batch) error {
+	var raw json.RawMessage
+	if err := rows.ScanDoc(&raw); err != nil {
+		return err
+	}
+	if gone(raw) {
+		// Every view couchq reads emits WorkItems only, so a row whose
+		// document is missing, deleted or no longer a WorkItem was
+		// indexed from a revision that has since been replaced: on a
+		// cluster the index and the document come from different
+		// copies. The job is gone from this view, not malformed.
+		id, _ := rows.ID()
+		c.log.Debug().Str("job", id).Msg("view row's document is gone; skipping")
+		return nil
+	}
+	var it WorkItem
+	if err := json.Unmarshal(raw, &it); err != nil {
+		m := &MalformedError{Field: "document", Reason: err.Error()}
+		errors.As(err, &m)
+		if m.ID == "" {
+			m.ID, _ = rows.ID()
+		}
+		var meta struct {
+			Rev string `json:"_rev"`
+		}
+		_ = json.Unmarshal(raw, &meta)
+		c.log.Info().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
+			Msg("skipping malformed WorkItem")
+		b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
+		return nil
+	}
+	b.Items = append(b.Items, &it)
+	return nil
 }
 
 // gone reports whether a view row's included document is not (or no

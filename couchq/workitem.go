@@ -81,9 +81,11 @@ type WorkItem struct {
 	Status      Status
 	Attempts    int
 	MaxAttempts int // 0 means the configured default
-	LastError   string
-	Result      json.RawMessage
-	CreatedAt   float64
+	// Priority is 1 (runs first) to 5 (last); 0 means PriorityDefault.
+	Priority  int
+	LastError string
+	Result    json.RawMessage
+	CreatedAt float64
 	// StartedAt is when the job was first claimed (wait time ends there).
 	StartedAt  float64
 	FinishedAt float64
@@ -142,6 +144,7 @@ type wireItem struct {
 	FinishedAt  float64         `json:"finished_at,omitempty"`
 	History     []Event         `json:"history,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
+	Priority    int             `json:"priority,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -149,7 +152,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history", "unique_key":
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority":
 		return true
 	}
 	return false
@@ -166,7 +169,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
-		UniqueKey: w.UniqueKey,
+		UniqueKey: w.UniqueKey, Priority: w.Priority,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -233,6 +236,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.num("finished_at", &w.FinishedAt)
 	p.history(&w.History)
 	p.str("unique_key", &w.UniqueKey)
+	if v, ok := raw["priority"]; ok && string(v) != "null" {
+		p.count("priority", &w.Priority)
+		if p.err == nil && (w.Priority < PriorityHighest || w.Priority > PriorityLowest) {
+			p.fail("priority", fmt.Sprintf("must be a whole number from %d (runs first) to %d, got %d", PriorityHighest, PriorityLowest, w.Priority))
+		}
+	}
 	if c, ok := raw["_conflicts"]; ok {
 		_ = json.Unmarshal(c, &w.Conflicts) // informational only
 	}

@@ -13,7 +13,7 @@ func TestBuildReadsTheTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"due", "leases", "status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "conflicts"} {
+	for _, v := range []string{"due", "leases", "status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "conflicts", "due_priority"} {
 		if doc.Views[v].Map == "" {
 			t.Errorf("view %s has no map", v)
 		}

@@ -276,6 +276,8 @@ func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
 		{`{"type":"WorkItem","worker":"a","lease_until":"soon"}`, "lease_until must be a number"},
 		{`{"type":"WorkItem","worker":"a","history":{}}`, "history must be an array"},
 		{`{"type":"WorkItem","worker":"a","unique_key":7}`, "unique_key must be a string"},
+		{`{"type":"WorkItem","worker":"a","priority":0}`, "priority must be a whole number from 1"},
+		{`{"type":"WorkItem","worker":"a","priority":2.5}`, "priority must be a whole number from 1"},
 		{`{"type":"WorkItem","worker":"a","unique_key":"k"}`, "unique_key needs the id job:unique:a:k"},
 	}
 	for i, c := range cases {
@@ -287,6 +289,7 @@ func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
 	for i, ok := range []string{
 		`{"type":"WorkItem","worker":"a"}`,
 		`{"type":"WorkItem","worker":"a","date":null,"status":"queued","attempts":0,"claimed":false}`,
+		`{"type":"WorkItem","worker":"a","priority":1}`,
 		`{"type":"SomethingElse","worker":5}`,
 	} {
 		if code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/good-%d", i), ok); code != http.StatusCreated {

@@ -143,7 +143,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// view; read past them so they never starve the jobs behind.
 	k := min(max(r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
 	r.w.stats.queries.Add(1)
-	batch, err := r.w.client.Due(ctx, r.typ, k)
+	batch, err := r.w.client.DueFirst(ctx, r.typ, k)
 	if err != nil {
 		return false, time.Time{}, err
 	}
@@ -159,8 +159,9 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return repaired > 0, upTo, nil
 	}
 	// Pick at random among the first K so that workers polling the same
-	// view spread over the candidates instead of all racing for row one.
-	rand.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
+	// view spread over the candidates instead of all racing for row one —
+	// within each priority: a higher one always goes first.
+	shuffleWithinPriority(items)
 	n := min(free, r.w.cfg.ClaimBatch, len(items))
 	// A claim already on its way is not cut off by Stop: the server may
 	// apply it anyway, leaving the job claimed (and an attempt charged)
@@ -521,4 +522,19 @@ func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
 		}
 	}
 	return repaired
+}
+
+// shuffleWithinPriority shuffles each run of jobs of one priority in items
+// (which DueFirst returns highest priority first), keeping the runs in
+// order.
+func shuffleWithinPriority(items []*couchq.WorkItem) {
+	for start := 0; start < len(items); {
+		end := start + 1
+		for end < len(items) && items[end].EffectivePriority() == items[start].EffectivePriority() {
+			end++
+		}
+		run := items[start:end]
+		rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+		start = end
+	}
 }

@@ -22,7 +22,7 @@ import (
 
 const enqueueUsage = `Usage:
 	couchq enqueue --type TYPE [--payload JSON] [--at TIME | --in DURATION]
-	               [--max-attempts N] [--id ID | --unique-key KEY [--unique-for D]] [flags]
+	               [--max-attempts N] [--priority P] [--id ID | --unique-key KEY [--unique-for D]] [flags]
 	couchq enqueue --file FILE [flags]
 
 Adds a job and prints its id. The job is due now unless --at or --in
@@ -33,6 +33,8 @@ schedules it.
 	--at TIME           due at an RFC 3339 time, e.g. 2030-01-02T15:04:05Z
 	--in DURATION       due after a Go duration, e.g. 90s, 10m, 2h
 	--max-attempts N    attempts before the job stays failed (default: the workers')
+	--priority P        1 (runs first) to 5 (last); default 3. Among due jobs of a type
+	                    a higher priority always starts first, then the oldest due
 	--id ID             document id (default: a time-ordered job:<uuid>)
 	--unique-key KEY    at most one TYPE job per KEY while it is queued or running:
 	                    enqueueing it again prints "already queued: ID" and exits 0.
@@ -43,7 +45,8 @@ schedules it.
 	                    epoch, UTC), whatever became of it; the id ends in @PERIOD-START
 	--file FILE         enqueue every line of a JSON Lines file ('-' for stdin):
 	                    {"type": "email", "payload": {...}, "at": "TIME" | "in": "10s",
-	                     "max_attempts": 5, "id": "...", "unique_key": "K", "unique_for": "1h"}
+	                     "max_attempts": 5, "id": "...", "unique_key": "K", "unique_for": "1h",
+	                     "priority": 1}
 	                    ("worker" may stand for "type")
 	                    The whole file is checked first: one bad line and nothing is
 	                    enqueued. --type, --at/--in and --max-attempts are defaults
@@ -71,6 +74,7 @@ type jobSpec struct {
 	ID          string          `json:"id"`
 	UniqueKey   string          `json:"unique_key"`
 	UniqueFor   string          `json:"unique_for"`
+	Priority    *int            `json:"priority"`
 }
 
 // fileJob is a validated job of a --file and the line it came from.
@@ -93,6 +97,8 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	fs.StringVar(&spec.ID, "id", "", "document id")
 	fs.StringVar(&spec.UniqueKey, "unique-key", "", "unique key")
 	fs.StringVar(&spec.UniqueFor, "unique-for", "", "unique period")
+	var priority int
+	fs.IntVar(&priority, "priority", 0, "priority")
 	fs.StringVar(&file, "file", "", "JSON Lines file, - for stdin")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
@@ -105,6 +111,9 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	log = log.Level(conn.level)
+	if flagSet(fs, "priority") { // a default for lines of a --file too
+		spec.Priority = &priority
+	}
 	if flagSet(fs, "max-attempts") { // else lines of a --file keep their own
 		if maxAttempts < 0 {
 			return usageErrorf("invalid --max-attempts %d: must be >= 0 (0 means the workers' default)", maxAttempts)
@@ -161,7 +170,7 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 // flagNames turns the JSON field names in a jobSpec error into the flags
 // they came from.
 var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id",
-	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for")
+	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for", `"priority"`, "--priority")
 
 // enqueueOne stores job, explaining the failures a user can act on. dup
 // reports a unique job whose key was taken: it is the existing job.
@@ -246,6 +255,12 @@ func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
 	}
 	if s.UniqueKey != "" && strings.Contains(job.Worker, ":") {
 		return job, fmt.Errorf(`"type" %q cannot contain ':' in a unique job`, job.Worker)
+	}
+	if s.Priority != nil {
+		if *s.Priority < couchq.PriorityHighest || *s.Priority > couchq.PriorityLowest {
+			return job, fmt.Errorf(`invalid "priority" %d: want 1 (runs first) to 5 (last)`, *s.Priority)
+		}
+		job.Priority = *s.Priority
 	}
 	if s.MaxAttempts != nil {
 		if *s.MaxAttempts < 0 {
@@ -371,7 +386,7 @@ func parseJobLine(text []byte, defaults jobSpec, now time.Time) (couchq.NewJob, 
 			return couchq.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, id, unique_key, unique_for)", field)
+			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for)", field)
 		}
 		if text[0] != '{' {
 			return couchq.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
@@ -390,12 +405,15 @@ func parseJobLine(text []byte, defaults jobSpec, now time.Time) (couchq.NewJob, 
 	if s.MaxAttempts == nil {
 		s.MaxAttempts = defaults.MaxAttempts
 	}
+	if s.Priority == nil {
+		s.Priority = defaults.Priority
+	}
 	return s.newJob(now)
 }
 
 func jsonKind(field string) string {
 	switch field {
-	case "max_attempts":
+	case "max_attempts", "priority":
 		return "a whole number"
 	default:
 		return "a string"

@@ -460,3 +460,24 @@ func TestPauseResume(t *testing.T) {
 	}
 	expect(t, c.run(t, "resume", "never-paused"), exitOK)
 }
+
+// --priority on the command line and "priority" on a --file line; show
+// prints it.
+func TestEnqueuePriority(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	r := c.run(t, "enqueue", "--type", "render", "--priority", "1", "--id", "urgent")
+	expect(t, r, exitOK)
+	r = c.withStdin(`{"type":"render","id":"later","priority":5}`+"\n"+`{"type":"render","id":"default"}`+"\n").
+		run(t, "enqueue", "--file", "-", "--priority", "2")
+	expect(t, r, exitOK)
+	for id, want := range map[string]string{"urgent": "priority  1", "later": "priority  5", "default": "priority  2"} {
+		r = c.run(t, "show", id)
+		expect(t, r, exitOK)
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show %s does not contain %q:\n%s", id, want, r.stdout)
+		}
+	}
+	r = c.withStdin(`{"type":"render","priority":"high"}`+"\n").run(t, "enqueue", "--file", "-")
+	expect(t, r, exitUsage, `"priority" must be a whole number`)
+}

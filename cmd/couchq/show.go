@@ -112,6 +112,9 @@ func printJob(w io.Writer, q *couchq.Client, it *couchq.WorkItem, now time.Time)
 	}
 	field("due", due)
 	field("attempts", fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it)))
+	if it.Priority != 0 {
+		field("priority", fmt.Sprintf("%d (1 runs first, 5 last)", it.Priority))
+	}
 	if it.UniqueKey != "" {
 		field("unique key", it.UniqueKey)
 	}

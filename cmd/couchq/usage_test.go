@@ -40,6 +40,8 @@ func TestUsageErrors(t *testing.T) {
 		{"unique for too short", "", []string{"enqueue", "--type", "x", "--unique-key", "k", "--unique-for", "10ms"}, `invalid --unique-for "10ms"`},
 		{"unique type with colon", "", []string{"enqueue", "--type", "a:b", "--unique-key", "k"}, `cannot contain ':'`},
 		{"file and unique key", "", []string{"enqueue", "--file", "-", "--unique-key", "k"}, "with --file"},
+		{"priority 0", "", []string{"enqueue", "--type", "x", "--priority", "0"}, `invalid --priority 0: want 1 (runs first) to 5`},
+		{"priority 6", "", []string{"enqueue", "--type", "x", "--priority", "6"}, `invalid --priority 6`},
 		{"pause without type", "", []string{"pause"}, "missing job TYPE"},
 		{"pause two types", "", []string{"pause", "a", "b"}, "want one job TYPE, got 2"},
 		{"resume without type", "", []string{"resume"}, "missing job TYPE"},

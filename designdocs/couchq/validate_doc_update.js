@@ -80,6 +80,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
       reject(counts[i], 'must be a whole number from 0 to 2147483647, got ' + JSON.stringify(v));
     }
   }
+  if (given(newDoc.priority) && !(isNum(newDoc.priority) && Math.floor(newDoc.priority) === newDoc.priority &&
+      newDoc.priority >= 1 && newDoc.priority <= 5)) {
+    reject('priority', 'must be a whole number from 1 (runs first) to 5, got ' + JSON.stringify(newDoc.priority));
+  }
   var times = ['claimed_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
   for (var j = 0; j < times.length; j++) {
     var t = newDoc[times[j]];

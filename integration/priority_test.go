@@ -1,0 +1,133 @@
+package integration
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
+)
+
+// A busy queue holds 1,000 low-priority jobs when 10 high-priority ones
+// arrive: the high ones start before any further low one (only the low
+// jobs already claimed, at most a claim batch, go first).
+func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var mu sync.Mutex
+	var order []int // priorities in start order
+	highAt := -1    // len(order) when the high jobs were enqueued
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"render": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			mu.Lock()
+			order = append(order, job.Item.EffectivePriority())
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			return nil
+		}),
+	})
+	cfg.Concurrency, cfg.ClaimBatch, cfg.PickAmong = 2, 2, 4
+	low := make([]couchq.NewJob, 1000)
+	for i := range low {
+		low[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityLowest}
+	}
+	for start := 0; start < len(low); start += 500 {
+		if _, err := tb.client.EnqueueMany(tb.ctx, low[start:start+500]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startWorker(t, tb, cfg)
+	started := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order)
+	}
+	waitFor(t, 30*time.Second, "the worker to get busy", func() bool { return started() >= 10 })
+	high := make([]couchq.NewJob, 10)
+	for i := range high {
+		high[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityHighest}
+	}
+	mu.Lock()
+	highAt = len(order)
+	mu.Unlock()
+	if _, err := tb.client.EnqueueMany(tb.ctx, high); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the high-priority jobs to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, p := range order[highAt:] {
+			if p == couchq.PriorityHighest {
+				n++
+			}
+		}
+		return n == len(high)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	lowBefore := 0
+	seenHigh := 0
+	for _, p := range order[highAt:] {
+		if p == couchq.PriorityHighest {
+			seenHigh++
+			if seenHigh == len(high) {
+				break
+			}
+			continue
+		}
+		lowBefore++
+	}
+	t.Logf("after the high jobs were enqueued, %d low jobs started before the last high one (claim batch %d, concurrency %d)",
+		lowBefore, cfg.ClaimBatch, cfg.Concurrency)
+	if lowBefore > cfg.ClaimBatch+cfg.Concurrency {
+		t.Fatalf("%d low-priority jobs started before all high-priority ones: %v", lowBefore, order[highAt:])
+	}
+}
+
+// DueFirst orders by priority, then by due date; a job without a priority
+// sits in the middle, and a hand-written priority counts.
+func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	tb := setup(t, couchq.Config{Now: clk.Now})
+	base := clk.Now().Add(-time.Hour)
+	for i, j := range []struct {
+		id       string
+		priority int
+		at       time.Duration
+	}{
+		{"low-old", 5, 0}, {"mid-new", 0, 3 * time.Minute}, {"high-new", 1, 2 * time.Minute},
+		{"mid-old", 3, time.Minute}, {"high-old", 1, 30 * time.Second}, {"two", 2, 10 * time.Minute},
+	} {
+		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", ID: j.id, Priority: j.priority, At: base.Add(j.at)}); err != nil {
+			t.Fatalf("job %d: %v", i, err)
+		}
+	}
+	if code, body := tb.raw(t, "PUT", "/by-hand", `{"type":"WorkItem","worker":"p","priority":2,"date":1}`); code != 201 {
+		t.Fatalf("hand-written job: %d %s", code, body)
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", ID: "future", Priority: 1, At: clk.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := tb.client.DueFirst(tb.ctx, "p", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, it := range b.Items {
+		got = append(got, it.ID)
+	}
+	want := []string{"high-old", "high-new", "by-hand", "two", "mid-old", "mid-new", "low-old"}
+	if len(got) != len(want) {
+		t.Fatalf("DueFirst: %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("DueFirst: %v, want %v", got, want)
+		}
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", Priority: 6}); err == nil {
+		t.Fatal("priority 6 accepted")
+	}
+}
