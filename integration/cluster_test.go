@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -841,4 +842,60 @@ func TestClusterPauseReachesEveryNode(t *testing.T) {
 	if twice := rc.twice(); len(twice) > 0 {
 		t.Fatalf("jobs run more than once: %v", twice)
 	}
+}
+
+// Workers on all three nodes run the same schedule: one job per tick, no
+// tick missed, each run once, though each tick's job is created through
+// several nodes at once.
+func TestClusterPeriodicOneJobPerTick(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	sched := couchq.Periodic{Name: "beat", Schedule: "@every 1s", Job: couchq.NewJob{Worker: "beat"}}
+	var workers []*worker.Worker
+	for i := range 6 {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{"beat": rc.handler(fmt.Sprintf("p%d", i))})
+		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []couchq.Periodic{sched}
+		w, err := worker.New(cb.clients[i%3], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(cb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		workers = append(workers, w)
+	}
+	time.Sleep(8 * time.Second)
+	for _, w := range workers {
+		w := w
+		go func() { _ = w.Stop(context.Background()) }()
+	}
+	var ids []string
+	var ticks []time.Time
+	batch, err := cb.clients[0].List(cb.ctx, couchq.ListOptions{Worker: "beat", Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range batch.Items {
+		ids = append(ids, it.ID)
+		ticks = append(ticks, it.DueAt())
+	}
+	sort.Slice(ticks, func(i, j int) bool { return ticks[i].Before(ticks[j]) })
+	if len(ticks) < 6 {
+		t.Fatalf("%d jobs in eight ticks", len(ticks))
+	}
+	for i := 1; i < len(ticks); i++ {
+		if d := ticks[i].Sub(ticks[i-1]); d != time.Second {
+			t.Fatalf("ticks %s and %s are %s apart: a tick was missed", ticks[i-1], ticks[i], d)
+		}
+	}
+	waitFor(t, time.Minute, "the ticks' jobs to settle and run", func() bool {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		return len(rc.runs) >= len(ids)-2 // the last ticks may come after the workers stopped claiming
+	})
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("periodic jobs run more than once: %v", twice)
+	}
+	t.Logf("%d jobs for %d ticks from 6 processes on 3 nodes", len(ids), len(ticks))
 }

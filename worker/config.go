@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
 )
 
 // Defaults for Config.
@@ -72,6 +74,10 @@ type Config struct {
 	// DeleteDone lists job types whose finished jobs are deleted instead of
 	// kept with status done.
 	DeleteDone map[string]bool
+	// Periodic lists schedules this process enqueues jobs for (see
+	// couchq.Periodic): any number of processes may run the same schedule,
+	// and each tick yields one job.
+	Periodic []couchq.Periodic
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
 	// Logger receives the worker's logs. The zero value discards them.
@@ -133,6 +139,16 @@ func (c Config) validate() error {
 		if h == nil {
 			return fmt.Errorf("worker config: job type %q has a nil handler", typ)
 		}
+	}
+	names := map[string]bool{}
+	for _, p := range c.Periodic {
+		if _, err := couchq.CheckPeriodic(p); err != nil {
+			return fmt.Errorf("worker config: %w", err)
+		}
+		if names[p.Name] {
+			return fmt.Errorf("worker config: periodic schedule %q is given twice", p.Name)
+		}
+		names[p.Name] = true
 	}
 	if c.HeartbeatInterval >= c.LeaseDuration {
 		return fmt.Errorf("worker config: heartbeat interval %s must be shorter than the lease %s",

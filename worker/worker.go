@@ -187,6 +187,13 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.sweepLoop(loopCtx)
 		}()
 	}
+	for _, p := range w.cfg.Periodic {
+		w.loops.Add(1)
+		go func() {
+			defer w.loops.Done()
+			w.periodicLoop(loopCtx, p)
+		}()
+	}
 	w.loops.Add(1)
 	go func() {
 		defer w.loops.Done()

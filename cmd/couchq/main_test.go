@@ -35,6 +35,15 @@ type cli struct {
 
 func (c cli) run(t *testing.T, args ...string) result {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return c.runContext(t, ctx, args...)
+}
+
+// runContext is run until ctx ends: a long-running command (worker) stops
+// then, as on a signal.
+func (c cli) runContext(t *testing.T, ctx context.Context, args ...string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	m := NewMain(strings.NewReader(c.stdin), &stdout, &stderr)
 	m.Getenv = func(k string) string { return c.env[k] }
@@ -42,8 +51,6 @@ func (c cli) run(t *testing.T, args ...string) result {
 	if c.now != nil {
 		m.Now = c.now
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	code := m.Run(ctx, args)
 	t.Logf("couchq %s -> %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}

@@ -481,3 +481,32 @@ func TestEnqueuePriority(t *testing.T) {
 	r = c.withStdin(`{"type":"render","priority":"high"}`+"\n").run(t, "enqueue", "--file", "-")
 	expect(t, r, exitUsage, `"priority" must be a whole number`)
 }
+
+// A worker with --periodic enqueues its ticks; periodic ls shows the
+// schedule.
+func TestWorkerPeriodicAndPeriodicLs(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	r := c.run(t, "periodic", "ls")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "no periodic schedules" {
+		t.Fatalf("periodic ls on a fresh database: %q", r.stdout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	r = c.runContext(t, ctx, "worker", "--type", "beat", "--handler", "noop", "--periodic", "beat=@every 1s",
+		"--feed-timeout", "1s", "--shutdown-timeout", "1s")
+	expect(t, r, exitOK)
+	r = c.run(t, "periodic", "ls")
+	expect(t, r, exitOK)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "NAME") || !strings.Contains(lines[1], "beat") ||
+		!strings.Contains(lines[1], "@every 1s") || !strings.Contains(lines[1], "job:periodic:beat@") {
+		t.Fatalf("periodic ls:\n%s", r.stdout)
+	}
+	r = c.run(t, "ls", "--type", "beat", "--status", "done")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "job:periodic:beat@") {
+		t.Fatalf("no periodic job ran:\n%s", r.stdout)
+	}
+}

@@ -43,6 +43,8 @@ func TestUsageErrors(t *testing.T) {
 		{"priority 0", "", []string{"enqueue", "--type", "x", "--priority", "0"}, `invalid --priority 0: want 1 (runs first) to 5`},
 		{"priority 6", "", []string{"enqueue", "--type", "x", "--priority", "6"}, `invalid --priority 6`},
 		{"pause without type", "", []string{"pause"}, "missing job TYPE"},
+		{"periodic without subcommand", "", []string{"periodic"}, "missing subcommand"},
+		{"periodic unknown subcommand", "", []string{"periodic", "rm"}, `unknown subcommand "rm"`},
 		{"pause two types", "", []string{"pause", "a", "b"}, "want one job TYPE, got 2"},
 		{"resume without type", "", []string{"resume"}, "missing job TYPE"},
 		{"resume with reason", "", []string{"resume", "a", "--reason", "x"}, "flag provided but not defined: -reason"},

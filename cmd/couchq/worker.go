@@ -46,6 +46,16 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default 25)
 	--shutdown-timeout D   how long running jobs may finish after a stop signal
 	                       (default 30s)
+	--periodic 'T=SPEC'    enqueue a job of type T at every tick of SPEC: a cron
+	                       expression ("0 7 * * 1-5", "@daily", "CRON_TZ=Europe/Berlin
+	                       0 7 * * *") or "@every 5m". Repeatable. Any number of
+	                       processes may run the same schedule: each tick yields
+	                       one job (id job:periodic:T@TICK). T need not be one of
+	                       --type. 'couchq periodic ls' shows the schedules
+	--periodic-tz ZONE     time zone of cron expressions without CRON_TZ
+	                       (default UTC)
+	--catch-up once|all    ticks missed while no process ran a schedule: enqueue
+	                       the latest once (default), or one job per missed tick
 
 Timings, mostly for tests and demos:
 
@@ -82,6 +92,11 @@ type workerFlags struct {
 	feedTimeout     time.Duration
 	fallbackPoll    time.Duration
 	retryDelay      time.Duration
+	periodic        repeatedFlag
+	periodicTZ      string
+	catchUp         string
+	// schedules is --periodic parsed.
+	schedules []couchq.Periodic
 
 	// set records which flags were given, for those whose zero value is
 	// meaningful (--retry-delay 0 retries at once).
@@ -113,6 +128,9 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.feedTimeout, "feed-timeout", worker.FeedTimeoutDefault, "changes long-poll timeout")
 	fs.DurationVar(&f.fallbackPoll, "fallback-poll", worker.FallbackPollDefault, "fallback poll interval")
 	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
+	fs.Var(&f.periodic, "periodic", "periodic schedule TYPE=SPEC")
+	fs.StringVar(&f.periodicTZ, "periodic-tz", "UTC", "time zone of cron schedules")
+	fs.StringVar(&f.catchUp, "catch-up", "once", "missed ticks: once or all")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -229,6 +247,51 @@ func (f *workerFlags) check() error {
 	if hb := f.heartbeatInterval(); hb >= f.lease {
 		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
 	}
+	return f.checkPeriodic()
+}
+
+// checkPeriodic parses --periodic, --periodic-tz and --catch-up.
+func (f *workerFlags) checkPeriodic() error {
+	loc, err := time.LoadLocation(f.periodicTZ)
+	if err != nil {
+		return usageErrorf("invalid --periodic-tz %q: %v", f.periodicTZ, err)
+	}
+	var catchUp couchq.CatchUp
+	switch f.catchUp {
+	case "once":
+		catchUp = couchq.CatchUpOnce
+	case "all":
+		catchUp = couchq.CatchUpAll
+	default:
+		return usageErrorf("invalid --catch-up %q: want once or all", f.catchUp)
+	}
+	seen := map[string]bool{}
+	for _, v := range f.periodic {
+		typ, spec, ok := strings.Cut(v, "=")
+		typ, spec = strings.TrimSpace(typ), strings.TrimSpace(spec)
+		if !ok || typ == "" || spec == "" {
+			return usageErrorf("invalid --periodic %q: want TYPE=SPEC, e.g. 'report=0 7 * * *' or 'ping=@every 5m'", v)
+		}
+		if seen[typ] {
+			return usageErrorf("invalid --periodic %q: a schedule for %s is already given", v, typ)
+		}
+		seen[typ] = true
+		p := couchq.Periodic{Name: typ, Schedule: spec, Location: loc, Job: couchq.NewJob{Worker: typ}, CatchUp: catchUp}
+		if _, err := couchq.CheckPeriodic(p); err != nil {
+			return usageErrorf("invalid --periodic %q: %v", v, err)
+		}
+		f.schedules = append(f.schedules, p)
+	}
+	return nil
+}
+
+// repeatedFlag collects every value of a flag given more than once.
+type repeatedFlag []string
+
+func (r *repeatedFlag) String() string { return strings.Join(*r, ", ") }
+
+func (r *repeatedFlag) Set(v string) error {
+	*r = append(*r, v)
 	return nil
 }
 
@@ -254,6 +317,7 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		FeedTimeout:       f.feedTimeout,
 		FallbackPoll:      f.fallbackPoll,
 		Drain:             f.drain,
+		Periodic:          f.schedules,
 		Logger:            log,
 	}
 	for _, t := range f.typeList {

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const periodicUsage = `Usage: couchq periodic ls [flags]
+
+Lists the periodic schedules the workers run ('couchq worker --periodic
+TYPE=SPEC', worker.Config.Periodic in Go): each one's job type, schedule,
+last tick enqueued (or when the schedule was first seen) and next tick,
+from its state document periodic:NAME.
+`
+
+func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("periodic", periodicUsage)
+	conn := addConnFlags(fs)
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(rest) == 0:
+		return usageErrorf("missing subcommand: want 'couchq periodic ls'")
+	case rest[0] != "ls":
+		return usageErrorf("unknown subcommand %q: want 'couchq periodic ls'", rest[0])
+	case len(rest) > 1:
+		return usageErrorf("unexpected argument %q", rest[1])
+	}
+	q, _, closeQueue, err := m.connect(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	states, err := q.PeriodicStates(ctx)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if conn.json {
+		if states == nil {
+			states = []couchq.PeriodicState{}
+		}
+		return writeJSON(m.Stdout, states)
+	}
+	if len(states) == 0 {
+		_, err := fmt.Fprintln(m.Stdout, "no periodic schedules")
+		return err
+	}
+	now := m.Now()
+	tw := newTable(m.Stdout)
+	fmt.Fprintln(tw, "NAME\tTYPE\tSCHEDULE\tLAST TICK\tNEXT TICK\tLAST JOB")
+	for _, st := range states {
+		lastJob := st.LastJob
+		if lastJob == "" {
+			lastJob = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", st.Name, st.Worker, st.Schedule,
+			timeAndAgo(couchq.FromUnix(st.LastTick), now), timeAndAgo(couchq.FromUnix(st.NextTick), now), lastJob)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,132 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
+)
+
+// Ten worker processes run the same schedule, @every 1s, for ten ticks:
+// one job per tick, no tick missed, each run once.
+func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		runs[job.ID]++
+		mu.Unlock()
+		return nil
+	})
+	sched := couchq.Periodic{Name: "beat", Schedule: "@every 1s", Job: couchq.NewJob{Worker: "beat"}}
+	var workers []*worker.Worker
+	for i := range 10 {
+		cfg := fastWorker(tb, map[string]worker.Handler{"beat": h})
+		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []couchq.Periodic{sched}
+		workers = append(workers, startWorker(t, tb, cfg))
+	}
+	time.Sleep(10*time.Second + 300*time.Millisecond)
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Stop(tb.ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	jobs := allJobs(t, tb, "beat")
+	var ticks []time.Time
+	for _, it := range jobs {
+		ticks = append(ticks, it.DueAt())
+		if it.ID != couchq.PeriodicJobID("beat", it.DueAt()) {
+			t.Errorf("job %s is not its tick's (%s)", it.ID, it.DueAt())
+		}
+	}
+	sort.Slice(ticks, func(i, j int) bool { return ticks[i].Before(ticks[j]) })
+	if len(ticks) < 9 {
+		t.Fatalf("%d jobs in about ten ticks of ten processes: %v", len(ticks), ticks)
+	}
+	for i := 1; i < len(ticks); i++ {
+		if d := ticks[i].Sub(ticks[i-1]); d != time.Second {
+			t.Fatalf("ticks %s and %s are %s apart: a tick was missed or doubled", ticks[i-1], ticks[i], d)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range runs {
+		if n != 1 {
+			t.Errorf("job %s ran %d times", id, n)
+		}
+	}
+	st, err := tb.client.PeriodicStates(tb.ctx)
+	// Stopping may cut loops off between their enqueue and their state
+	// update: the state names one of the last ticks' jobs.
+	named := false
+	for _, tick := range ticks[max(0, len(ticks)-3):] {
+		named = named || st != nil && st[0].LastJob == couchq.PeriodicJobID("beat", tick)
+	}
+	if err != nil || len(st) != 1 || !named {
+		t.Fatalf("schedule state: %+v %v; want one of the last ticks' jobs (%s)", st, err, ticks[len(ticks)-1])
+	}
+	t.Logf("%d jobs for %d ticks from 10 processes; state %+v", len(jobs), len(ticks), st[0])
+}
+
+// Ticks missed while nothing ran the schedule run once by default, or
+// once each with CatchUpAll; a schedule seen for the first time starts
+// from now.
+func TestPeriodicMissedTicks(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 23, 12, 0, 30, 0, time.UTC))
+	tb := setup(t, couchq.Config{Now: clk.Now})
+	for _, tc := range []struct {
+		catchUp couchq.CatchUp
+		want    int
+	}{{couchq.CatchUpOnce, 1}, {couchq.CatchUpAll, 5}} {
+		p := couchq.Periodic{Name: fmt.Sprintf("report%d", tc.catchUp), Schedule: "*/1 * * * *",
+			Job: couchq.NewJob{Worker: "report"}, CatchUp: tc.catchUp}
+		ticks, err := couchq.CheckPeriodic(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := clk.Now()
+		next, got, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "test")
+		if err != nil || len(got) != 0 || !next.Equal(start.Truncate(time.Minute).Add(time.Minute)) {
+			t.Fatalf("first tick: next %s, enqueued %v, %v; want nothing before the first tick", next, got, err)
+		}
+		clk.Add(5 * time.Minute) // five ticks pass with nothing running
+		next, got, err = tb.client.TickPeriodic(tb.ctx, p, ticks, "test")
+		if err != nil || len(got) != tc.want {
+			t.Fatalf("catch-up %d: enqueued %v (%v), want %d", tc.catchUp, got, err, tc.want)
+		}
+		latest := start.Truncate(time.Minute).Add(5 * time.Minute)
+		if got[len(got)-1] != couchq.PeriodicJobID(p.Name, latest) || !next.Equal(latest.Add(time.Minute)) {
+			t.Fatalf("catch-up %d: last job %s, next %s", tc.catchUp, got[len(got)-1], next)
+		}
+		if _, again, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "other"); err != nil || len(again) != 0 {
+			t.Fatalf("a second process at the same time enqueued %v (%v)", again, err)
+		}
+	}
+}
+
+// Bad schedules are refused with the reason.
+func TestPeriodicRefused(t *testing.T) {
+	for _, p := range []couchq.Periodic{
+		{Name: "a", Schedule: "every day", Job: couchq.NewJob{Worker: "a"}},
+		{Name: "a", Schedule: "@every 10ms", Job: couchq.NewJob{Worker: "a"}},
+		{Name: "a:b", Schedule: "@daily", Job: couchq.NewJob{Worker: "a"}},
+		{Name: "a", Schedule: "@daily"},
+		{Name: "a", Schedule: "@daily", Job: couchq.NewJob{Worker: "a", ID: "x"}},
+	} {
+		if _, err := couchq.CheckPeriodic(p); err == nil {
+			t.Errorf("%+v accepted", p)
+		}
+	}
+}

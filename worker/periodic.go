@@ -1,0 +1,39 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// periodicLoop enqueues the schedule's jobs tick by tick until claiming
+// stops: it sleeps until the next tick, then lets TickPeriodic enqueue it
+// (or find that another process did).
+func (w *Worker) periodicLoop(ctx context.Context, p couchq.Periodic) {
+	ticks, err := couchq.CheckPeriodic(p) // checked in New: cannot fail here
+	if err != nil {
+		w.log.Error().Err(err).Msg("periodic schedule")
+		return
+	}
+	log := w.log.With().Str("schedule", p.Name).Str("type", p.Job.Worker).Logger()
+	backoff := 100 * time.Millisecond
+	for {
+		next, enqueued, err := w.client.TickPeriodic(ctx, p, ticks, w.by)
+		wait := time.Until(next)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn().Err(err).Dur("retry_in", backoff).Msg("periodic schedule: enqueueing its tick failed")
+			wait = backoff
+			backoff = min(backoff*2, 10*time.Second)
+		case err == nil:
+			backoff = 100 * time.Millisecond
+			for _, id := range enqueued {
+				log.Info().Str("job", id).Time("next", next).Msg("periodic job enqueued")
+			}
+		}
+		if !w.sleep(ctx, max(wait, 10*time.Millisecond)) {
+			return
+		}
+	}
+}
