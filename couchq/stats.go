@@ -125,6 +125,9 @@ type Stats struct {
 	Until   time.Time     `json:"until"`
 	Types   []TypeStats   `json:"types"`
 	Workers []WorkerStats `json:"workers"`
+	// Periodic lists the periodic schedules (all of them, or those of
+	// StatsOptions.Worker's type): last and next tick.
+	Periodic []PeriodicState `json:"periodic"`
 }
 
 // Stats computes per-type metrics over a window from the design
@@ -169,6 +172,15 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 			ts.Queue.Paused, ts.Queue.OldestDueAge = true, 0
 		}
 		out.Types = append(out.Types, *ts)
+	}
+	periodic, err := c.PeriodicStates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range periodic {
+		if opts.Worker == "" || p.Worker == opts.Worker {
+			out.Periodic = append(out.Periodic, p)
+		}
 	}
 	workers, err := c.Workers(ctx)
 	if err != nil {

@@ -504,6 +504,11 @@ func TestWorkerPeriodicAndPeriodicLs(t *testing.T) {
 		!strings.Contains(lines[1], "@every 1s") || !strings.Contains(lines[1], "job:periodic:beat@") {
 		t.Fatalf("periodic ls:\n%s", r.stdout)
 	}
+	r = c.run(t, "stats")
+	expect(t, r, exitOK)
+	if !regexp.MustCompile(`(?m)^PERIODIC +TYPE +SCHEDULE +LAST TICK +NEXT TICK\n+beat +beat +@every 1s `).MatchString(r.stdout) {
+		t.Fatalf("stats does not show the schedule:\n%s", r.stdout)
+	}
 	r = c.run(t, "ls", "--type", "beat", "--status", "done")
 	expect(t, r, exitOK)
 	if !strings.Contains(r.stdout, "job:periodic:beat@") {

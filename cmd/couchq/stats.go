@@ -220,6 +220,18 @@ func printStats(w io.Writer, st *couchq.Stats) error {
 		}
 	}
 	fmt.Fprintln(w)
+	if len(st.Periodic) > 0 {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "PERIODIC\tTYPE\tSCHEDULE\tLAST TICK\tNEXT TICK")
+		for _, p := range st.Periodic {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Worker, p.Schedule,
+				timeAndAgo(couchq.FromUnix(p.LastTick), st.Until), timeAndAgo(couchq.FromUnix(p.NextTick), st.Until))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
 	if len(st.Workers) == 0 {
 		_, err := fmt.Fprintln(w, "no workers registered")
 		return err
