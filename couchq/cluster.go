@@ -497,11 +497,13 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 // traceWithdrawn writes what happened on the withdrawn branches into the
 // kept one, so that a run on a branch that lost (a claimant on the minority
 // side of a partition, a claim swept while its holder was slow) still shows
-// in the job's history: every entry the kept leaf lacks, in time order, then
-// a claim-withdrawn entry per branch. It is written like a claim (a
-// majority of the copies); when it fails only the trace is lost: the job is
-// settled either way, and a claim racing this write is settled by the
-// claim's confirmation.
+// in the job's history: one claim-withdrawn entry per branch, naming its
+// claimant and listing the branch's own events. They are not copied as
+// events: the metrics count claimed and done entries, and a withdrawn
+// branch's would count twice. It is written like a claim (a majority of
+// the copies); when it fails only the trace is lost: the job is settled
+// either way, and a claim racing this write is settled by the claim's
+// confirmation.
 func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by string) {
 	next := kept.Item.Clone()
 	seen := make(map[Event]bool, len(next.History))
@@ -509,24 +511,27 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 		seen[e] = true
 	}
 	for _, l := range gone {
-		if l.Item == nil {
-			continue
-		}
-		for _, e := range l.Item.History {
-			if !seen[e] {
-				seen[e] = true
-				next.History = append(next.History, e)
-			}
-		}
-	}
-	sort.SliceStable(next.History, func(i, j int) bool { return next.History[i].At < next.History[j].At })
-	for _, l := range gone {
-		what := string(l.Status)
+		claimant, what := l.ClaimedBy, string(l.Status)
 		if l.Claimed {
 			what = "claimed by " + l.ClaimedBy
 		}
-		c.record(next, EventClaimWithdrawn, l.ClaimedBy,
-			fmt.Sprintf("a conflicting branch (%s, revision %s) was withdrawn by %s when the job was settled", what, l.Rev, by))
+		var own []string
+		if l.Item != nil {
+			for _, e := range l.Item.History {
+				if seen[e] {
+					continue
+				}
+				own = append(own, fmt.Sprintf("%s by %s at %s", e.Event, e.By, e.At))
+				if claimant == "" {
+					claimant = e.By
+				}
+			}
+		}
+		msg := fmt.Sprintf("a conflicting branch (%s, revision %s) was withdrawn by %s when the job was settled", what, l.Rev, by)
+		if len(own) > 0 {
+			msg += "; on it: " + strings.Join(own, "; ")
+		}
+		c.record(next, EventClaimWithdrawn, claimant, msg)
 	}
 	ctx, trace := c.traced(ctx)
 	rev, err := c.db.Put(ctx, next.ID, next, c.claimOpts(false)...)

@@ -74,6 +74,10 @@ type Config struct {
 	// DeleteDone lists job types whose finished jobs are deleted instead of
 	// kept with status done.
 	DeleteDone map[string]bool
+	// RateLimits bounds how many jobs of a type start per window across
+	// every worker process together (see couchq.RateLimit); each process
+	// must be given the same limit.
+	RateLimits map[string]couchq.RateLimit
 	// Periodic lists schedules this process enqueues jobs for (see
 	// couchq.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
@@ -138,6 +142,11 @@ func (c Config) validate() error {
 		}
 		if h == nil {
 			return fmt.Errorf("worker config: job type %q has a nil handler", typ)
+		}
+	}
+	for typ, rl := range c.RateLimits {
+		if rl.N < 1 || rl.N > couchq.MaxRateSlots || rl.Per < 100*time.Millisecond {
+			return fmt.Errorf("worker config: rate limit of %q: %s is out of range (1 to %d per 100ms or more)", typ, rl, couchq.MaxRateSlots)
 		}
 	}
 	names := map[string]bool{}

@@ -40,6 +40,12 @@ type runner struct {
 	// paused mirrors the type's control document: a paused runner claims
 	// nothing and waits for the feed to say it was resumed.
 	paused atomic.Bool
+	// With a rate limit: start slots taken for tokenWindow and not used
+	// yet, and when the window's slots ran out, the next window's start.
+	// Touched only by the runner's own loop.
+	tokens      int
+	tokenWindow time.Time
+	rateBlocked time.Time
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -84,6 +90,13 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
+		if until := time.Until(r.rateBlocked); until > 0 {
+			// The window's start slots are gone: wait for the next one.
+			if !r.w.sleep(ctx, until) {
+				return
+			}
+			continue
+		}
 		if more && r.free() > 0 {
 			continue
 		}
@@ -163,9 +176,20 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// within each priority: a higher one always goes first.
 	shuffleWithinPriority(items)
 	n := min(free, r.w.cfg.ClaimBatch, len(items))
+	rl, limited := r.w.cfg.RateLimits[r.typ]
+	if limited {
+		if n = r.takeStarts(ctx, rl, n); n == 0 {
+			return true, upTo, nil
+		}
+	}
 	// A claim already on its way is not cut off by Stop: the server may
 	// apply it anyway, leaving the job claimed (and an attempt charged)
 	// until its lease ran out. Claimed jobs start and Stop handles them.
+	if limited && !r.inWindow(rl) {
+		// Taking the slots took us too near the window's end (or past it):
+		// the claims would be stamped in the next window.
+		return true, upTo, nil
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	results := r.w.client.ClaimMany(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
 	cancel()
@@ -182,6 +206,9 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 	}
 	r.w.stats.conflicts.Add(int64(conflicts))
+	if limited && r.tokenWindow.Equal(rl.Window(r.w.cfg.Now())) {
+		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
+	}
 	return len(items) == k || conflicts > 0 || n < len(items), upTo, nil
 }
 
@@ -537,4 +564,61 @@ func shuffleWithinPriority(items []*couchq.WorkItem) {
 		rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
 		start = end
 	}
+}
+
+// rateMargin is how close to a window's end a runner stops claiming with
+// that window's start slots: a claim's claimed_at must fall in the window
+// its slot was taken for.
+const rateMargin = 20 * time.Millisecond
+
+// takeStarts returns how many of want jobs the type's rate limit lets start
+// now, taking start slots of the current window as needed (see
+// couchq.RateLimit). Slots a lost claim did not use are kept for the next
+// claim in the same window. When none is left it sets rateBlocked.
+func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) int {
+	now := r.w.cfg.Now()
+	win := rl.Window(now)
+	if !win.Equal(r.tokenWindow) {
+		r.tokens, r.tokenWindow = 0, win
+	}
+	end := win.Add(rl.Per)
+	if end.Sub(now) < rateMargin {
+		r.tokens, r.rateBlocked = 0, end
+		return 0
+	}
+	if r.tokens < want {
+		got, acquired, next, err := r.w.client.AcquireStarts(ctx, r.typ, rl, want-r.tokens, r.w.by)
+		switch {
+		case err != nil:
+			r.w.log.Warn().Err(err).Str("type", r.typ).Msg("taking rate limit slots failed")
+		case acquired.Equal(win):
+			r.tokens += got
+		}
+		if r.tokens == 0 {
+			r.rateBlocked = next
+			if err != nil {
+				r.rateBlocked = now.Add(100 * time.Millisecond)
+			}
+			return 0
+		}
+	}
+	n := min(want, r.tokens)
+	r.tokens -= n
+	return n
+}
+
+// inWindow reports whether the start slots held are for the current window
+// and it has more than rateMargin left; otherwise it drops them and waits
+// for the next window.
+func (r *runner) inWindow(rl couchq.RateLimit) bool {
+	now := r.w.cfg.Now()
+	end := r.tokenWindow.Add(rl.Per)
+	if rl.Window(now).Equal(r.tokenWindow) && end.Sub(now) >= rateMargin {
+		return true
+	}
+	r.tokens = 0
+	if rl.Window(now).Equal(r.tokenWindow) {
+		r.rateBlocked = end
+	}
+	return false
 }

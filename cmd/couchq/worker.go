@@ -46,6 +46,10 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default 25)
 	--shutdown-timeout D   how long running jobs may finish after a stop signal
 	                       (default 30s)
+	--rate 'T=N/PER'       at most N jobs of type T start per PER (s, m, h or a
+	                       duration, windows aligned to the Unix epoch) across all
+	                       worker processes together; give every process the same
+	                       limit. Repeatable
 	--periodic 'T=SPEC'    enqueue a job of type T at every tick of SPEC: a cron
 	                       expression ("0 7 * * 1-5", "@daily", "CRON_TZ=Europe/Berlin
 	                       0 7 * * *") or "@every 5m". Repeatable. Any number of
@@ -93,6 +97,9 @@ type workerFlags struct {
 	fallbackPoll    time.Duration
 	retryDelay      time.Duration
 	periodic        repeatedFlag
+	rates           repeatedFlag
+	// rateLimits is --rate parsed.
+	rateLimits map[string]couchq.RateLimit
 	periodicTZ      string
 	catchUp         string
 	// schedules is --periodic parsed.
@@ -129,6 +136,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.fallbackPoll, "fallback-poll", worker.FallbackPollDefault, "fallback poll interval")
 	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
 	fs.Var(&f.periodic, "periodic", "periodic schedule TYPE=SPEC")
+	fs.Var(&f.rates, "rate", "rate limit TYPE=N/PER")
 	fs.StringVar(&f.periodicTZ, "periodic-tz", "UTC", "time zone of cron schedules")
 	fs.StringVar(&f.catchUp, "catch-up", "once", "missed ticks: once or all")
 	rest, err := m.parseArgs(fs, args)
@@ -247,7 +255,40 @@ func (f *workerFlags) check() error {
 	if hb := f.heartbeatInterval(); hb >= f.lease {
 		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
 	}
+	if err := f.checkRates(); err != nil {
+		return err
+	}
 	return f.checkPeriodic()
+}
+
+// checkRates parses --rate.
+func (f *workerFlags) checkRates() error {
+	for _, v := range f.rates {
+		typ, spec, ok := strings.Cut(v, "=")
+		typ = strings.TrimSpace(typ)
+		if !ok || typ == "" {
+			return usageErrorf("invalid --rate %q: want TYPE=N/PER, e.g. 'webhook=10/s'", v)
+		}
+		known := false
+		for _, t := range f.typeList {
+			known = known || t == typ
+		}
+		if !known {
+			return usageErrorf("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
+		}
+		rl, err := couchq.ParseRate(spec)
+		if err != nil {
+			return usageErrorf("invalid --rate %q: %v", v, err)
+		}
+		if _, dup := f.rateLimits[typ]; dup {
+			return usageErrorf("invalid --rate %q: a limit for %s is already given", v, typ)
+		}
+		if f.rateLimits == nil {
+			f.rateLimits = map[string]couchq.RateLimit{}
+		}
+		f.rateLimits[typ] = rl
+	}
+	return nil
 }
 
 // checkPeriodic parses --periodic, --periodic-tz and --catch-up.
@@ -318,6 +359,7 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		FallbackPoll:      f.fallbackPoll,
 		Drain:             f.drain,
 		Periodic:          f.schedules,
+		RateLimits:        f.rateLimits,
 		Logger:            log,
 	}
 	for _, t := range f.typeList {
