@@ -100,8 +100,8 @@ type workerFlags struct {
 	rates           repeatedFlag
 	// rateLimits is --rate parsed.
 	rateLimits map[string]couchq.RateLimit
-	periodicTZ      string
-	catchUp         string
+	periodicTZ string
+	catchUp    string
 	// schedules is --periodic parsed.
 	schedules []couchq.Periodic
 
