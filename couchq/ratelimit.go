@@ -3,7 +3,8 @@ package couchq
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
+	"hash/fnv"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -117,8 +118,11 @@ func (c *Client) AcquireStarts(ctx context.Context, worker string, r RateLimit, 
 	if len(free) == 0 {
 		return 0, window, next, nil
 	}
-	// Spread the processes over the free slots.
-	rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+	// Each holder starts from its own place among the slots, so that
+	// processes take different slots: on a cluster two writes of one slot
+	// through different nodes can both be answered 202, and then neither
+	// counts.
+	spreadSlots(free, r.N, by, func(d any) string { return d.(*rateSlot).ID })
 	free = free[:min(want, len(free))]
 	tctx, trace := c.traced(ctx)
 	res, err := c.db.BulkDocs(tctx, free, c.claimOpts(true)...)
@@ -131,4 +135,19 @@ func (c *Client) AcquireStarts(ctx context.Context, worker string, r RateLimit, 
 		}
 	}
 	return got, window, next, nil
+}
+
+// spreadSlots orders free slot documents (ids ending in ":k", k < n) from
+// the holder's own starting place round the ring, so that holders try
+// different slots first.
+func spreadSlots[T any](free []T, n int, holder string, id func(any) string) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(holder))
+	start := int(h.Sum32() % uint32(n))
+	pos := func(d T) int {
+		raw := id(d)
+		k, _ := strconv.Atoi(raw[strings.LastIndexByte(raw, ':')+1:])
+		return (k - start + n) % n
+	}
+	sort.Slice(free, func(i, j int) bool { return pos(free[i]) < pos(free[j]) })
 }

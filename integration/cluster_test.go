@@ -944,3 +944,28 @@ func TestClusterRateLimit(t *testing.T) {
 		t.Fatal("no job started under the rate limit")
 	}
 }
+
+// A fleet-wide concurrency limit holds across workers on all three nodes.
+func TestClusterFleetConcurrency(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	const limit = 3
+	var p fleetProbe
+	ids := cb.enqueue(t, "heavy", 30)
+	for node := 1; node <= 3; node++ {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{"heavy": p.handler()})
+		cfg.ID, cfg.FleetConcurrency = fmt.Sprintf("f%d", node), map[string]int{"heavy": limit}
+		w, err := worker.New(cb.clients[node-1], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(cb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	}
+	waitAllDone(t, cb.clients[0], ids, 3*time.Minute)
+	t.Logf("peak %d running at once under a fleet limit of %d, workers on 3 nodes", p.peak.Load(), limit)
+	if p.peak.Load() > limit {
+		t.Fatalf("%d jobs ran at once, over the fleet limit of %d", p.peak.Load(), limit)
+	}
+}

@@ -78,6 +78,10 @@ type Config struct {
 	// every worker process together (see couchq.RateLimit); each process
 	// must be given the same limit.
 	RateLimits map[string]couchq.RateLimit
+	// FleetConcurrency bounds how many jobs of a type run at once across
+	// every worker process together (see couchq.RunSlot); each process
+	// must be given the same limit. Concurrency still bounds each process.
+	FleetConcurrency map[string]int
 	// Periodic lists schedules this process enqueues jobs for (see
 	// couchq.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
@@ -147,6 +151,11 @@ func (c Config) validate() error {
 	for typ, rl := range c.RateLimits {
 		if rl.N < 1 || rl.N > couchq.MaxRateSlots || rl.Per < 100*time.Millisecond {
 			return fmt.Errorf("worker config: rate limit of %q: %s is out of range (1 to %d per 100ms or more)", typ, rl, couchq.MaxRateSlots)
+		}
+	}
+	for typ, k := range c.FleetConcurrency {
+		if k < 1 || k > couchq.MaxRateSlots {
+			return fmt.Errorf("worker config: fleet concurrency of %q: %d is out of range (1 to %d)", typ, k, couchq.MaxRateSlots)
 		}
 	}
 	names := map[string]bool{}

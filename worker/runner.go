@@ -45,7 +45,7 @@ type runner struct {
 	// Touched only by the runner's own loop.
 	tokens      int
 	tokenWindow time.Time
-	rateBlocked time.Time
+	blockedUntil time.Time
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -90,7 +90,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		if until := time.Until(r.rateBlocked); until > 0 {
+		if until := time.Until(r.blockedUntil); until > 0 {
 			// The window's start slots are gone: wait for the next one.
 			if !r.w.sleep(ctx, until) {
 				return
@@ -182,14 +182,27 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			return true, upTo, nil
 		}
 	}
-	// A claim already on its way is not cut off by Stop: the server may
-	// apply it anyway, leaving the job claimed (and an attempt charged)
-	// until its lease ran out. Claimed jobs start and Stop handles them.
+	var runSlots []*couchq.RunSlot
+	if k, ok := r.w.cfg.FleetConcurrency[r.typ]; ok {
+		if runSlots = r.takeRunSlots(ctx, k, n); len(runSlots) < n {
+			if limited {
+				r.tokens += n - len(runSlots) // start slots not used serve the next claim
+			}
+			n = len(runSlots)
+		}
+		if n == 0 {
+			return true, upTo, nil
+		}
+	}
 	if limited && !r.inWindow(rl) {
 		// Taking the slots took us too near the window's end (or past it):
 		// the claims would be stamped in the next window.
+		r.releaseRunSlots(runSlots)
 		return true, upTo, nil
 	}
+	// A claim already on its way is not cut off by Stop: the server may
+	// apply it anyway, leaving the job claimed (and an attempt charged)
+	// until its lease ran out. Claimed jobs start and Stop handles them.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	results := r.w.client.ClaimMany(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
 	cancel()
@@ -198,7 +211,11 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		switch {
 		case res.Err == nil:
 			r.w.stats.claimed.Add(1)
-			r.start(res.Item)
+			var slot *couchq.RunSlot
+			if len(runSlots) > 0 {
+				slot, runSlots = runSlots[0], runSlots[1:]
+			}
+			r.start(res.Item, slot)
 		case errors.Is(res.Err, couchq.ErrClaimConflict):
 			conflicts++
 		default:
@@ -206,6 +223,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 	}
 	r.w.stats.conflicts.Add(int64(conflicts))
+	r.releaseRunSlots(runSlots) // the lost claims' run slots
 	if limited && r.tokenWindow.Equal(rl.Window(r.w.cfg.Now())) {
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
 	}
@@ -220,14 +238,17 @@ type runningJob struct {
 	cancel   context.CancelCauseFunc
 	finished bool // the outcome was written (or given up): no more writes
 	started  time.Time
+	// slot is the fleet-wide run slot the job holds (FleetConcurrency),
+	// renewed with its lease and released when it ends.
+	slot *couchq.RunSlot
 }
 
 // start takes a slot and runs the claimed job in its own goroutine.
-func (r *runner) start(item *couchq.WorkItem) {
+func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 	r.slots <- struct{}{}
 	w := r.w
 	ctx, cancel := context.WithCancelCause(w.jobsCtx)
-	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now()}
+	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now(), slot: slot}
 	w.mu.Lock()
 	w.running[item.ID] = rj
 	w.mu.Unlock()
@@ -248,6 +269,9 @@ func (r *runner) start(item *couchq.WorkItem) {
 		}()
 		defer cancel(nil)
 		r.run(ctx, rj)
+		if rj.slot != nil {
+			r.releaseRunSlots([]*couchq.RunSlot{rj.slot})
+		}
 	}()
 }
 
@@ -455,6 +479,13 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		err := w.client.Extend(rctx, rj.item, w.cfg.LeaseDuration)
 		took := time.Since(began)
 		cancel()
+		if err == nil && rj.slot != nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+			if serr := w.client.RenewRunSlot(sctx, rj.slot, rj.item.ID, w.cfg.LeaseDuration); serr != nil {
+				w.log.Warn().Str("job", rj.item.ID).Err(serr).Msg("renewing the job's run slot failed; will retry")
+			}
+			cancel()
+		}
 		rj.mu.Unlock()
 		w.checkRenewalLatency(rj.item.ID, took)
 		switch {
@@ -574,7 +605,7 @@ const rateMargin = 20 * time.Millisecond
 // takeStarts returns how many of want jobs the type's rate limit lets start
 // now, taking start slots of the current window as needed (see
 // couchq.RateLimit). Slots a lost claim did not use are kept for the next
-// claim in the same window. When none is left it sets rateBlocked.
+// claim in the same window. When none is left it sets blockedUntil.
 func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) int {
 	now := r.w.cfg.Now()
 	win := rl.Window(now)
@@ -583,7 +614,7 @@ func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) 
 	}
 	end := win.Add(rl.Per)
 	if end.Sub(now) < rateMargin {
-		r.tokens, r.rateBlocked = 0, end
+		r.tokens, r.blockedUntil = 0, end
 		return 0
 	}
 	if r.tokens < want {
@@ -595,9 +626,9 @@ func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) 
 			r.tokens += got
 		}
 		if r.tokens == 0 {
-			r.rateBlocked = next
+			r.blockedUntil = next
 			if err != nil {
-				r.rateBlocked = now.Add(100 * time.Millisecond)
+				r.blockedUntil = now.Add(100 * time.Millisecond)
 			}
 			return 0
 		}
@@ -618,7 +649,37 @@ func (r *runner) inWindow(rl couchq.RateLimit) bool {
 	}
 	r.tokens = 0
 	if rl.Window(now).Equal(r.tokenWindow) {
-		r.rateBlocked = end
+		r.blockedUntil = end
 	}
 	return false
+}
+
+// runSlotPoll is how often a runner whose type's fleet-wide run slots are
+// all held looks again: nothing announces a freed slot.
+const runSlotPoll = 250 * time.Millisecond
+
+// takeRunSlots takes up to want of the type's k fleet-wide run slots.
+// When it gets none it sets blockedUntil for a short wait.
+func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*couchq.RunSlot {
+	slots, err := r.w.client.AcquireRunSlots(ctx, r.typ, k, want, r.w.by, r.w.cfg.LeaseDuration)
+	if err != nil {
+		r.w.log.Warn().Err(err).Str("type", r.typ).Msg("taking run slots failed")
+	}
+	if len(slots) == 0 {
+		r.blockedUntil = time.Now().Add(runSlotPoll)
+	}
+	return slots
+}
+
+// releaseRunSlots gives back run slots no job uses (any left are logged:
+// their leases run out).
+func (r *runner) releaseRunSlots(slots []*couchq.RunSlot) {
+	if len(slots) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+	defer cancel()
+	if err := r.w.client.ReleaseRunSlots(ctx, slots); err != nil {
+		r.w.log.Warn().Err(err).Str("type", r.typ).Msg("releasing run slots failed; their leases will run out")
+	}
 }

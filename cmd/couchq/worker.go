@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -50,6 +52,10 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       duration, windows aligned to the Unix epoch) across all
 	                       worker processes together; give every process the same
 	                       limit. Repeatable
+	--fleet-concurrency 'T=K'
+	                       at most K jobs of type T run at once across all worker
+	                       processes together (--concurrency still bounds each);
+	                       give every process the same limit. Repeatable
 	--periodic 'T=SPEC'    enqueue a job of type T at every tick of SPEC: a cron
 	                       expression ("0 7 * * 1-5", "@daily", "CRON_TZ=Europe/Berlin
 	                       0 7 * * *") or "@every 5m". Repeatable. Any number of
@@ -98,6 +104,9 @@ type workerFlags struct {
 	retryDelay      time.Duration
 	periodic        repeatedFlag
 	rates           repeatedFlag
+	fleet           repeatedFlag
+	// fleetLimits is --fleet-concurrency parsed.
+	fleetLimits map[string]int
 	// rateLimits is --rate parsed.
 	rateLimits map[string]couchq.RateLimit
 	periodicTZ string
@@ -137,6 +146,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
 	fs.Var(&f.periodic, "periodic", "periodic schedule TYPE=SPEC")
 	fs.Var(&f.rates, "rate", "rate limit TYPE=N/PER")
+	fs.Var(&f.fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
 	fs.StringVar(&f.periodicTZ, "periodic-tz", "UTC", "time zone of cron schedules")
 	fs.StringVar(&f.catchUp, "catch-up", "once", "missed ticks: once or all")
 	rest, err := m.parseArgs(fs, args)
@@ -258,7 +268,35 @@ func (f *workerFlags) check() error {
 	if err := f.checkRates(); err != nil {
 		return err
 	}
+	if err := f.checkFleet(); err != nil {
+		return err
+	}
 	return f.checkPeriodic()
+}
+
+// checkFleet parses --fleet-concurrency.
+func (f *workerFlags) checkFleet() error {
+	for _, v := range f.fleet {
+		typ, k, ok := strings.Cut(v, "=")
+		typ = strings.TrimSpace(typ)
+		n, err := strconv.Atoi(strings.TrimSpace(k))
+		switch {
+		case !ok || typ == "" || err != nil:
+			return usageErrorf("invalid --fleet-concurrency %q: want TYPE=K, e.g. 'webhook=10'", v)
+		case !slices.Contains(f.typeList, typ):
+			return usageErrorf("invalid --fleet-concurrency %q: %s is not one of --type %s", v, typ, f.types)
+		case n < 1 || n > couchq.MaxRateSlots:
+			return usageErrorf("invalid --fleet-concurrency %q: K must be from 1 to %d", v, couchq.MaxRateSlots)
+		}
+		if _, dup := f.fleetLimits[typ]; dup {
+			return usageErrorf("invalid --fleet-concurrency %q: a limit for %s is already given", v, typ)
+		}
+		if f.fleetLimits == nil {
+			f.fleetLimits = map[string]int{}
+		}
+		f.fleetLimits[typ] = n
+	}
+	return nil
 }
 
 // checkRates parses --rate.
@@ -269,11 +307,7 @@ func (f *workerFlags) checkRates() error {
 		if !ok || typ == "" {
 			return usageErrorf("invalid --rate %q: want TYPE=N/PER, e.g. 'webhook=10/s'", v)
 		}
-		known := false
-		for _, t := range f.typeList {
-			known = known || t == typ
-		}
-		if !known {
+		if !slices.Contains(f.typeList, typ) {
 			return usageErrorf("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
 		}
 		rl, err := couchq.ParseRate(spec)
@@ -360,6 +394,7 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		Drain:             f.drain,
 		Periodic:          f.schedules,
 		RateLimits:        f.rateLimits,
+		FleetConcurrency:  f.fleetLimits,
 		Logger:            log,
 	}
 	for _, t := range f.typeList {

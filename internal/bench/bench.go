@@ -107,6 +107,8 @@ func (b *run) section(ctx context.Context, s *Section) error {
 		return b.runBacklog(ctx, s)
 	case SectionMemory:
 		return b.runMemory(ctx, s)
+	case SectionFeatures:
+		return b.runFeatures(ctx, s)
 	}
 	return fmt.Errorf("unknown section %d", s.ID)
 }

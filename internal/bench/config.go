@@ -21,6 +21,7 @@ const (
 	SectionContention = 4
 	SectionBacklog    = 5
 	SectionMemory     = 6
+	SectionFeatures   = 7
 )
 
 var sectionNames = map[int]string{
@@ -30,6 +31,7 @@ var sectionNames = map[int]string{
 	SectionContention: "claim contention",
 	SectionBacklog:    "backlog scaling",
 	SectionMemory:     "memory",
+	SectionFeatures:   "feature costs",
 }
 
 // Targets printed next to the figures.
@@ -119,7 +121,7 @@ func ContentionWorkersDefault() []int { return []int{1, 4, 16} }
 
 // AllSections lists every section number.
 func AllSections() []int {
-	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory}
+	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures}
 }
 
 // WithDefaults fills in every unset field.
@@ -176,7 +178,7 @@ func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Sections {
 		if sectionNames[s] == "" {
-			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-6)", s))
+			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-7)", s))
 		}
 	}
 	check := func(name string, v, lo, hi int) {
