@@ -43,8 +43,8 @@ type runner struct {
 	// With a rate limit: start slots taken for tokenWindow and not used
 	// yet, and when the window's slots ran out, the next window's start.
 	// Touched only by the runner's own loop.
-	tokens      int
-	tokenWindow time.Time
+	tokens       int
+	tokenWindow  time.Time
 	blockedUntil time.Time
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
