@@ -238,7 +238,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	sections := fs.String("sections", "1,2,3,4,5,6", "sections to run, comma-separated")
+	sections := fs.String("sections", "1,2,3,4,5,6,7", "sections to run, comma-separated")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
 	fs.StringVar(&c.URL, "url", "", "server URL (default $COUCHDB_URL; unset: start a local PouchDB Server); loopback only")
 	fs.IntVar(&c.Clients, "clients", ClientsDefault, "section 1: concurrent writers C")

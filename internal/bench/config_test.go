@@ -61,7 +61,7 @@ func TestParseArgsSectionsAndScale(t *testing.T) {
 
 func TestParseArgsRejects(t *testing.T) {
 	for _, args := range [][]string{
-		{"--sections", "7"},
+		{"--sections", "8"},
 		{"--sections", "x"},
 		{"--sections", ""},
 		{"--jobs", "-5"},
