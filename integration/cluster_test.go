@@ -969,3 +969,76 @@ func TestClusterFleetConcurrency(t *testing.T) {
 		t.Fatalf("%d jobs ran at once, over the fleet limit of %d", p.peak.Load(), limit)
 	}
 }
+
+// Priorities on the cluster: high-priority jobs enqueued through node 1
+// into a busy queue start, on workers attached to nodes 2 and 3, long
+// before the low ones queued ahead of them. Views are read from whichever
+// copy answers first, so a few low jobs may still start while the high
+// ones reach the copies: the bound is loose, the order is not.
+func TestClusterHighPriorityOvertakes(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var mu sync.Mutex
+	var order []int
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		order = append(order, job.Item.EffectivePriority())
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	low := make([]couchq.NewJob, 200)
+	for i := range low {
+		low[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityLowest}
+	}
+	if _, err := cb.clients[0].EnqueueMany(cb.ctx, low); err != nil {
+		t.Fatal(err)
+	}
+	for node := 2; node <= 3; node++ {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{"render": h})
+		cfg.ID, cfg.Concurrency, cfg.ClaimBatch, cfg.PickAmong = fmt.Sprintf("w%d", node), 2, 2, 4
+		w, err := worker.New(cb.clients[node-1], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(cb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	}
+	waitFor(t, time.Minute, "the workers to get busy", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) >= 10
+	})
+	mu.Lock()
+	at := len(order)
+	mu.Unlock()
+	high := make([]couchq.NewJob, 10)
+	for i := range high {
+		high[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityHighest}
+	}
+	if _, err := cb.clients[0].EnqueueMany(cb.ctx, high); err != nil {
+		t.Fatal(err)
+	}
+	lowBefore := -1
+	waitFor(t, time.Minute, "the high-priority jobs to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		highs, lows := 0, 0
+		for _, p := range order[at:] {
+			if p == couchq.PriorityHighest {
+				if highs++; highs == len(high) {
+					lowBefore = lows
+					return true
+				}
+			} else {
+				lows++
+			}
+		}
+		return false
+	})
+	t.Logf("%d low jobs started between the high jobs' enqueue and the last high start (of %d queued)", lowBefore, len(low)-at)
+	if lowBefore > 20 {
+		t.Fatalf("%d low-priority jobs started before the 10 high-priority ones", lowBefore)
+	}
+}

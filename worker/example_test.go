@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -27,4 +29,42 @@ func ExampleTyped() {
 	// Output:
 	// attempt 1: sending welcome mail to ada@example.com
 	// {"sent":true}
+}
+
+// A worker that also enqueues a report every weekday at 7 in Berlin (once
+// per tick, however many processes run it), lets at most 10 webhooks start
+// per second and at most 3 renders run at once across the fleet. (Compiled,
+// not run: it needs a CouchDB server.)
+func ExampleConfig_scheduling() {
+	ctx := context.Background()
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		panic(err)
+	}
+	noop := worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })
+	w, err := worker.New(q, worker.Config{
+		Handlers: map[string]worker.Handler{"report": noop, "webhook": noop, "render": noop},
+		Periodic: []couchq.Periodic{{
+			Name: "morning-report", Schedule: "0 7 * * 1-5", Location: berlin,
+			Job: couchq.NewJob{Worker: "report", Priority: couchq.PriorityHighest},
+		}},
+		RateLimits:       map[string]couchq.RateLimit{"webhook": {N: 10, Per: time.Second}},
+		FleetConcurrency: map[string]int{"render": 3},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Pausing a type, from any process: its workers stop claiming it.
+	if err := q.Pause(ctx, "render", "ops", "GPU maintenance"); err != nil {
+		panic(err)
+	}
+	_ = w.Run(ctx)
 }
