@@ -9,7 +9,7 @@ POUCHDB_DIR := tools/pouchdb-server
 POUCHDB_STAMP := $(POUCHDB_DIR)/node_modules/.couchq-lock.sha256
 SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo 'shasum -a 256')
 
-.PHONY: setup test test-cluster demo vet chaos bench
+.PHONY: setup test test-cluster demo vet lint chaos bench
 
 setup:
 	@want=$$($(SHA256) < $(POUCHDB_DIR)/package-lock.json | cut -d' ' -f1); \
@@ -36,6 +36,12 @@ demo: setup
 
 vet:
 	go vet ./...
+
+# gofmt, go vet and staticcheck (pinned as a tool in go.mod).
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	go tool staticcheck ./...
 
 # The chaos test at size: workers killed at random and the server restarted
 # while jobs run (CI runs it small inside `make test`).
