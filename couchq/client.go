@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -105,6 +106,8 @@ type Client struct {
 	// request (.../queries; PouchDB Server): DueFirst then asks range by
 	// range.
 	singleQueries atomic.Bool
+	// membershipDenied warns once that the user cannot read _membership.
+	membershipDenied sync.Once
 }
 
 // New returns a Client for db. It asks the server for the database's

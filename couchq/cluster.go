@@ -347,6 +347,12 @@ func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (b
 	// cluster cannot vouch for anything.
 	if c.n > 1 {
 		ok, err := c.coordinatorInMajority(ctx)
+		if s := kivik.HTTPStatus(err); s == http.StatusUnauthorized || s == http.StatusForbidden {
+			c.membershipDenied.Do(func() {
+				c.log.Warn().Err(err).Msg("this user may not read the cluster membership (only server admins may): " +
+					"a write the cluster answers 202 cannot be shown to stand, so it counts as lost and the job runs again after its lease")
+			})
+		}
 		if err != nil || !ok {
 			c.log.Debug().Err(err).Str("job", id).Bool("majority", ok).
 				Msg("the node cannot show it reaches a majority of the cluster; the write does not stand")

@@ -33,10 +33,11 @@ type Capabilities struct {
 type Server struct {
 	Client *kivik.Client
 	Caps   Capabilities
-	// feed speaks to the same server with the same credentials, for the one
-	// request kivik's API cannot make: a _changes long-poll whose _selector
-	// filter travels in the request body.
-	feed *chttp.Client
+	// raw speaks to the same server with the same credentials, for the
+	// requests kivik's API cannot make: a _changes long-poll whose _selector
+	// filter travels in the request body, and _security with fields kivik
+	// does not know (security.go).
+	raw *chttp.Client
 }
 
 // Connect dials the server at rawURL (credentials in the URL or given as
@@ -60,11 +61,9 @@ func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Cl
 		return nil, fmt.Errorf("asking %s what it is: %w", Redact(rawURL), err)
 	}
 	s := &Server{Client: client, Caps: detectCaps(ver)}
-	if s.Caps.SelectorFilter {
-		base, user, password, _ := splitCredentials(rawURL, user, password) // Dial checked it
-		if s.feed, err = chttp.New(hc, base, allOptions(clientOptions(user, password, hc))); err != nil {
-			return nil, fmt.Errorf("connecting to %s: %w", base, err)
-		}
+	base, user, password, _ := splitCredentials(rawURL, user, password) // Dial checked it
+	if s.raw, err = chttp.New(hc, base, allOptions(clientOptions(user, password, hc))); err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", base, err)
 	}
 	return s, nil
 }
@@ -94,8 +93,8 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	if s.feed != nil {
-		c.selectorFeed = s.feed
+	if s.Caps.SelectorFilter {
+		c.selectorFeed = s.raw
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package designdocs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -22,7 +23,16 @@ const (
 	Unchanged Outcome = "unchanged"
 	// KeptNewer: the stored document comes from a newer couchq and was left alone.
 	KeptNewer Outcome = "kept-newer"
+	// KeptStored: the stored document has this couchq's schema but other
+	// functions (another build), and the caller may not write design
+	// documents: it is used as it is. Only a database admin installs.
+	KeptStored Outcome = "kept-stored"
 )
+
+// ErrNeedsAdmin means the database needs its design document installed or
+// upgraded and the caller is not allowed to: CouchDB lets only admins write
+// design documents. A database admin runs couchq init.
+var ErrNeedsAdmin = errors.New("run `couchq init` as an admin")
 
 // installAttempts bounds the read-compare-write loop. Each lost race means
 // another installer wrote in between; a handful of rounds always settles.
@@ -53,8 +63,11 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, log zerolog.Logger) (
 			doc.Rev = have.Rev
 		}
 		if _, err := db.Put(ctx, ID, &doc); err != nil {
-			if kivik.HTTPStatus(err) == http.StatusConflict {
+			switch kivik.HTTPStatus(err) {
+			case http.StatusConflict:
 				continue // another installer won this round: compare again
+			case http.StatusUnauthorized, http.StatusForbidden:
+				return needsAdmin(have, want, err, log)
 			}
 			return "", fmt.Errorf("writing design document %s: %w", ID, err)
 		}
@@ -63,6 +76,36 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, log zerolog.Logger) (
 		return outcome, nil
 	}
 	return "", fmt.Errorf("installing design document %s: still conflicting after %d attempts", ID, installAttempts)
+}
+
+// needsAdmin is Install's answer when the caller may not write the design
+// document have should be replaced by.
+func needsAdmin(have, want *Doc, err error, log zerolog.Logger) (Outcome, error) {
+	switch {
+	case have == nil:
+		return "", fmt.Errorf("%w: the database has no couchq design document (%s), and only an admin may install it: %w", ErrNeedsAdmin, ID, err)
+	case have.Couchq.Schema < want.Couchq.Schema:
+		return "", fmt.Errorf("%w: the database's design document %s is out of date (schema %d, this couchq needs %d), and only an admin may upgrade it: %w",
+			ErrNeedsAdmin, ID, have.Couchq.Schema, want.Couchq.Schema, err)
+	}
+	// Same schema, same meaning: another build of couchq installed it (a
+	// rolling deploy). Carry on with it rather than stop every worker.
+	log.Warn().Int("schema", want.Couchq.Schema).Str("stored_hash", have.Couchq.Hash).Str("our_hash", want.Couchq.Hash).
+		Msg("design document differs from this couchq's (same schema) and only an admin may replace it: using it; run `couchq init` as an admin to install this version")
+	return KeptStored, nil
+}
+
+// Exists reports whether db has a couchq design document: commands that
+// read views check it first, so that a database nobody ran couchq init on
+// gets that advice rather than a bare "missing".
+func Exists(ctx context.Context, db *kivik.DB) (bool, error) {
+	if _, err := db.GetRev(ctx, ID); err != nil {
+		if kivik.HTTPStatus(err) == http.StatusNotFound {
+			return false, nil
+		}
+		return false, fmt.Errorf("looking for design document %s: %w", ID, err)
+	}
+	return true, nil
 }
 
 // fetch reads the stored design document, nil when there is none.

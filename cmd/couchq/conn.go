@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,18 +21,26 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 )
 
 // defaultURL is the server used when neither --url nor $COUCHDB_URL is set.
 const defaultURL = "http://127.0.0.1:5984"
 
 // connUsage documents the flags every command shares.
-const connUsage = `	--url URL         CouchDB server; credentials may be in the URL or in
-	                  $COUCHDB_USER / $COUCHDB_PASSWORD
-	                  (default $COUCHDB_URL, else ` + defaultURL + `);
+const connUsage = `	--url URL         CouchDB server (default $COUCHDB_URL, else ` + defaultURL + `);
 	                  repeat it (or give a comma-separated list) for a
 	                  cluster's nodes: requests fail over to the next
-	                  node when one cannot be reached
+	                  node when one cannot be reached. https:// works;
+	                  see --ca-file for a private CA
+	--user NAME       CouchDB user (default $COUCHDB_USER, else the URL's)
+	--password-file F read the password from file F (default
+	                  $COUCHDB_PASSWORD_FILE, else $COUCHDB_PASSWORD, else
+	                  the URL's). A password in --url is visible to every
+	                  user of this machine in ps: prefer the file or the
+	                  environment
+	--ca-file F       trust the CA certificates in PEM file F (as well as
+	                  the system's) for https:// URLs
 	--db NAME         database (default $COUCHQ_DB, else ` + couchq.DBDefault + `)
 	--json            machine-readable JSON on stdout
 	--log-level LVL   debug, info, warn, error or disabled (default warn)
@@ -38,10 +48,17 @@ const connUsage = `	--url URL         CouchDB server; credentials may be in the 
 
 // connFlags are the connection and output flags every command takes.
 type connFlags struct {
-	url      string
-	db       string
-	json     bool
-	logLevel string
+	url          string
+	db           string
+	json         bool
+	logLevel     string
+	user         string
+	passwordFile string
+	caFile       string
+
+	// password is the password from --password-file or the environment
+	// (empty: the URL's, if any). Never printed.
+	password string
 
 	// rawURL is the URL with any credentials: for Dial only, never printed.
 	rawURL string
@@ -78,6 +95,9 @@ func addConnFlags(fs *flag.FlagSet) *connFlags {
 		return nil
 	})
 	fs.StringVar(&c.db, "db", "", "database name")
+	fs.StringVar(&c.user, "user", "", "CouchDB user")
+	fs.StringVar(&c.passwordFile, "password-file", "", "file holding the CouchDB password")
+	fs.StringVar(&c.caFile, "ca-file", "", "PEM file of CA certificates to trust")
 	fs.BoolVar(&c.json, "json", false, "JSON output")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level")
 	return c
@@ -121,7 +141,50 @@ func (c *connFlags) resolve(m *Main) error {
 	if err := c.resolveURL(m); err != nil {
 		return err
 	}
+	if err := c.resolveCredentials(m); err != nil {
+		return err
+	}
 	return c.resolveOthers(m)
+}
+
+// resolveCredentials settles the user and password: flags, then the
+// environment; what is still empty comes from the URL (couchq.DialHTTP).
+func (c *connFlags) resolveCredentials(m *Main) error {
+	if c.user == "" {
+		c.user = m.Getenv("COUCHDB_USER")
+	}
+	file := c.passwordFile
+	if file == "" {
+		file = m.Getenv("COUCHDB_PASSWORD_FILE")
+	}
+	if file == "" {
+		c.password = m.Getenv("COUCHDB_PASSWORD")
+		return nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return usageErrorf("reading the password file: %v", err)
+	}
+	// The file's last line break is not part of the password (echo adds one).
+	c.password = strings.TrimRight(string(b), "\r\n")
+	if c.password == "" {
+		return usageErrorf("the password file %s is empty", file)
+	}
+	m.addSecret(c.password)
+	if c.user == "" && !urlHasUser(c.rawURL) {
+		return usageErrorf("a password file needs a user: --user NAME or $COUCHDB_USER")
+	}
+	return nil
+}
+
+// urlHasUser reports whether the first node's URL names a user.
+func urlHasUser(raw string) bool {
+	nodes := couchq.SplitNodeURLs(raw)
+	if len(nodes) == 0 {
+		return false
+	}
+	u, err := url.Parse(nodes[0])
+	return err == nil && u.User != nil && u.User.Username() != ""
 }
 
 // resolveURL settles the server URL: --url, else $COUCHDB_URL, else the default.
@@ -155,6 +218,14 @@ func (c *connFlags) resolveURL(m *Main) error {
 // that fails over between them and says so in log (once a minute a node).
 func (m *Main) httpClient(c *connFlags, log zerolog.Logger) (*http.Client, error) {
 	hc := couchq.NewHTTPClient()
+	if c.caFile != "" {
+		pool, err := loadCAFile(c.caFile)
+		if err != nil {
+			return nil, &usageError{err: err}
+		}
+		tr := hc.Transport.(*http.Transport)
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
 	nodes := couchq.SplitNodeURLs(c.rawURL)
 	if len(nodes) > 1 {
 		f, err := couchq.NewFailover(hc.Transport, nodes, log)
@@ -164,6 +235,22 @@ func (m *Main) httpClient(c *connFlags, log zerolog.Logger) (*http.Client, error
 		hc.Transport = f
 	}
 	return hc, nil
+}
+
+// loadCAFile is the system's CA pool plus the certificates in a PEM file.
+func loadCAFile(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading --ca-file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", file)
+	}
+	return pool, nil
 }
 
 // resolveOthers settles the flags other than --url.
@@ -197,7 +284,7 @@ func (m *Main) dial(c *connFlags, log zerolog.Logger) (*kivik.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := couchq.DialHTTP(c.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"), hc)
+	client, err := couchq.DialHTTP(c.rawURL, c.user, c.password, hc)
 	if err != nil {
 		return nil, &usageError{err: err}
 	}
@@ -231,6 +318,15 @@ func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) 
 			return nil, nil, fmt.Errorf("database %s does not exist on %s: run 'couchq init' first (%w)", c.db, c.url, err)
 		}
 		return nil, nil, serverError(c.url, err)
+	}
+	// Every command reads couchq's views or relies on its validation: a
+	// database nobody ran couchq init on gets that advice, not "missing".
+	if ok, err := designdocs.Exists(ctx, q.DB()); err != nil || !ok {
+		_ = client.Close()
+		if err != nil {
+			return nil, nil, serverError(c.url, err)
+		}
+		return nil, nil, fmt.Errorf("database %s on %s has no couchq design document (%s): run `couchq init` as an admin", c.db, c.url, designdocs.ID)
 	}
 	return q, func() { _ = client.Close() }, nil
 }
@@ -335,13 +431,28 @@ type scrubWriter struct {
 	secrets []string
 }
 
+// add makes s scrub one more secret from now on.
+func (s *scrubWriter) add(secret string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.secrets = append(s.secrets, secret)
+}
+
+// addSecret keeps a secret learnt after the run began (a password file's)
+// out of everything written to stderr.
+func (m *Main) addSecret(secret string) {
+	if sw, ok := m.Stderr.(*scrubWriter); ok {
+		sw.add(secret)
+	}
+}
+
 func (s *scrubWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	out := string(p)
 	for _, secret := range s.secrets {
 		out = strings.ReplaceAll(out, secret, "***")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, err := io.WriteString(s.w, out); err != nil {
 		return 0, err
 	}

@@ -101,6 +101,9 @@ func (m *Main) runDemo(ctx context.Context, log zerolog.Logger, args []string) e
 		if err := conn.resolveURL(m); err != nil {
 			return err
 		}
+		if err := conn.resolveCredentials(m); err != nil {
+			return err
+		}
 	}
 	if err := conn.resolveOthers(m); err != nil {
 		return err

@@ -35,7 +35,7 @@ func (d *demo) work(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := couchq.ConnectHTTP(ctx, d.conn.rawURL, d.m.Getenv("COUCHDB_USER"), d.m.Getenv("COUCHDB_PASSWORD"), hc)
+	srv, err := couchq.ConnectHTTP(ctx, d.conn.rawURL, d.conn.user, d.conn.password, hc)
 	if err != nil {
 		return serverError(d.conn.url, err)
 	}

@@ -13,11 +13,25 @@ import (
 	"github.com/couchq/couchq/designdocs"
 )
 
-const initUsage = `Usage: couchq init [flags]
+const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [flags]
 
 Creates the database when it does not exist and installs the design
 document (views, changes filter, validation), upgrading an older one.
-Safe to run again and from many processes at once.
+Safe to run again and from many processes at once. Run it as a server or
+database admin: only admins may write design documents and _security.
+
+	--workers LIST     users and roles that run workers: they may claim,
+	                   finish, cancel, retry, pause and sweep jobs
+	--producers LIST   users and roles that enqueue: they may create jobs
+	                   and edit jobs nobody holds, nothing else
+
+A LIST is comma-separated user names and role:NAME roles, e.g.
+--workers role:couchq-workers,ci-bot. Either flag sets the database's
+_security: its members become the workers and producers (plus members
+added by hand; admins are untouched), so nobody else can read or write it,
+and the design document's validation enforces the two roles. Running init
+again with the flags replaces both lists; without them, _security is left
+as it is.
 `
 
 // initResult is what init did, as printed with --json.
@@ -27,17 +41,33 @@ type initResult struct {
 	DBCreated bool               `json:"database_created"`
 	DesignDoc designdocs.Outcome `json:"design_doc"`
 	Schema    int                `json:"schema"`
+	// Security is the database's _security after --workers/--producers.
+	Security *couchq.SecurityObject `json:"security,omitempty"`
 }
 
 func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("init", initUsage)
 	conn := addConnFlags(fs)
+	var workers, producers string
+	fs.StringVar(&workers, "workers", "", "users and roles that run workers")
+	fs.StringVar(&producers, "producers", "", "users and roles that enqueue")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q", rest[0])
+	}
+	var roles couchq.Roles
+	if roles.Workers, err = couchq.ParseAccess(workers); err != nil {
+		return usageErrorf("invalid --workers: %v", err)
+	}
+	if roles.Producers, err = couchq.ParseAccess(producers); err != nil {
+		return usageErrorf("invalid --producers: %v", err)
+	}
+	setRoles := workers != "" || producers != ""
+	if setRoles && roles.Workers.Empty() && roles.Producers.Empty() {
+		return usageErrorf("--workers and --producers name nobody: give user names or role:NAME")
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
@@ -51,6 +81,18 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	res, err := initDB(ctx, client, conn, log)
 	if err != nil {
 		return err
+	}
+	if setRoles {
+		sec, err := m.setRoles(ctx, conn, roles, log)
+		if err != nil {
+			if isNetError(err) {
+				return serverError(conn.url, err)
+			}
+			// A member's attempt is not always a 403: CouchDB 3.5 answers
+			// 500 no_majority when every shard refuses it.
+			return fmt.Errorf("setting who may use %s (only an admin may write _security: connect as a server or database admin): %w", conn.db, err)
+		}
+		res.Security = sec
 	}
 	return printInit(m.Stdout, res, conn.json)
 }
@@ -91,11 +133,42 @@ func printInit(w io.Writer, res *initResult, asJSON bool) error {
 		dd = fmt.Sprintf("design document %s is up to date (schema %d)", designdocs.ID, res.Schema)
 	case designdocs.KeptNewer:
 		dd = fmt.Sprintf("kept design document %s: it comes from a newer couchq (ours is schema %d)", designdocs.ID, res.Schema)
+	case designdocs.KeptStored:
+		dd = fmt.Sprintf("kept design document %s: another couchq build installed it (schema %d) and only an admin may replace it", designdocs.ID, res.Schema)
 	default:
 		dd = fmt.Sprintf("design document %s: %s", designdocs.ID, res.DesignDoc)
 	}
-	_, err := fmt.Fprintf(w, "%s on %s; %s\n", db, res.URL, dd)
-	return err
+	if _, err := fmt.Fprintf(w, "%s on %s; %s\n", db, res.URL, dd); err != nil {
+		return err
+	}
+	if sec := res.Security; sec != nil && sec.Couchq != nil {
+		_, err := fmt.Fprintf(w, "workers: %s; producers: %s; members now: %s (admins unchanged: %s)\n",
+			orNobody(sec.Couchq.Workers), orNobody(sec.Couchq.Producers), orNobody(sec.Members), orNobody(sec.Admins))
+		return err
+	}
+	return nil
+}
+
+// setRoles writes who may use the database into its _security.
+func (m *Main) setRoles(ctx context.Context, conn *connFlags, roles couchq.Roles, log zerolog.Logger) (*couchq.SecurityObject, error) {
+	hc, err := m.httpClient(conn, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Client.Close()
+	return srv.SetRoles(ctx, conn.db, roles)
+}
+
+// orNobody is an access list as init's flags take it, or "nobody".
+func orNobody(a couchq.Access) string {
+	if a.Empty() {
+		return "nobody"
+	}
+	return a.String()
 }
 
 // writeJSON writes v as indented JSON and a newline.

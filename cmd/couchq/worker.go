@@ -176,7 +176,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	if err != nil {
 		return err
 	}
-	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, m.Getenv("COUCHDB_USER"), m.Getenv("COUCHDB_PASSWORD"), hc)
+	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
 	if err != nil {
 		return serverError(conn.url, err)
 	}

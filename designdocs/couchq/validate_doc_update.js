@@ -1,9 +1,69 @@
 function (newDoc, oldDoc, userCtx, secObj) {
-  // validate_doc_update: rejects WorkItems that no worker could run, with a
-  // forbidden message naming the field and the reason. Other documents pass.
-  // Deletions always pass so that purging and conflict clean-up never fail.
-  // The rules match couchq's decoder (couchq/workitem.go): what passes here,
-  // couchq can run; null counts as missing, as it does there.
+  // validate_doc_update: first who may write what, then rejects WorkItems
+  // that no worker could run, with a forbidden message naming the field and
+  // the reason. Other documents pass.
+  //
+  // Roles: when the database's _security has a "couchq" section (couchq init
+  // --workers/--producers writes it), a producer may only create jobs; a
+  // worker may do anything to couchq's documents; admins may do anything.
+  // Without the section every member may do anything (couchq's behaviour
+  // before roles).
+  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule'];
+  function inGroup(group) {
+    if (!group || !userCtx) {
+      return false;
+    }
+    if (userCtx.name && group.names && group.names.indexOf(userCtx.name) >= 0) {
+      return true;
+    }
+    var roles = userCtx.roles || [];
+    for (var r = 0; r < roles.length; r++) {
+      if (group.roles && group.roles.indexOf(roles[r]) >= 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+  var roleRules = secObj && secObj.couchq;
+  var isAdmin = userCtx && ((userCtx.roles || []).indexOf('_admin') >= 0 || inGroup(secObj && secObj.admins));
+  var docType = (newDoc._deleted === true && oldDoc) ? oldDoc.type : newDoc.type;
+  if (roleRules && !isAdmin && couchqDocs.indexOf(docType) >= 0 && !inGroup(roleRules.workers)) {
+    var who = (userCtx && userCtx.name) ? 'user ' + userCtx.name : 'an anonymous user';
+    if (!inGroup(roleRules.producers)) {
+      throw ({forbidden: who + ' is neither a couchq worker nor a producer of this database (couchq init --workers/--producers)'});
+    }
+    // A producer's job is fresh: not claimed, not started, not finished.
+    var fresh = function (d, attempts) {
+      return d.type === 'WorkItem' && d.claimed !== true && d.claimed_by == null && d.lease_until == null &&
+        d.claimed_at == null && d.started_at == null && d.finished_at == null && d.last_error == null &&
+        (d.status == null || d.status === 'queued') && (d.attempts || 0) === attempts;
+    };
+    var finished = function (d) {
+      return d.status === 'done' || d.status === 'failed' || d.status === 'cancelled';
+    };
+    var allowed;
+    if (docType !== 'WorkItem' || newDoc._deleted === true) {
+      allowed = false;
+    } else if (!oldDoc || oldDoc._deleted === true) {
+      // A new job; or the archived copy of a finished unique job, which an
+      // enqueue of its key makes before writing the new one (couchq.ArchiveID).
+      allowed = fresh(newDoc, 0) ||
+        (newDoc._id.indexOf('job:unique:') === 0 && newDoc._id.indexOf('~') > 0 && finished(newDoc));
+    } else if (finished(oldDoc) && oldDoc.claimed !== true) {
+      allowed = fresh(newDoc, 0); // a finished job's id enqueued again
+    } else {
+      // Editing a job no one holds (its payload, its date) keeps its attempts.
+      allowed = fresh(oldDoc, oldDoc.attempts || 0) && fresh(newDoc, oldDoc.attempts || 0);
+    }
+    if (!allowed) {
+      throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones nobody holds, ' +
+        'but claiming, finishing, cancelling, deleting or editing a claimed job, and the queue\'s other documents, ' +
+        'need the worker role (couchq init --workers)'});
+    }
+  }
+  // Deletions otherwise always pass so that purging and conflict clean-up
+  // never fail. The rules below match couchq's decoder (couchq/workitem.go):
+  // what passes here, couchq can run; null counts as missing, as it does there.
   if (newDoc._deleted === true) {
     return;
   }

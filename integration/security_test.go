@@ -1,0 +1,303 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/couchtest"
+)
+
+// rolesBundle is a queue database with couchq's roles set: a producer (by
+// name), a worker (by role) and an outsider, each with a Client of their own.
+type rolesBundle struct {
+	ctx      context.Context
+	srv      *couchtest.Server
+	dbName   string
+	log      zerolog.Logger
+	admin    *couchq.Client
+	producer *couchq.Client
+	worker   *couchq.Client
+	users    map[string]string // role in the test -> "name:password"
+	adminSrv *couchq.Server
+}
+
+func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	rb := &rolesBundle{ctx: ctx, srv: srv, dbName: srv.UniqueDBName(t), users: map[string]string{},
+		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
+	if _, err := couchq.Init(ctx, srv.Client(t), rb.dbName, rb.log); err != nil {
+		t.Fatal(err)
+	}
+	sfx := fmt.Sprintf("%08x", rand.Uint32())
+	workerRole := "couchq-workers-" + sfx
+	for name, roles := range map[string][]string{"producer-" + sfx: nil, "worker-" + sfx: {workerRole}, "outsider-" + sfx: nil} {
+		password := fmt.Sprintf("pw-%016x", rand.Uint64())
+		if err := srv.AddUser(ctx, name, password, roles...); err != nil {
+			if errors.Is(err, couchtest.ErrNoUsers) {
+				couchtest.Skip(t, fmt.Sprintf("%s does not authenticate CouchDB users, so it cannot enforce _security or couchq's roles (%v)", srv.Caps().Vendor, err))
+			}
+			t.Fatal(err)
+		}
+		rb.users[strings.TrimSuffix(name, "-"+sfx)] = name + ":" + password
+	}
+	user, password := srv.Credentials()
+	rb.adminSrv = rb.connect(t, user+":"+password)
+	sec, err := rb.adminSrv.SetRoles(ctx, rb.dbName, couchq.Roles{
+		Workers:   couchq.Access{Roles: []string{workerRole}},
+		Producers: couchq.Access{Names: []string{"producer-" + sfx}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(sec.Members.Names, "producer-"+sfx) || !slices.Contains(sec.Members.Roles, workerRole) {
+		t.Fatalf("members after SetRoles: %+v", sec.Members)
+	}
+	rb.admin = rb.open(t, user+":"+password, true)
+	rb.producer = rb.open(t, rb.as("producer"), true)
+	// The worker writes as workers do, to a majority of the copies: a
+	// holder's write answered 202 (a slow copy) is read back, and that
+	// needs a server admin on a cluster.
+	rb.worker = rb.open(t, rb.as("worker"), false)
+	return rb
+}
+
+// cred is a test user's name and password.
+func (rb *rolesBundle) cred(who string) (string, string) {
+	name, password, _ := strings.Cut(rb.users[who], ":")
+	return name, password
+}
+
+// as is a test user's "name:password".
+func (rb *rolesBundle) as(who string) string { return rb.users[who] }
+
+// connect connects as user ("name:password").
+func (rb *rolesBundle) connect(t *testing.T, userPassword string) *couchq.Server {
+	t.Helper()
+	user, password, _ := strings.Cut(userPassword, ":")
+	srv, err := couchq.Connect(rb.ctx, rb.srv.URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Client.Close() })
+	return srv
+}
+
+// open connects as user ("name:password") and opens the database. With
+// readYourWrites every write waits for all copies, so that on a cluster
+// each step reads what the one before wrote.
+func (rb *rolesBundle) open(t *testing.T, userPassword string, readYourWrites bool) *couchq.Client {
+	t.Helper()
+	user, _, _ := strings.Cut(userPassword, ":")
+	c, err := rb.connect(t, userPassword).Open(rb.ctx, rb.dbName, couchq.Config{Logger: rb.log, Actor: user, ReadYourWrites: readYourWrites})
+	if err != nil {
+		t.Fatalf("opening %s as %s: %v", rb.dbName, user, err)
+	}
+	return c
+}
+
+// refused checks that err is CouchDB's 403 with a message containing want.
+// On a cluster a refused write may come back 409 instead: a copy that has
+// not yet stored the revision written over answers conflict while the
+// others answer forbidden, and the coordinator reports the conflict. Either
+// way nothing is stored, which the worker's own later writes on the same
+// revision prove.
+func (rb *rolesBundle) refused(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: allowed, want refused", what)
+		return
+	}
+	status := kivik.HTTPStatus(err)
+	if rb.srv.Caps().ClusterN > 1 && status == http.StatusConflict {
+		t.Logf("%s: refused with 409 (copies of the job still differ): %v", what, err)
+		return
+	}
+	if status != http.StatusForbidden || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: %v (HTTP %d), want 403 mentioning %q", what, err, status, want)
+	}
+}
+
+func TestRolesEnforced(t *testing.T) {
+	t.Run("single", func(t *testing.T) { testRolesEnforced(t, server) })
+	t.Run("cluster", func(t *testing.T) { testRolesEnforced(t, server.Cluster(t).Server) })
+}
+
+func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
+	rb := setupRoles(t, srv)
+	ctx := rb.ctx
+	const producerOnly = "is a couchq producer"
+
+	// A producer enqueues, and may edit a job nobody holds.
+	job, err := rb.producer.Enqueue(ctx, couchq.NewJob{Worker: "mail", Payload: map[string]any{"to": "a@example.com"}})
+	if err != nil {
+		t.Fatalf("producer enqueue: %v", err)
+	}
+	edited := rawDoc(t, rb.producer, job.ID)
+	edited["payload"] = map[string]any{"to": "b@example.com"}
+	if _, err := rb.producer.DB().Put(ctx, job.ID, edited); err != nil {
+		t.Fatalf("producer editing a queued job nobody holds: %v", err)
+	}
+	if job, err = rb.producer.Get(ctx, job.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// ...but not claim it.
+	_, err = rb.producer.Claim(ctx, job, "producer", time.Minute)
+	rb.refused(t, "producer claiming", err, producerOnly)
+
+	// A worker claims it; the producer may not finish, fail, cancel,
+	// extend, edit or delete the claim.
+	held, err := rb.worker.Claim(ctx, job, "worker", time.Minute)
+	if err != nil {
+		t.Fatalf("worker claiming: %v", err)
+	}
+	rb.refused(t, "producer completing", rb.producer.Complete(ctx, held, nil), producerOnly)
+	rb.refused(t, "producer failing", rb.producer.Fail(ctx, held, "no", couchq.FailOptions{Final: true}), producerOnly)
+	rb.refused(t, "producer cancelling", rb.producer.Cancel(ctx, held, "no"), producerOnly)
+	claim := rawDoc(t, rb.producer, held.ID)
+	claim["lease_until"] = claim["lease_until"].(float64) + 3600
+	_, err = rb.producer.DB().Put(ctx, held.ID, claim)
+	rb.refused(t, "producer extending the lease", err, producerOnly)
+	claim = rawDoc(t, rb.producer, held.ID)
+	delete(claim, "claimed_by")
+	claim["claimed"] = false
+	_, err = rb.producer.DB().Put(ctx, held.ID, claim)
+	rb.refused(t, "producer taking the claim away", err, producerOnly)
+	_, err = rb.producer.DB().Delete(ctx, held.ID, held.Rev)
+	rb.refused(t, "producer deleting a job", err, producerOnly)
+	rb.refused(t, "producer pausing a type", rb.producer.Pause(ctx, "mail", "producer", ""), producerOnly)
+	// Writing a finished job from scratch is refused too.
+	_, err = rb.producer.DB().Put(ctx, "forged", map[string]any{"type": "WorkItem", "worker": "mail", "status": "done", "finished_at": 1})
+	rb.refused(t, "producer creating a finished job", err, producerOnly)
+	// Documents that are not couchq's are the application's business.
+	if _, err := rb.producer.DB().Put(ctx, "app-note", map[string]any{"type": "Note"}); err != nil {
+		t.Errorf("producer writing an application document: %v", err)
+	}
+
+	// The worker finishes it; pausing is a worker's (and an admin's) right.
+	if err := rb.worker.Complete(ctx, held, nil); err != nil {
+		t.Fatalf("worker completing: %v", err)
+	}
+	if err := rb.worker.Pause(ctx, "mail", "worker", "maintenance"); err != nil {
+		t.Errorf("worker pausing: %v", err)
+	}
+	if err := rb.admin.Resume(ctx, "mail", "admin"); err != nil {
+		t.Errorf("admin resuming: %v", err)
+	}
+
+	// A unique key whose job finished is enqueued again by a producer: the
+	// old job is archived and its id reused.
+	u := couchq.NewJob{Worker: "mail", Unique: couchq.UniqueOpts{Key: "digest"}}
+	first, err := rb.producer.Enqueue(ctx, u)
+	if err != nil {
+		t.Fatalf("producer unique enqueue: %v", err)
+	}
+	if first, err = rb.worker.Claim(ctx, first, "worker", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := rb.worker.Complete(ctx, first, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := rb.producer.Enqueue(ctx, u)
+	if err != nil {
+		t.Fatalf("producer enqueueing a finished unique key again: %v", err)
+	}
+	if again.ID != first.ID || again.Status != couchq.StatusQueued {
+		t.Errorf("re-enqueued unique job: %s %s, want %s queued", again.ID, again.Status, first.ID)
+	}
+
+	// An outsider cannot even open the database.
+	outsider, password := rb.cred("outsider")
+	osrv, err := couchq.Connect(ctx, srv.URL(), outsider, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer osrv.Client.Close()
+	if _, err := osrv.Open(ctx, rb.dbName, couchq.Config{Logger: rb.log}); kivik.HTTPStatus(err) != http.StatusForbidden {
+		t.Errorf("outsider opening the database: %v (HTTP %d), want 403", err, kivik.HTTPStatus(err))
+	}
+	// Roles set again replace the old: the worker role, no longer named,
+	// is no longer a member either.
+	if _, err := rb.adminSrv.SetRoles(ctx, rb.dbName, couchq.Roles{Producers: couchq.Access{Names: []string{outsider}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rb.worker.Enqueue(ctx, couchq.NewJob{Worker: "mail"}); kivik.HTTPStatus(err) != http.StatusForbidden {
+		t.Errorf("a worker no longer named enqueueing: %v, want 403", err)
+	}
+}
+
+// rawDoc reads a document as the client's user sees it.
+func rawDoc(t *testing.T, c *couchq.Client, id string) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := c.DB().Get(context.Background(), id).ScanDoc(&doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+// A member whose database lacks the design document, or holds an older
+// one, is told to run couchq init as an admin instead of getting a bare 403.
+func TestMemberInitNeedsAdmin(t *testing.T) {
+	rb := setupRoles(t, server)
+	ctx := rb.ctx
+	name, password := rb.cred("worker")
+	srv, err := couchq.Connect(ctx, server.URL(), name, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Client.Close()
+
+	if o, err := couchq.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil || o != designdocs.Unchanged {
+		t.Fatalf("member init with the design document in place: %v, %v", o, err)
+	}
+	rev, err := rb.admin.DB().GetRev(ctx, designdocs.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An older schema: a member may not upgrade it.
+	old, err := designdocs.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Rev, old.Couchq.Schema = rev, old.Couchq.Schema-1
+	if _, err := rb.admin.DB().Put(ctx, designdocs.ID, old); err != nil {
+		t.Fatal(err)
+	}
+	_, err = couchq.Init(ctx, srv.Client, rb.dbName, rb.log)
+	if !errors.Is(err, designdocs.ErrNeedsAdmin) || !strings.Contains(err.Error(), "out of date") {
+		t.Errorf("member init over an older design document: %v", err)
+	}
+	// None at all.
+	if rev, err = rb.admin.DB().GetRev(ctx, designdocs.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rb.admin.DB().Delete(ctx, designdocs.ID, rev); err != nil {
+		t.Fatal(err)
+	}
+	_, err = couchq.Init(ctx, srv.Client, rb.dbName, rb.log)
+	if !errors.Is(err, designdocs.ErrNeedsAdmin) || !strings.Contains(err.Error(), "no couchq design document") {
+		t.Errorf("member init without a design document: %v", err)
+	}
+	// The admin installs it; the member carries on.
+	if o, err := couchq.Init(ctx, rb.srv.Client(t), rb.dbName, rb.log); err != nil || o != designdocs.Created {
+		t.Fatalf("admin init: %v, %v", o, err)
+	}
+	if _, err := couchq.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil {
+		t.Errorf("member init after the admin's: %v", err)
+	}
+}
