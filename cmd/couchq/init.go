@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/opshttp"
 )
 
 const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [flags]
@@ -171,10 +171,7 @@ func orNobody(a couchq.Access) string {
 	return a.String()
 }
 
-// writeJSON writes v as indented JSON and a newline.
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
-}
+// writeJSON writes v as every --json output is written: as the HTTP API
+// writes its answers, so that stats --json and /api/stats are the same
+// bytes.
+func writeJSON(w io.Writer, v any) error { return opshttp.WriteJSON(w, v) }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // retry, cancel and requeue on the script's jobs: what each applies to,
@@ -34,11 +35,11 @@ func TestRetryCancelRequeue(t *testing.T) {
 	expect(t, res, exitFailure, "status is queued; only running jobs are requeued")
 
 	// A running job whose worker still heartbeats is not requeued without --force.
-	r.claim(t, "E")
-	now := couchq.ToUnix(r.clk.Now())
-	w := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: claimant, Types: []string{"mail"},
+	r.Claim(t, "E")
+	now := couchq.ToUnix(r.Clock.Now())
+	w := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"},
 		Concurrency: 1, StartedAt: now - 60, LastHeartbeat: now - 2, HeartbeatInterval: 5}
-	if err := r.q.PutWorker(r.ctx, w); err != nil {
+	if err := r.Q.PutWorker(r.Ctx, w); err != nil {
 		t.Fatal(err)
 	}
 	res = c.run(t, "requeue", "E")
@@ -50,8 +51,8 @@ func TestRetryCancelRequeue(t *testing.T) {
 		t.Errorf("requeue --force --json: %v %+v", err, doc)
 	}
 	// Three intervals without a heartbeat and the worker counts as gone.
-	r.claim(t, "E")
-	r.at(20 + 14)
+	r.Claim(t, "E")
+	r.At(20 + 14)
 	expect(t, c.run(t, "requeue", "E"), exitOK)
 
 	// C is queued: cancel it with a reason, not twice; then retry it.
@@ -77,7 +78,7 @@ func TestRetryCancelRequeue(t *testing.T) {
 	}
 
 	// A running job is cancelled; the message says who runs it.
-	r.claim(t, "C")
+	r.Claim(t, "C")
 	res = c.run(t, "cancel", "C")
 	expect(t, res, exitOK)
 	if !strings.Contains(res.stdout, "cancelled C (it was running on host/1/w1") {

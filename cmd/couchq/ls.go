@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/opshttp"
 )
 
 const lsUsage = `Usage: couchq ls [--type TYPE] [--status STATUS] [--limit N] [flags]
@@ -48,11 +49,8 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 		return err
 	}
 	log = log.Level(conn.level)
-	if status != "" {
-		opts.Status = couchq.Status(status)
-		if !opts.Status.Valid() {
-			return usageErrorf("invalid --status %q: want one of %s", status, statusList())
-		}
+	if opts.Status, err = opshttp.ParseStatus(status); err != nil {
+		return flagError(err)
 	}
 	if opts.Limit < 1 {
 		return usageErrorf("invalid --limit %d: must be at least 1", opts.Limit)
@@ -92,26 +90,11 @@ func printPaused(ctx context.Context, w io.Writer, q *couchq.Client, typ string)
 	return err
 }
 
-func statusList() string {
-	var names []string
-	for _, s := range couchq.Statuses() {
-		names = append(names, string(s))
-	}
-	return strings.Join(names, ", ")
-}
-
-// printJobs writes batch as a table, or with asJSON as an array of the
-// stored documents (malformed ones as they are stored).
+// printJobs writes batch as a table, or with asJSON as /api/jobs serves
+// it (opshttp.Jobs).
 func printJobs(w io.Writer, q *couchq.Client, batch *couchq.Batch, limit int, now time.Time, asJSON bool) error {
 	if asJSON {
-		docs := make([]any, 0, len(batch.Items)+len(batch.Malformed))
-		for _, it := range batch.Items {
-			docs = append(docs, it)
-		}
-		for _, bad := range batch.Malformed {
-			docs = append(docs, bad.Raw)
-		}
-		return writeJSON(w, docs)
+		return writeJSON(w, opshttp.Jobs(batch))
 	}
 	n := len(batch.Items) + len(batch.Malformed)
 	if n == 0 {

@@ -53,7 +53,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 	case olderThan == "":
 		return usageErrorf("--older-than is required, e.g. 7d (0s purges every %s job)", status)
 	}
-	age, err := parseAge(olderThan)
+	age, err := couchq.ParseAge(olderThan)
 	if err != nil {
 		return usageErrorf("invalid --older-than %q: %v", olderThan, err)
 	}

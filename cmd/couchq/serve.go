@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,16 +9,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
-	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/opshttp"
 )
 
 const serveUsage = `Usage: couchq serve [--addr HOST:PORT] [--cache DURATION] [--settle DURATION] [flags]
@@ -51,19 +45,20 @@ later ones add what happened since. They restart with the process, as any
 process's counters do; purging jobs does not lower them.
 
 With --json the line saying where it listens is a JSON object.
+
+A Go service can serve the same endpoints on its own mux: they are the
+package github.com/couchq/couchq/opshttp.
 `
 
 // HTTP server limits: reading a request is quick or hostile; writing may
-// wait for one refresh from CouchDB (refreshTimeout).
+// wait for one refresh from CouchDB (opshttp.Config.RefreshTimeout, which
+// serve leaves at its default).
 const (
 	serveReadHeaderTimeout = 5 * time.Second
 	serveReadTimeout       = 10 * time.Second
-	serveWriteTimeout      = refreshTimeout + 15*time.Second
+	serveWriteTimeout      = opshttp.RefreshTimeoutDefault + 15*time.Second
 	serveIdleTimeout       = 2 * time.Minute
 	serveShutdownTimeout   = 10 * time.Second
-	apiTimeout             = refreshTimeout
-	healthTimeout          = 5 * time.Second
-	apiJobsMax             = 1000
 )
 
 func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -72,8 +67,8 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	var addr string
 	var cache, settle time.Duration
 	fs.StringVar(&addr, "addr", "127.0.0.1:9090", "listen address")
-	fs.DurationVar(&cache, "cache", 5*time.Second, "how long figures are reused")
-	fs.DurationVar(&settle, "settle", 10*time.Second, "how far behind now the counters count")
+	fs.DurationVar(&cache, "cache", opshttp.CacheTTLDefault, "how long figures are reused")
+	fs.DurationVar(&settle, "settle", opshttp.SettleDefault, "how far behind now the counters count")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -115,7 +110,15 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// period ends: a scrape in flight is answered, not cut off.
 	reqCtx := context.WithoutCancel(ctx)
 	srv := &http.Server{
-		Handler:           newServeHandler(reqCtx, q, conn, m.Now, cache, settle, log),
+		Handler: opshttp.NewHandler(reqCtx, q, opshttp.Config{
+			CacheTTL: zeroIsNone(cache),
+			Settle:   zeroIsNone(settle),
+			Now:      m.Now,
+			Logger:   log,
+			// Say where the server is when it cannot be reached, as
+			// every command does.
+			ErrorMessage: func(err error) string { return describeError(serverError(conn.url, err)) },
+		}),
 		ReadHeaderTimeout: serveReadHeaderTimeout,
 		ReadTimeout:       serveReadTimeout,
 		WriteTimeout:      serveWriteTimeout,
@@ -164,190 +167,11 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// server answers the HTTP endpoints of couchq serve.
-type server struct {
-	q     *couchq.Client
-	conn  *connFlags
-	now   func() time.Time
-	log   zerolog.Logger
-	stats *responseCache
-}
-
-// newServeHandler returns the handler for every endpoint. ctx bounds the
-// metrics refreshes, which no request carries.
-func newServeHandler(ctx context.Context, q *couchq.Client, conn *connFlags, now func() time.Time, ttl, settle time.Duration, log zerolog.Logger) http.Handler {
-	s := &server{q: q, conn: conn, now: now, log: log, stats: &responseCache{ttl: ttl, now: now}}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		newMetricsCollector(ctx, q, now, ttl, settle, log),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorLog:      promLogger{log},
-		ErrorHandling: promhttp.ContinueOnError,
-		Timeout:       refreshTimeout + 5*time.Second,
-	}))
-	mux.HandleFunc("GET /api/stats", s.apiStats)
-	mux.HandleFunc("GET /api/jobs", s.apiJobs)
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /{$}", s.index)
-	return mux
-}
-
-// promLogger passes promhttp's errors (a metric that could not be
-// encoded) to the log.
-type promLogger struct{ log zerolog.Logger }
-
-func (l promLogger) Println(v ...any) { l.log.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...))) }
-
-func (s *server) index(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "couchq serve for database %s\n\n/metrics\n/api/stats?type=&since=24h&until=\n/api/jobs?type=&status=&limit=100\n/healthz\n", s.conn.db)
-}
-
-func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
-	p := r.URL.Query()
-	typ, since, until := p.Get("type"), p.Get("since"), p.Get("until")
-	opts, err := statsOptions(typ, since, until, s.now())
-	if err != nil {
-		writeAPIError(w, http.StatusBadRequest, strings.ReplaceAll(err.Error(), "--", ""))
-		return
+// zeroIsNone maps a flag's 0s, which means none, to opshttp.Config's
+// negative none: Config's zero means the default.
+func zeroIsNone(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
 	}
-	body, err := s.stats.get(typ+"\x00"+since+"\x00"+until, func() ([]byte, error) {
-		// Other requests may be waiting for this answer: one client
-		// going away must not fail theirs.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), apiTimeout)
-		defer cancel()
-		st, err := queueStats(ctx, s.q, opts)
-		if err != nil {
-			return nil, err
-		}
-		var buf bytes.Buffer
-		err = writeJSON(&buf, st)
-		return buf.Bytes(), err
-	})
-	if err != nil {
-		s.serverFailed(w, err)
-		return
-	}
-	writeAPIBody(w, http.StatusOK, body)
-}
-
-func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
-	p := r.URL.Query()
-	opts := couchq.ListOptions{Worker: p.Get("type"), Limit: 100}
-	if st := p.Get("status"); st != "" {
-		opts.Status = couchq.Status(st)
-		if !opts.Status.Valid() {
-			writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid status %q: want one of %s", st, statusList()))
-			return
-		}
-	}
-	if l := p.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > apiJobsMax {
-			writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: want a number from 1 to %d", l, apiJobsMax))
-			return
-		}
-		opts.Limit = n
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
-	defer cancel()
-	batch, err := s.q.List(ctx, opts)
-	if err != nil {
-		s.serverFailed(w, err)
-		return
-	}
-	var buf bytes.Buffer
-	if err := printJobs(&buf, s.q, batch, opts.Limit, s.now(), true); err != nil {
-		s.serverFailed(w, err)
-		return
-	}
-	writeAPIBody(w, http.StatusOK, buf.Bytes())
-}
-
-func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if _, err := s.q.DB().Stats(ctx); err != nil {
-		err = fmt.Errorf("reading database %s: %w", s.conn.db, serverError(s.conn.url, err))
-		var buf bytes.Buffer
-		_ = writeJSON(&buf, map[string]string{"couchdb": "unavailable", "error": describeError(err)})
-		writeAPIBody(w, http.StatusServiceUnavailable, buf.Bytes())
-		return
-	}
-	writeAPIBody(w, http.StatusOK, []byte(`{"couchdb":"ok"}`+"\n"))
-}
-
-// serverFailed answers 502: the request was fine, CouchDB was not.
-func (s *server) serverFailed(w http.ResponseWriter, err error) {
-	msg := describeError(serverError(s.conn.url, err))
-	s.log.Warn().Str("error", msg).Msg("API request failed")
-	writeAPIError(w, http.StatusBadGateway, msg)
-}
-
-func writeAPIError(w http.ResponseWriter, code int, msg string) {
-	var buf bytes.Buffer
-	_ = writeJSON(&buf, map[string]string{"error": msg})
-	writeAPIBody(w, code, buf.Bytes())
-}
-
-func writeAPIBody(w http.ResponseWriter, code int, body []byte) {
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_, _ = w.Write(body)
-}
-
-// responseCacheMax bounds how many distinct queries the cache holds; past
-// it the cache starts over rather than grow with every query string.
-const responseCacheMax = 64
-
-// responseCache keeps computed responses for ttl, so that a dashboard
-// polling /api/stats does not load CouchDB. Concurrent requests for the
-// same key wait for one computation.
-type responseCache struct {
-	ttl time.Duration
-	now func() time.Time
-
-	mu      sync.Mutex
-	entries map[string]*cacheEntry
-}
-
-type cacheEntry struct {
-	ready chan struct{}
-	at    time.Time
-	body  []byte
-	err   error
-}
-
-func (c *responseCache) get(key string, compute func() ([]byte, error)) ([]byte, error) {
-	now := c.now()
-	c.mu.Lock()
-	e := c.entries[key]
-	if e != nil {
-		select {
-		case <-e.ready:
-			if age := now.Sub(e.at); e.err != nil || age < 0 || age >= c.ttl {
-				e = nil // stale or failed: compute again
-			}
-		default: // being computed: wait for it
-		}
-	}
-	if e == nil {
-		if c.entries == nil || len(c.entries) >= responseCacheMax {
-			c.entries = map[string]*cacheEntry{}
-		}
-		e = &cacheEntry{ready: make(chan struct{}), at: now}
-		c.entries[key] = e
-		c.mu.Unlock()
-		e.body, e.err = compute()
-		close(e.ready)
-		return e.body, e.err
-	}
-	c.mu.Unlock()
-	<-e.ready
-	return e.body, e.err
+	return d
 }

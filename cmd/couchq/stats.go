@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/opshttp"
 )
 
 const statsUsage = `Usage: couchq stats [--type TYPE] [--since WHEN] [--until WHEN] [flags]
@@ -51,16 +51,16 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	log = log.Level(conn.level)
-	opts, err := statsOptions(typ, since, until, m.Now())
+	opts, err := opshttp.StatsOptions(typ, since, until, m.Now())
 	if err != nil {
-		return &usageError{err: err}
+		return flagError(err)
 	}
 	q, closeQueue, err := m.openQueue(ctx, conn, log)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
-	st, err := queueStats(ctx, q, opts)
+	st, err := opshttp.Stats(ctx, q, opts)
 	if err != nil {
 		return serverError(conn.url, err)
 	}
@@ -70,93 +70,19 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 	return printStats(m.Stdout, st)
 }
 
-// statsOptions turns the --type, --since and --until values (or the
-// /api/stats query parameters of the same names) into StatsOptions.
-func statsOptions(typ, since, until string, now time.Time) (couchq.StatsOptions, error) {
-	opts := couchq.StatsOptions{Worker: typ, Until: now}
-	var err error
-	if until != "" {
-		if opts.Until, err = parseWhen(until, now); err != nil {
-			return opts, fmt.Errorf("invalid --until %q: %w", until, err)
-		}
+// flagError words an opshttp parameter error as the flag of the same
+// name, for a command that takes the API's parameters as flags.
+func flagError(err error) error {
+	var pe *opshttp.ParamError
+	var we *opshttp.WindowError
+	switch {
+	case errors.As(err, &pe):
+		return usageErrorf("invalid --%s %q: %v", pe.Param, pe.Value, pe.Err)
+	case errors.As(err, &we):
+		return usageErrorf("--since %s is not before --until %s",
+			we.Since.UTC().Format(time.RFC3339), we.Until.UTC().Format(time.RFC3339))
 	}
-	if since == "" {
-		since = "24h"
-	}
-	if opts.Since, err = parseWhen(since, now); err != nil {
-		return opts, fmt.Errorf("invalid --since %q: %w", since, err)
-	}
-	if !opts.Since.Before(opts.Until) {
-		return opts, fmt.Errorf("--since %s is not before --until %s",
-			opts.Since.UTC().Format(time.RFC3339), opts.Until.UTC().Format(time.RFC3339))
-	}
-	return opts, nil
-}
-
-// queueStats is couchq.Stats with empty lists as [] rather than null, so
-// that scripts can iterate over them without a check.
-func queueStats(ctx context.Context, q *couchq.Client, opts couchq.StatsOptions) (*couchq.Stats, error) {
-	st, err := q.Stats(ctx, opts)
-	if err != nil {
-		return nil, fmt.Errorf("computing stats: %w", err)
-	}
-	if st.Types == nil {
-		st.Types = []couchq.TypeStats{}
-	}
-	if st.Workers == nil {
-		st.Workers = []couchq.WorkerStats{}
-	}
-	for i := range st.Workers {
-		if st.Workers[i].Types == nil {
-			st.Workers[i].Types = []string{}
-		}
-	}
-	return st, nil
-}
-
-// daysRE matches an age that starts with a number of days: 7d, 1.5d, 1d12h.
-var daysRE = regexp.MustCompile(`^(\d+(?:\.\d+)?)d(.*)$`)
-
-// parseAge parses a Go duration (90s, 6h) or one that starts with days
-// (7d, 1d12h), which Go's parser lacks. Negative ages are refused.
-func parseAge(s string) (time.Duration, error) {
-	bad := errors.New("want a duration such as 90s, 6h or 7d")
-	var days time.Duration
-	rest := s
-	if m := daysRE.FindStringSubmatch(s); m != nil {
-		n, err := strconv.ParseFloat(m[1], 64)
-		if err != nil || n > 100*365 {
-			return 0, bad
-		}
-		days, rest = time.Duration(n*24*float64(time.Hour)), m[2]
-		if rest == "" {
-			return days, nil
-		}
-	}
-	d, err := time.ParseDuration(rest)
-	if err != nil {
-		return 0, bad
-	}
-	if d < 0 {
-		return 0, errors.New("must not be negative")
-	}
-	return days + d, nil
-}
-
-// parseWhen parses a point in time given as an age before now (24h, 7d)
-// or as an RFC 3339 time.
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	d, err := parseAge(s)
-	if err != nil {
-		if strings.HasPrefix(s, "-") {
-			return time.Time{}, errors.New("must not be negative (an age counts back from now)")
-		}
-		return time.Time{}, fmt.Errorf("want an age such as 1h, 24h or 7d, or an RFC 3339 time such as 2030-01-02T15:04:05Z")
-	}
-	return now.Add(-d), nil
+	return &usageError{err: err}
 }
 
 // printStats writes the report as tables.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // couchq stats on a known script: the exact counts and times.
@@ -14,14 +15,14 @@ func TestStatsFromAKnownScript(t *testing.T) {
 	t.Parallel()
 	r := runOpsScript(t)
 
-	res := r.c.run(t, "stats", "--json", "--since", r.since())
+	res := r.c.run(t, "stats", "--json", "--since", r.Since())
 	expect(t, res, exitOK)
 	var st couchq.Stats
 	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
 		t.Fatalf("stats --json: %v", err)
 	}
-	checkScriptStats(t, &st)
-	if !st.Until.Equal(r.t0.Add(20*time.Second)) || !st.Since.Equal(r.t0.Add(-time.Second)) {
+	opstest.CheckStats(t, &st)
+	if !st.Until.Equal(r.T0.Add(20*time.Second)) || !st.Since.Equal(r.T0.Add(-time.Second)) {
 		t.Errorf("window %s to %s, want T0-1s to T0+20s (Main.Now)", st.Since, st.Until)
 	}
 
@@ -54,14 +55,14 @@ func TestStatsFromAKnownScript(t *testing.T) {
 		t.Errorf("late window: %+v", l)
 	}
 	// A registered worker shows up with its type; one of another type does not.
-	now := couchq.ToUnix(r.clk.Now())
+	now := couchq.ToUnix(r.Clock.Now())
 	for _, w := range []*couchq.WorkerInfo{
-		{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: claimant, Types: []string{"mail"}, Concurrency: 2,
+		{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"}, Concurrency: 2,
 			StartedAt: now - 101, LastHeartbeat: now - 1, HeartbeatInterval: 5, BusySeconds: 50, Completed: 20},
 		{ID: couchq.WorkerDocID("host", 2, "w1"), Claimant: "host/2/w1", Types: []string{"sms"}, Concurrency: 1,
 			StartedAt: now - 1000, LastHeartbeat: now - 600, HeartbeatInterval: 5},
 	} {
-		if err := r.q.PutWorker(r.ctx, w); err != nil {
+		if err := r.Q.PutWorker(r.Ctx, w); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,36 +96,6 @@ func TestStatsEmpty(t *testing.T) {
 	expect(t, res, exitOK)
 	if !strings.Contains(res.stdout, "no jobs") || !strings.Contains(res.stdout, "no workers registered") {
 		t.Errorf("empty stats table:\n%s", res.stdout)
-	}
-}
-
-func TestParseAgeAndWhen(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]time.Duration{
-		"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour,
-		"1.5d": 36 * time.Hour, "1d12h": 36 * time.Hour, "90s": 90 * time.Second, "0s": 0, "0d": 0,
-	} {
-		if got, err := parseAge(in); err != nil || got != want {
-			t.Errorf("parseAge(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "d", "7", "soon", "-1h", "7d-1h", "1w", "d7", "1e9d"} {
-		if got, err := parseAge(in); err == nil {
-			t.Errorf("parseAge(%q) = %v, want an error", in, got)
-		}
-	}
-	now := time.Date(2030, 1, 8, 0, 0, 0, 0, time.UTC)
-	for in, want := range map[string]time.Time{
-		"7d":                        time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
-		"2029-12-31T23:00:00Z":      time.Date(2029, 12, 31, 23, 0, 0, 0, time.UTC),
-		"2030-01-07T01:00:00+01:00": time.Date(2030, 1, 7, 0, 0, 0, 0, time.UTC),
-	} {
-		if got, err := parseWhen(in, now); err != nil || !got.Equal(want) {
-			t.Errorf("parseWhen(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	if _, err := parseWhen("-2h", now); err == nil || !strings.Contains(err.Error(), "negative") {
-		t.Errorf("parseWhen(-2h): %v", err)
 	}
 }
 

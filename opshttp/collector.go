@@ -1,4 +1,4 @@
-package main
+package opshttp
 
 import (
 	"context"
@@ -6,22 +6,21 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
 )
 
-// The metrics couchq serve exports at /metrics. The README lists them; keep
-// the two in step.
+// The metrics of NewCollector (and so of couchq serve's /metrics). The
+// README lists them; keep the two in step.
 //
 // Gauges are the queue as it is at the scrape. Counters and summaries are
 // cumulative over the activity log: the first scrape counts every event
 // the log holds, and each later scrape adds the events of the time since.
-// They are kept by the serve process rather than re-counted from the
+// They are kept by the collector rather than re-counted from the
 // database each time because the log shrinks (purge deletes jobs, long
 // histories are trimmed), and a counter that goes down reads as a reset to
 // Prometheus: rate() would show a spike the size of the purge. Like any
-// process's counters, they start again when serve restarts.
+// process's counters, they start again when the process restarts.
 
 // statsSource is what the collector reads; *couchq.Client is one.
 type statsSource interface {
@@ -31,17 +30,13 @@ type statsSource interface {
 
 // metricsCollector is a prometheus.Collector that computes couchq's
 // metrics from couchq.Stats and couchq.Counts when scraped, at most once
-// per ttl: scrapes in between (several Prometheus servers, a dashboard)
+// per CacheTTL: scrapes in between (several Prometheus servers, a dashboard)
 // get the cached figures and do not reach CouchDB.
 type metricsCollector struct {
-	src     statsSource
-	ctx     context.Context // for the CouchDB requests; scrapes carry none
-	now     func() time.Time
-	ttl     time.Duration
-	settle  time.Duration
-	timeout time.Duration
-	log     zerolog.Logger
-	d       metricDescs
+	src statsSource
+	ctx context.Context // for the CouchDB requests; scrapes carry none
+	cfg Config          // with its defaults
+	d   metricDescs
 
 	mu sync.Mutex
 	// refreshed is when the figures were last fetched (or tried).
@@ -129,17 +124,28 @@ func newMetricDescs() metricDescs {
 	}
 }
 
-func newMetricsCollector(ctx context.Context, src statsSource, now func() time.Time, ttl, settle time.Duration, log zerolog.Logger) *metricsCollector {
+// NewCollector returns a prometheus.Collector of the queue's metrics, the
+// couchq_* families the README lists, computed from q's stats when
+// scraped: gauges of the queue and the workers as they are, and counters
+// and summaries of the activity log that this collector keeps (the first
+// scrape counts the whole log, later ones add what happened since, up to
+// cfg.Settle ago). A scrape within cfg.CacheTTL of the last refresh gets
+// the cached figures, so that several Prometheus servers do not each load
+// CouchDB. ctx bounds the refreshes, which no scrape carries: cancel it
+// when the collector is done with.
+//
+// Register it on one registry only: a second registry would keep counters
+// of its own, and read CouchDB as often again.
+func NewCollector(ctx context.Context, q *couchq.Client, cfg Config) prometheus.Collector {
+	return newCollector(ctx, q, cfg)
+}
+
+func newCollector(ctx context.Context, src statsSource, cfg Config) *metricsCollector {
 	return &metricsCollector{
-		src: src, ctx: ctx, now: now, ttl: ttl, settle: settle, timeout: refreshTimeout, log: log,
+		src: src, ctx: ctx, cfg: cfg.WithDefaults(),
 		d: newMetricDescs(), totals: map[string]*typeTotals{},
 	}
 }
-
-// refreshTimeout bounds one refresh; it stays under the HTTP server's
-// write timeout so that a slow CouchDB yields couchq_up 0, not a cut-off
-// response.
-const refreshTimeout = 30 * time.Second
 
 // Describe sends every metric's description.
 func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -153,7 +159,7 @@ func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect refreshes the figures if they are older than the ttl and sends
+// Collect refreshes the figures if they are older than CacheTTL and sends
 // them.
 func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
@@ -237,36 +243,33 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // refreshLocked fetches the figures when the cached ones are older than
-// the ttl. c.mu is held, so concurrent scrapes wait for one fetch.
+// CacheTTL. c.mu is held, so concurrent scrapes wait for one fetch.
 func (c *metricsCollector) refreshLocked() {
-	now := c.now()
-	if age := now.Sub(c.refreshed); !c.refreshed.IsZero() && age >= 0 && age < c.ttl {
+	now := c.cfg.Now()
+	if age := now.Sub(c.refreshed); !c.refreshed.IsZero() && age >= 0 && age < c.cfg.ttl() {
 		return
 	}
 	c.refreshed = now
-	ctx, cancel := context.WithTimeout(c.ctx, c.timeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RefreshTimeout)
 	defer cancel()
 	snap, err := c.fetch(ctx, now)
-	c.lastDuration = c.now().Sub(now).Seconds()
+	c.lastDuration = c.cfg.Now().Sub(now).Seconds()
 	if err != nil {
 		c.snap = nil
 		c.refreshErrors++
-		c.log.Warn().Err(err).Msg("refreshing metrics from CouchDB failed; serving couchq_up 0 and the counters so far")
+		c.cfg.Logger.Warn().Err(err).Msg("refreshing metrics from CouchDB failed; serving couchq_up 0 and the counters so far")
 		return
 	}
 	c.snap = snap
 }
 
 // fetch reads the queue and adds the activity since the cursor to the
-// counters. The counters stop settle short of now: an event is stamped
-// with its writer's clock before the write reaches CouchDB, so one stamped
-// just before now may not be visible yet, and once the cursor has passed
-// it, it would never be counted.
+// counters. The counters stop Settle short of now (see Config.Settle).
 func (c *metricsCollector) fetch(ctx context.Context, now time.Time) (*metricsSnapshot, error) {
 	// Events are stamped to the millisecond; a cursor half-way between two
 	// milliseconds can never equal one, so the inclusive ranges that follow
 	// each other neither count an event twice nor miss one.
-	until := now.Add(-c.settle).Truncate(time.Millisecond).Add(500 * time.Microsecond)
+	until := now.Add(-c.cfg.settle()).Truncate(time.Millisecond).Add(500 * time.Microsecond)
 	since := c.cursor
 	if since.IsZero() {
 		since = time.Unix(0, 0) // the first refresh counts the whole log

@@ -1,0 +1,175 @@
+package opshttp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+const (
+	// healthTimeout bounds /healthz's one request: a probe that waits
+	// longer than a load balancer's check is no use.
+	healthTimeout = 5 * time.Second
+	// jobsLimitDefault and jobsLimitMax bound /api/jobs?limit: one answer
+	// must not read a whole database.
+	jobsLimitDefault = 100
+	jobsLimitMax     = 1000
+	// scrapeMargin is what a scrape may take beyond one refresh: encoding
+	// the runtime and process metrics.
+	scrapeMargin = 5 * time.Second
+)
+
+// server answers the endpoints of NewHandler.
+type server struct {
+	q     *couchq.Client
+	db    string
+	cfg   Config // with its defaults
+	stats *responseCache
+}
+
+// NewHandler returns the handler for every endpoint of the package (see
+// the package documentation), reading q. Its paths are absolute: mount it
+// at the root of a mux, or under a prefix with http.StripPrefix. ctx
+// bounds the metrics refreshes, which no request carries; API requests are
+// bounded by their own context and cfg.RefreshTimeout.
+//
+// /metrics serves NewCollector's metrics from a registry of the handler's
+// own, with the Go runtime's and the process's. A service that has a
+// registry already can register NewCollector on it instead and mount this
+// handler for the API alone.
+func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler {
+	cfg = cfg.WithDefaults()
+	s := &server{q: q, db: q.DB().Name(), cfg: cfg, stats: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		newCollector(ctx, q, cfg),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      promLogger{cfg},
+		ErrorHandling: promhttp.ContinueOnError,
+		Timeout:       cfg.RefreshTimeout + scrapeMargin,
+	}))
+	mux.HandleFunc("GET /api/stats", s.apiStats)
+	mux.HandleFunc("GET /api/jobs", s.apiJobs)
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /{$}", s.index)
+	return mux
+}
+
+// promLogger passes promhttp's errors (a metric that could not be
+// encoded) to the log.
+type promLogger struct{ cfg Config }
+
+func (l promLogger) Println(v ...any) {
+	l.cfg.Logger.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
+}
+
+func (s *server) index(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "couchq serve for database %s\n\n/metrics\n/api/stats?type=&since=24h&until=\n/api/jobs?type=&status=&limit=100\n/healthz\n", s.db)
+}
+
+func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query()
+	typ, since, until := p.Get("type"), p.Get("since"), p.Get("until")
+	opts, err := StatsOptions(typ, since, until, s.cfg.Now())
+	if err != nil {
+		writeAPIError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, err := s.stats.get(typ+"\x00"+since+"\x00"+until, func() ([]byte, error) {
+		// Other requests may be waiting for this answer: one client
+		// going away must not fail theirs.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RefreshTimeout)
+		defer cancel()
+		st, err := Stats(ctx, s.q, opts)
+		if err != nil {
+			return nil, err
+		}
+		var buf bytes.Buffer
+		err = WriteJSON(&buf, st)
+		return buf.Bytes(), err
+	})
+	if err != nil {
+		s.serverFailed(w, err)
+		return
+	}
+	writeAPIBody(w, http.StatusOK, body)
+}
+
+func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query()
+	opts := couchq.ListOptions{Worker: p.Get("type"), Limit: jobsLimitDefault}
+	var err error
+	if opts.Status, err = ParseStatus(p.Get("status")); err != nil {
+		writeAPIError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if l := p.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > jobsLimitMax {
+			writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: want a number from 1 to %d", l, jobsLimitMax))
+			return
+		}
+		opts.Limit = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+	defer cancel()
+	batch, err := s.q.List(ctx, opts)
+	if err != nil {
+		s.serverFailed(w, err)
+		return
+	}
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, Jobs(batch)); err != nil {
+		s.serverFailed(w, err)
+		return
+	}
+	writeAPIBody(w, http.StatusOK, buf.Bytes())
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
+	defer cancel()
+	if _, err := s.q.DB().Stats(ctx); err != nil {
+		var buf bytes.Buffer
+		_ = WriteJSON(&buf, map[string]string{"couchdb": "unavailable",
+			"error": fmt.Sprintf("reading database %s: %s", s.db, s.cfg.ErrorMessage(err))})
+		writeAPIBody(w, http.StatusServiceUnavailable, buf.Bytes())
+		return
+	}
+	writeAPIBody(w, http.StatusOK, []byte(`{"couchdb":"ok"}`+"\n"))
+}
+
+// serverFailed answers 502: the request was fine, CouchDB was not.
+func (s *server) serverFailed(w http.ResponseWriter, err error) {
+	msg := s.cfg.ErrorMessage(err)
+	s.cfg.Logger.Warn().Str("error", msg).Msg("API request failed")
+	writeAPIError(w, http.StatusBadGateway, msg)
+}
+
+func writeAPIError(w http.ResponseWriter, code int, msg string) {
+	var buf bytes.Buffer
+	_ = WriteJSON(&buf, map[string]string{"error": msg})
+	writeAPIBody(w, code, buf.Bytes())
+}
+
+func writeAPIBody(w http.ResponseWriter, code int, body []byte) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}

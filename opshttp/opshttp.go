@@ -1,0 +1,94 @@
+// Package opshttp serves a couchq queue's metrics and a small read-only
+// JSON API over HTTP, so that a service that runs couchq workers can mount
+// them on its own mux; couchq serve is this package behind a listener.
+//
+// NewHandler returns one http.Handler for every endpoint:
+//
+//	/metrics     Prometheus metrics: the queue's (see NewCollector) and the
+//	             Go runtime's and process's
+//	/api/stats   the stats report (couchq stats --json); query parameters
+//	             type, since and until
+//	/api/jobs    jobs as stored (couchq ls --json); query parameters type,
+//	             status and limit (default 100, at most 1000)
+//	/healthz     200 {"couchdb":"ok"} when the database answers, else 503
+//	             with the error
+//	/            a list of the above
+//
+// NewCollector returns the queue's metrics alone, for a service that
+// already serves /metrics from its own prometheus.Registry.
+//
+// Nothing here authenticates, and /api/jobs shows job payloads: mount the
+// handler behind whatever guards the rest of the service's private
+// endpoints.
+package opshttp
+
+import (
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Defaults for Config.
+const (
+	CacheTTLDefault       = 5 * time.Second
+	SettleDefault         = 10 * time.Second
+	RefreshTimeoutDefault = 30 * time.Second
+)
+
+// Config configures NewHandler and NewCollector. The zero value of every
+// field means its default; see WithDefaults.
+type Config struct {
+	// CacheTTL is how long figures read from CouchDB are reused, so that
+	// frequent scrapes and a dashboard polling /api/stats do not load the
+	// database. Negative reads CouchDB on every scrape and request.
+	CacheTTL time.Duration
+	// Settle is how far behind now the counters count: an event is
+	// stamped with its writer's clock before the write reaches CouchDB, so
+	// one stamped just before now may not be visible yet, and once the
+	// counters have passed it, it would never be counted. Negative counts
+	// up to now: for one process that writes and serves, or a test that
+	// controls the clock.
+	Settle time.Duration
+	// RefreshTimeout bounds one read from CouchDB: a metrics refresh or an
+	// API request. A scrape whose refresh times out still answers, with
+	// couchq_up 0, within RefreshTimeout + 5s: keep an http.Server's
+	// WriteTimeout above that, or the answer is cut off.
+	RefreshTimeout time.Duration
+	// Now is the clock; default time.Now. Tests set it, with the queue
+	// client's, to get exact figures.
+	Now func() time.Time
+	// Logger receives warnings: failed refreshes and API requests, and
+	// metrics that could not be encoded. The zero value discards them.
+	Logger zerolog.Logger
+	// ErrorMessage renders a failure of CouchDB for the "error" field of a
+	// JSON answer (502 from the API, 503 from /healthz) and the log;
+	// default err.Error(). couchq serve sets one that says where the
+	// server is when it cannot be reached.
+	ErrorMessage func(err error) string
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.CacheTTL == 0 {
+		c.CacheTTL = CacheTTLDefault
+	}
+	if c.Settle == 0 {
+		c.Settle = SettleDefault
+	}
+	if c.RefreshTimeout <= 0 {
+		c.RefreshTimeout = RefreshTimeoutDefault
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.ErrorMessage == nil {
+		c.ErrorMessage = func(err error) string { return err.Error() }
+	}
+	return c
+}
+
+// ttl is CacheTTL as the caches use it: a negative one caches nothing.
+func (c Config) ttl() time.Duration { return max(c.CacheTTL, 0) }
+
+// settle is Settle as the counters use it: a negative one counts to now.
+func (c Config) settle() time.Duration { return max(c.Settle, 0) }
