@@ -59,6 +59,9 @@ type connFlags struct {
 	// password is the password from --password-file or the environment
 	// (empty: the URL's, if any). Never printed.
 	password string
+	// fixedPassword is a password settled before resolve (a worker config
+	// file's password_env); it wins over $COUCHDB_PASSWORD.
+	fixedPassword string
 
 	// rawURL is the URL with any credentials: for Dial only, never printed.
 	rawURL string
@@ -159,6 +162,9 @@ func (c *connFlags) resolveCredentials(m *Main) error {
 	}
 	if file == "" {
 		c.password = m.Getenv("COUCHDB_PASSWORD")
+		if c.fixedPassword != "" {
+			c.password = c.fixedPassword
+		}
 		return nil
 	}
 	b, err := os.ReadFile(file)

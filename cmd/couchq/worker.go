@@ -19,6 +19,7 @@ import (
 )
 
 const workerUsage = `Usage: couchq worker --type T[,T2...] --handler NAME [flags]
+       couchq worker --config FILE [--type T,...] [--check] [flags]
 
 Runs jobs of the given types with a built-in handler until it is stopped.
 It creates the database and design document first if needed (as couchq
@@ -66,6 +67,48 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default UTC)
 	--catch-up once|all    ticks missed while no process ran a schedule: enqueue
 	                       the latest once (default), or one job per missed tick
+
+	--config FILE          run the job types of a TOML file, each with its own
+	                       settings (below); flags given as well override the
+	                       file for every type, and --type picks some of its types
+	--check                with --config: validate the file, print the effective
+	                       settings (never a password) and exit
+
+The file (unknown keys and bad values are errors naming the file, line
+and key; every key is optional but a type's handler):
+
+	[couchdb]
+	url = ["http://couch1:5984", "http://couch2:5984"]   # or one string
+	user = "couchq-worker"
+	password_file = "/run/secrets/couchq"   # or password_env = "VAR";
+	ca_file = "/etc/couchq/ca.pem"          # never the password itself
+	db = "couchq"
+
+	[worker]
+	shutdown_timeout = "30s"
+	log_level = "info"
+
+	[defaults]            # for every type; same keys as a type's table
+	concurrency = 4
+
+	[types.email]
+	handler = "exec"      # exec, http-check, noop or webhook
+	exec = "/usr/local/bin/send-mail"
+	concurrency = 8
+	lease = "1m"
+	max_attempts = 5
+	retry_delay = "30s"   # fixed; without it attempt^4 s backoff
+	delete_done = true
+	rate = "10/s"
+	fleet_concurrency = 20
+	http_timeout = "10s"
+	# and heartbeat, sweep_interval, feed_timeout, fallback_poll
+
+	[[periodic]]
+	type = "report"
+	schedule = "0 7 * * 1-5"
+	timezone = "Europe/Berlin"
+	catch_up = "once"
 
 Timings, mostly for tests and demos:
 
@@ -149,6 +192,10 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.Var(&f.fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
 	fs.StringVar(&f.periodicTZ, "periodic-tz", "UTC", "time zone of cron schedules")
 	fs.StringVar(&f.catchUp, "catch-up", "once", "missed ticks: once or all")
+	var configFile string
+	var checkOnly bool
+	fs.StringVar(&configFile, "config", "", "worker configuration file (TOML)")
+	fs.BoolVar(&checkOnly, "check", false, "validate --config, print the effective settings and exit")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -158,18 +205,69 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-	if err := f.check(); err != nil {
-		return err
+	given := map[string]bool{}
+	for name := range f.set {
+		given[name] = true
+	}
+	delete(f.set, "config")
+	delete(f.set, "check")
+	for _, name := range []string{"url", "db", "user", "password-file", "ca-file", "json", "log-level"} {
+		delete(f.set, name) // connection flags, not the worker's
+	}
+	var specs []*workerFlags
+	if configFile != "" {
+		for _, name := range []string{"periodic", "periodic-tz", "catch-up"} {
+			if f.set[name] {
+				return usageErrorf("--%s with --config: put schedules in the file's [[periodic]] tables", name)
+			}
+		}
+		wf, src, err := loadWorkerFile(configFile)
+		if err != nil {
+			return err
+		}
+		if err := applyFileConn(m, configFile, src, conn, given, wf.CouchDB); err != nil {
+			return err
+		}
+		if !given["log-level"] && wf.Worker.LogLevel != "" {
+			conn.logLevel = wf.Worker.LogLevel
+		}
+		if specs, err = workerSpecs(configFile, wf, src, f); err != nil {
+			return err
+		}
+	} else {
+		if checkOnly {
+			return usageErrorf("--check needs --config FILE")
+		}
+		if err := f.check(); err != nil {
+			return err
+		}
+		specs = []*workerFlags{f}
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
 	}
+	if checkOnly {
+		return printWorkerCheck(m.Stdout, conn, specs)
+	}
 	log = log.Level(conn.level)
-	// The handler is built before connecting so that a command that cannot
+	return m.runWorkerSpecs(ctx, log, conn, specs)
+}
+
+// runWorkerSpecs runs one worker per spec (one spec without a config file,
+// one per job type with one) in this process until ctx ends or one fails.
+func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *connFlags, specs []*workerFlags) error {
+	// Handlers are built before connecting so that a command that cannot
 	// run (exec of a missing program) is a usage error, not a failed job.
-	h, err := handlers.New(f.handler, handlers.Options{HTTPTimeout: f.httpTimeout, Exec: f.argv})
-	if err != nil {
-		return &usageError{err: err}
+	hs := make([]worker.Handler, len(specs))
+	for i, f := range specs {
+		h, err := handlers.New(f.handler, handlers.Options{HTTPTimeout: f.httpTimeout, Exec: f.argv})
+		if err != nil {
+			if len(specs) > 1 {
+				err = fmt.Errorf("type %s: %w", f.types, err)
+			}
+			return &usageError{err: err}
+		}
+		hs[i] = h
 	}
 
 	hc, err := m.httpClient(conn, log)
@@ -184,29 +282,51 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	if _, err := couchq.Init(ctx, srv.Client, conn.db, log); err != nil {
 		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
 	}
-	q, err := srv.Open(ctx, conn.db, couchq.Config{Logger: log, MaxAttempts: f.maxAttempts})
-	if err != nil {
-		return serverError(conn.url, err)
+	workers := make([]*worker.Worker, len(specs))
+	for i, f := range specs {
+		q, err := srv.Open(ctx, conn.db, couchq.Config{Logger: log, MaxAttempts: f.maxAttempts})
+		if err != nil {
+			return serverError(conn.url, err)
+		}
+		if workers[i], err = worker.New(q, f.config(hs[i], log)); err != nil {
+			return &usageError{err: err} // check covers what New rejects; kept as a backstop
+		}
+		log.Info().Str("url", conn.url).Str("db", conn.db).Str("types", f.types).Str("handler", f.handler).
+			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
 	}
-	w, err := worker.New(q, f.config(h, log))
-	if err != nil {
-		return &usageError{err: err} // check covers what New rejects; kept as a backstop
-	}
-	log.Info().Str("url", conn.url).Str("db", conn.db).Str("handler", f.handler).
-		Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
 
 	runDone := make(chan struct{})
 	defer close(runDone)
 	go func() {
 		select {
 		case <-ctx.Done():
-			log.Info().Dur("shutdown_timeout", f.shutdownTimeout).
+			log.Info().Dur("shutdown_timeout", specs[0].shutdownTimeout).
 				Msg("stopping: no new claims; running jobs may finish, then are released (signal again to exit at once)")
 		case <-runDone:
 		}
 	}()
-	if err := w.Run(ctx); err != nil {
-		return serverError(conn.url, fmt.Errorf("running worker: %w", err))
+	// One failing worker stops the others: the process is one unit for
+	// its supervisor, which restarts it whole.
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(workers))
+	for _, w := range workers {
+		go func() {
+			err := w.Run(runCtx)
+			if err != nil {
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return serverError(conn.url, fmt.Errorf("running worker: %w", first))
 	}
 	return nil
 }

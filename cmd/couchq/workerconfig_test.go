@@ -1,0 +1,147 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeConfig writes a worker configuration file for the test.
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "workers.toml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const goodConfig = `[couchdb]
+url = ["http://127.0.0.1:1", "http://127.0.0.2:1"]
+user = "couchq-worker"
+password_env = "WORKER_PW"
+db = "couchq_jobs"
+
+[worker]
+shutdown_timeout = "45s"
+
+[defaults]
+concurrency = 2
+max_attempts = 7
+
+[types.email]
+handler = "exec"
+exec = "/bin/cat"
+lease = "1m"
+rate = "10/s"
+fleet_concurrency = 5
+
+[types.ping]
+handler = "noop"
+concurrency = 8
+retry_delay = "2s"
+delete_done = true
+
+[[periodic]]
+type = "report"
+schedule = "@every 5m"
+timezone = "Europe/Berlin"
+`
+
+// --check prints every type's effective settings, the file's defaults and
+// the command line's overrides applied, and never the password.
+func TestWorkerConfigCheck(t *testing.T) {
+	t.Parallel()
+	path := writeConfig(t, goodConfig)
+	c := offline().withEnv("WORKER_PW", "s3cret-pw")
+	r := c.run(t, "worker", "--config", path, "--check")
+	expect(t, r, exitOK)
+	for _, want := range []string{
+		"couchdb: http://127.0.0.1:1,http://127.0.0.2:1 database couchq_jobs user couchq-worker password from the environment",
+		`type email: handler exec exec "/bin/cat", concurrency 2, lease 1m0s, heartbeat 20s, max_attempts 7, retry backoff attempt^4 s, delete_done false, http_timeout 10s, rate 10/1s, fleet_concurrency 5`,
+		"type ping: handler noop, concurrency 8, lease 30s, heartbeat 10s, max_attempts 7, retry fixed 2s, delete_done true",
+		`periodic report: "@every 5m" in Europe/Berlin, catch up once`,
+		"shutdown_timeout 45s",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--check output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout+r.stderr, "s3cret-pw") {
+		t.Errorf("the password was printed")
+	}
+	// Flags override the file for every type; --type picks types.
+	r = c.run(t, "worker", "--config", path, "--check", "--concurrency", "3", "--type", "ping", "--db", "other")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "type ping: handler noop, concurrency 3,") || strings.Contains(r.stdout, "type email") ||
+		!strings.Contains(r.stdout, "database other") {
+		t.Errorf("overrides:\n%s", r.stdout)
+	}
+	r = c.run(t, "worker", "--config", path, "--check", "--type", "sms")
+	expect(t, r, exitUsage, "has no [types.sms] table")
+	r = offline().run(t, "worker", "--config", path, "--check")
+	expect(t, r, exitUsage, "$WORKER_PW is empty or unset")
+}
+
+// Mistakes in the file name the file, the line and the key.
+func TestWorkerConfigErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, body, want string }{
+		{"unknown key", "[types.a]\nhandler = \"noop\"\nconcurency = 3\n", ":3: types.a.concurency: unknown key"},
+		{"unknown table", "[type.a]\nhandler = \"noop\"\n", ":1: type.a: unknown key"},
+		{"bad duration", "[types.a]\nhandler = \"noop\"\nlease = \"3x\"\n", `:3: types.a.lease: invalid duration "3x"`},
+		{"wrong type", "[types.a]\nhandler = \"noop\"\nconcurrency = \"many\"\n", ":3: types.a.concurrency: cannot decode TOML string"},
+		{"zero", "[types.a]\nhandler = \"noop\"\n\nconcurrency = 0\n", ":4: types.a.concurrency: must be at least 1, got 0"},
+		{"from defaults", "[defaults]\nmax_attempts = 0\n[types.a]\nhandler = \"noop\"\n", ":2: types.a.max_attempts: must be at least 1"},
+		{"no handler", "[types.a]\nconcurrency = 2\n", ":1: types.a.handler: required"},
+		{"unknown handler", "[types.a]\nhandler = \"smtp\"\n", `:2: types.a.handler: unknown handler "smtp"`},
+		{"exec elsewhere", "[types.a]\nhandler = \"noop\"\nexec = \"x\"\n", `:3: types.a.exec: only for handler "exec"`},
+		{"bad rate", "[types.a]\nhandler = \"noop\"\nrate = \"ten\"\n", ":3: types.a.rate:"},
+		{"heartbeat", "[types.a]\nhandler = \"noop\"\nheartbeat = \"1m\"\n", ":1: types.a: invalid heartbeat 1m0s: must be shorter than the lease"},
+		{"no types", "[couchdb]\ndb = \"x\"\n", ": no [types.NAME] tables"},
+		{"periodic", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"every day\"\n", ":3: periodic[0]:"},
+		{"timezone", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"@daily\"\ntimezone = \"Mars/Base\"\n", ":3: periodic[0]: timezone:"},
+		{"url", "[couchdb]\nurl = 5\n[types.a]\nhandler = \"noop\"\n", ":2: couchdb.url: want a string or a list of strings"},
+		{"inline password", "[couchdb]\npassword = \"x\"\n[types.a]\nhandler = \"noop\"\n", ":2: couchdb.password: unknown key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.body)
+			r := offline().run(t, "worker", "--config", path, "--check")
+			expect(t, r, exitUsage, path+tc.want)
+		})
+	}
+	r := offline().run(t, "worker", "--check")
+	expect(t, r, exitUsage, "--check needs --config FILE")
+	r = offline().run(t, "worker", "--config", filepath.Join(t.TempDir(), "none.toml"))
+	expect(t, r, exitUsage, "reading --config")
+	r = offline().run(t, "worker", "--config", writeConfig(t, goodConfig), "--periodic", "x=@daily")
+	expect(t, r, exitUsage, "[[periodic]] tables")
+}
+
+// One process runs every type of the file, each with its own settings.
+func TestWorkerConfigRunsEveryType(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	path := writeConfig(t, `[types.alpha]
+handler = "noop"
+concurrency = 1
+
+[types.beta]
+handler = "noop"
+delete_done = true
+`)
+	for _, typ := range []string{"alpha", "beta"} {
+		expect(t, c.run(t, "enqueue", "--type", typ, "--id", typ+"-1"), exitOK)
+	}
+	r := c.run(t, "worker", "--config", path, "--drain", "--fallback-poll", "1s")
+	expect(t, r, exitOK)
+	r = c.run(t, "show", "alpha-1")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "done") {
+		t.Errorf("alpha-1 not done:\n%s", r.stdout)
+	}
+	// beta deletes its finished jobs; alpha keeps them.
+	r = c.run(t, "show", "beta-1")
+	expect(t, r, exitFailure)
+}
