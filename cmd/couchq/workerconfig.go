@@ -64,12 +64,12 @@ type workerFile struct {
 }
 
 type fileConn struct {
-	URL          any        `toml:"url"` // a string or a list of strings
-	User         string     `toml:"user"`
-	PasswordFile string     `toml:"password_file"`
-	PasswordEnv  string     `toml:"password_env"`
-	CAFile       string     `toml:"ca_file"`
-	DB           string     `toml:"db"`
+	URL          any    `toml:"url"` // a string or a list of strings
+	User         string `toml:"user"`
+	PasswordFile string `toml:"password_file"`
+	PasswordEnv  string `toml:"password_env"`
+	CAFile       string `toml:"ca_file"`
+	DB           string `toml:"db"`
 }
 
 // fileProcess holds the settings of the whole process rather than a type.
