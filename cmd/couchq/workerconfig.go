@@ -473,13 +473,17 @@ func applyFileConn(m *Main, path string, src []byte, conn *connFlags, given map[
 	if err != nil {
 		return &usageError{err: &fileError{file: path, line: keyLine(src, "couchdb", "url"), key: "couchdb.url", msg: err.Error()}}
 	}
-	if !given["url"] && len(urls) > 0 {
+	// Flags, then the environment, then the file: a deployment (a systemd
+	// credential, a compose secret) overrides the shared file without
+	// editing it.
+	env := func(name string) bool { return m.Getenv(name) != "" }
+	if !given["url"] && !env("COUCHDB_URL") && len(urls) > 0 {
 		conn.url = strings.Join(urls, ",")
 	}
-	if !given["db"] && c.DB != "" {
+	if !given["db"] && !env("COUCHQ_DB") && c.DB != "" {
 		conn.db = c.DB
 	}
-	if !given["user"] && c.User != "" {
+	if !given["user"] && !env("COUCHDB_USER") && c.User != "" {
 		conn.user = c.User
 	}
 	if !given["ca-file"] && c.CAFile != "" {
@@ -488,7 +492,7 @@ func applyFileConn(m *Main, path string, src []byte, conn *connFlags, given map[
 	if c.PasswordFile != "" && c.PasswordEnv != "" {
 		return usageErrorf("[couchdb] gives both password_file and password_env: keep one")
 	}
-	if !given["password-file"] {
+	if !given["password-file"] && !env("COUCHDB_PASSWORD_FILE") && !env("COUCHDB_PASSWORD") {
 		switch {
 		case c.PasswordFile != "":
 			conn.passwordFile = c.PasswordFile

@@ -54,7 +54,7 @@ timezone = "Europe/Berlin"
 func TestWorkerConfigCheck(t *testing.T) {
 	t.Parallel()
 	path := writeConfig(t, goodConfig)
-	c := offline().withEnv("WORKER_PW", "s3cret-pw")
+	c := cli{env: map[string]string{"WORKER_PW": "s3cret-pw"}}
 	r := c.run(t, "worker", "--config", path, "--check")
 	expect(t, r, exitOK)
 	for _, want := range []string{
@@ -78,9 +78,15 @@ func TestWorkerConfigCheck(t *testing.T) {
 		!strings.Contains(r.stdout, "database other") {
 		t.Errorf("overrides:\n%s", r.stdout)
 	}
+	// The environment overrides the file (a deployment's secret or URL).
+	r = c.withEnv("COUCHDB_URL", "http://couch.example:5984").withEnv("COUCHDB_PASSWORD", "x").run(t, "worker", "--config", path, "--check")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "couchdb: http://couch.example:5984 database couchq_jobs user couchq-worker password from $COUCHDB_PASSWORD") {
+		t.Errorf("environment over the file:\n%s", r.stdout)
+	}
 	r = c.run(t, "worker", "--config", path, "--check", "--type", "sms")
 	expect(t, r, exitUsage, "has no [types.sms] table")
-	r = offline().run(t, "worker", "--config", path, "--check")
+	r = cli{}.run(t, "worker", "--config", path, "--check")
 	expect(t, r, exitUsage, "$WORKER_PW is empty or unset")
 }
 
