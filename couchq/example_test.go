@@ -106,3 +106,62 @@ func ExampleWorkItem_EffectivePriority() {
 	// 3
 	// 5
 }
+
+// A periodic schedule's ticks, and the job id each tick gets: every process
+// running the schedule writes the same id, so a tick yields one job.
+func ExampleParseSchedule() {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		panic(err)
+	}
+	ticks, err := couchq.ParseSchedule("0 7 * * 1-5", berlin) // weekdays at 07:00 in Berlin
+	if err != nil {
+		panic(err)
+	}
+	next := ticks.Next(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)) // a Friday noon
+	fmt.Println(next.UTC())
+	fmt.Println(couchq.PeriodicJobID("report", next))
+	// Output:
+	// 2026-11-30 06:00:00 +0000 UTC
+	// job:periodic:report@2026-11-30T06:00:00Z
+}
+
+// A fleet-wide rate limit: N starts per window, windows aligned to the
+// Unix epoch.
+func ExampleParseRate() {
+	for _, s := range []string{"10/s", "600/m", "5/30s"} {
+		rl, err := couchq.ParseRate(s)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(rl.N, rl.Per)
+	}
+	_, err := couchq.ParseRate("ten/s")
+	fmt.Println(err != nil)
+	// Output:
+	// 10 1s
+	// 600 1m0s
+	// 5 30s
+	// true
+}
+
+// Pause a job type: every worker of it stops claiming within a second and
+// finishes what it holds. (Compiled, not run: it needs a CouchDB server.)
+func ExampleClient_Pause() {
+	ctx := context.Background()
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	if err := q.Pause(ctx, "webhook", "ops", "the partner API is down"); err != nil {
+		panic(err)
+	}
+	// ... later
+	if err := q.Resume(ctx, "webhook", "ops"); err != nil {
+		panic(err)
+	}
+}
