@@ -109,6 +109,7 @@ and key; every key is optional but a type's handler):
 	schedule = "0 7 * * 1-5"
 	timezone = "Europe/Berlin"
 	catch_up = "once"
+	priority = 2          # of its jobs: 1 (first) to 5, default 3
 
 Timings, mostly for tests and demos:
 

@@ -52,6 +52,7 @@ import (
 //	schedule = "0 7 * * 1-5"
 //	timezone = "Europe/Berlin"
 //	catch_up = "once"
+//	priority = 2               # of the jobs it enqueues: 1 (first) to 5
 //
 // Passwords are never written in the file itself: password_file names a
 // file holding it (mode 0600), password_env an environment variable.
@@ -100,6 +101,8 @@ type filePeriodic struct {
 	Schedule string `toml:"schedule"`
 	Timezone string `toml:"timezone"`
 	CatchUp  string `toml:"catch_up"`
+	// Priority of the jobs the schedule enqueues: 1 (first) to 5.
+	Priority int `toml:"priority"`
 }
 
 // fileDuration is a Go duration written as a string ("30s", "1m30s").
@@ -357,7 +360,10 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 		default:
 			return nil, failP("catch_up: want once or all, got %q", p.CatchUp)
 		}
-		sched := couchq.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: couchq.NewJob{Worker: p.Type}, CatchUp: catchUp}
+		if p.Priority != 0 && (p.Priority < couchq.PriorityHighest || p.Priority > couchq.PriorityLowest) {
+			return nil, failP("priority: want %d (first) to %d, got %d", couchq.PriorityHighest, couchq.PriorityLowest, p.Priority)
+		}
+		sched := couchq.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: couchq.NewJob{Worker: p.Type, Priority: p.Priority}, CatchUp: catchUp}
 		if _, err := couchq.CheckPeriodic(sched); err != nil {
 			return nil, failP("%v", err)
 		}
@@ -544,7 +550,8 @@ func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerFlags) error 
 		}
 		fmt.Fprintln(w)
 		for _, p := range f.schedules {
-			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s\n", p.Name, p.Schedule, p.Location, map[couchq.CatchUp]string{couchq.CatchUpOnce: "once", couchq.CatchUpAll: "all"}[p.CatchUp])
+			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s, priority %d\n", p.Name, p.Schedule, p.Location,
+				map[couchq.CatchUp]string{couchq.CatchUpOnce: "once", couchq.CatchUpAll: "all"}[p.CatchUp], (&couchq.WorkItem{Priority: p.Job.Priority}).EffectivePriority())
 		}
 	}
 	_, err := fmt.Fprintf(w, "shutdown_timeout %s\n", specs[0].shutdownTimeout)

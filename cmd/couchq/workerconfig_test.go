@@ -47,6 +47,7 @@ delete_done = true
 type = "report"
 schedule = "@every 5m"
 timezone = "Europe/Berlin"
+priority = 1
 `
 
 // --check prints every type's effective settings, the file's defaults and
@@ -61,7 +62,7 @@ func TestWorkerConfigCheck(t *testing.T) {
 		"couchdb: http://127.0.0.1:1,http://127.0.0.2:1 database couchq_jobs user couchq-worker password from the environment",
 		`type email: handler exec exec "/bin/cat", concurrency 2, lease 1m0s, heartbeat 20s, max_attempts 7, retry backoff attempt^4 s, delete_done false, http_timeout 10s, rate 10/1s, fleet_concurrency 5`,
 		"type ping: handler noop, concurrency 8, lease 30s, heartbeat 10s, max_attempts 7, retry fixed 2s, delete_done true",
-		`periodic report: "@every 5m" in Europe/Berlin, catch up once`,
+		`periodic report: "@every 5m" in Europe/Berlin, catch up once, priority 1`,
 		"shutdown_timeout 45s",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -108,6 +109,7 @@ func TestWorkerConfigErrors(t *testing.T) {
 		{"no types", "[couchdb]\ndb = \"x\"\n", ": no [types.NAME] tables"},
 		{"periodic", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"every day\"\n", ":3: periodic[0]:"},
 		{"timezone", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"@daily\"\ntimezone = \"Mars/Base\"\n", ":3: periodic[0]: timezone:"},
+		{"priority", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"@daily\"\npriority = 9\n", ":3: periodic[0]: priority: want 1 (first) to 5, got 9"},
 		{"url", "[couchdb]\nurl = 5\n[types.a]\nhandler = \"noop\"\n", ":2: couchdb.url: want a string or a list of strings"},
 		{"inline password", "[couchdb]\npassword = \"x\"\n[types.a]\nhandler = \"noop\"\n", ":2: couchdb.password: unknown key"},
 	} {
