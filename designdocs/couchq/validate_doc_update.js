@@ -8,7 +8,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // worker may do anything to couchq's documents; admins may do anything.
   // Without the section every member may do anything (couchq's behaviour
   // before roles).
-  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule'];
+  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule', 'SlotReservation', 'Sequence'];
   function inGroup(group) {
     if (!group || !userCtx) {
       return false;
@@ -77,6 +77,25 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
     if (typeof newDoc.paused !== 'boolean') {
       throw ({forbidden: 'invalid TypeControl: paused must be a boolean'});
+    }
+    return;
+  }
+  if (newDoc.type === 'SlotReservation') {
+    // A slot reservation (couchq.Reservation): its id is derived from the
+    // sequence and the slot, which is what makes a slot taken once.
+    if (typeof newDoc.sequence !== 'string' || newDoc.sequence === '' || newDoc.sequence.indexOf(':') >= 0 ||
+        typeof newDoc.slot !== 'string' || newDoc.slot === '') {
+      throw ({forbidden: 'invalid SlotReservation: sequence (without \':\') and slot must be non-empty strings'});
+    }
+    if (newDoc._id !== 'slot:' + newDoc.sequence + ':' + newDoc.slot) {
+      throw ({forbidden: 'invalid SlotReservation: the id must be slot:' + newDoc.sequence + ':' + newDoc.slot + ', got ' + JSON.stringify(newDoc._id)});
+    }
+    if (['reserved', 'used', 'free'].indexOf(newDoc.state) < 0) {
+      throw ({forbidden: 'invalid SlotReservation: state must be reserved, used or free, got ' + JSON.stringify(newDoc.state)});
+    }
+    if (typeof newDoc.expires_at !== 'number' || !isFinite(newDoc.expires_at) ||
+        typeof newDoc.ordinal !== 'number' || Math.floor(newDoc.ordinal) !== newDoc.ordinal) {
+      throw ({forbidden: 'invalid SlotReservation: expires_at must be a number of Unix seconds and ordinal a whole number'});
     }
     return;
   }

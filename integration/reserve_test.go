@@ -1,0 +1,221 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// reserveAll reserves and releases n slots of seq from each client at once
+// and returns every slot handed out, in the order the calls returned.
+func reserveAll(t *testing.T, ctx context.Context, clients []*couchq.Client, seq couchq.Sequence, n int) []string {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		slots []string
+		wg    sync.WaitGroup
+	)
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			holder := fmt.Sprintf("holder-%d", i)
+			for range n {
+				r, err := c.Reserve(ctx, seq, holder)
+				if err != nil {
+					t.Errorf("%s: %v", holder, err)
+					return
+				}
+				mu.Lock()
+				slots = append(slots, r.Slot)
+				mu.Unlock()
+				if err := c.ReleaseSlot(ctx, r); err != nil {
+					t.Errorf("%s releasing %s: %v", holder, r.Slot, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return slots
+}
+
+// checkDistinctNoGaps checks that slots are exactly the sequence's first
+// len(slots) values, each once.
+func checkDistinctNoGaps(t *testing.T, seq couchq.Sequence, slots []string) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, s := range slots {
+		seen[s]++
+	}
+	for s, n := range seen {
+		if n > 1 {
+			t.Errorf("slot %s handed out %d times", s, n)
+		}
+	}
+	want := seq.Start()
+	for i := range len(slots) {
+		if seen[want] == 0 {
+			t.Errorf("gap: slot %s (the %dth) was never handed out", want, i+1)
+		}
+		want = seq.Next(want)
+	}
+}
+
+// 8 clients reserving at once get distinct slots with no gaps, and the
+// marker ends at the last.
+func TestReserveDistinctNoGaps(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	clients := []*couchq.Client{tb.client}
+	for range 7 {
+		c, err := couchq.New(tb.ctx, server.Client(t).DB(tb.db.Name()), couchq.Config{Logger: tb.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	seq := couchq.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
+	ctx, cancel := context.WithTimeout(tb.ctx, 3*time.Minute)
+	defer cancel()
+	began := time.Now()
+	slots := reserveAll(t, ctx, clients, seq, 125)
+	t.Logf("%d reservations from 8 clients in %s", len(slots), time.Since(began).Round(time.Millisecond))
+	if len(slots) != 1000 {
+		t.Fatalf("%d slots handed out, want 1000", len(slots))
+	}
+	checkDistinctNoGaps(t, seq, slots)
+	if last, err := tb.client.LastUsed(tb.ctx, "tickets"); err != nil || last != "AAAA-1000" {
+		t.Errorf("marker %q (%v), want AAAA-1000", last, err)
+	}
+}
+
+// A holder that dies leaves its slot reserved until the TTL runs out; then
+// the next Reserve takes it, and the dead holder's late release is refused.
+// Abandoned slots are taken first; releases out of order never move the
+// marker back.
+func TestReserveTTLAbandonAndMarker(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	ctx := tb.ctx
+	seq := couchq.NumberedSequence("seats", "S%d", 1, time.Second)
+	reserve := func(holder string) *couchq.Reservation {
+		t.Helper()
+		r, err := tb.client.Reserve(ctx, seq, holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	dead := reserve("dead") // S1, never released
+	live := reserve("live") // S2
+	if dead.Slot != "S1" || live.Slot != "S2" {
+		t.Fatalf("first slots %s, %s", dead.Slot, live.Slot)
+	}
+	time.Sleep(1500 * time.Millisecond) // both TTLs run out
+	if err := tb.client.ReleaseSlot(ctx, live); err != nil {
+		// Its TTL ran out but nobody took it: the release stands.
+		t.Fatalf("late release nobody contested: %v", err)
+	}
+	again := reserve("next")
+	if again.Slot != "S1" {
+		t.Errorf("after the TTL, Reserve got %s, want the dead holder's S1", again.Slot)
+	}
+	if err := tb.client.ReleaseSlot(ctx, dead); !errors.Is(err, couchq.ErrReservationLost) {
+		t.Errorf("the dead holder's release: %v, want ErrReservationLost", err)
+	}
+	if err := tb.client.ReleaseSlot(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+
+	// Out of order: S3, S4, S5 reserved; S5 released first, then S3.
+	r3, r4, r5 := reserve("a"), reserve("b"), reserve("c")
+	if got := []string{r3.Slot, r4.Slot, r5.Slot}; fmt.Sprint(got) != "[S3 S4 S5]" {
+		t.Fatalf("slots %v", got)
+	}
+	for _, r := range []*couchq.Reservation{r5, r3} {
+		if err := tb.client.ReleaseSlot(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last, _ := tb.client.LastUsed(ctx, "seats"); last != "S5" {
+		t.Errorf("marker %s after releasing S5 then S3, want S5", last)
+	}
+	// A failed job abandons S4: the next Reserve takes it, and the marker stays.
+	if err := tb.client.AbandonSlot(ctx, r4); err != nil {
+		t.Fatal(err)
+	}
+	if r := reserve("d"); r.Slot != "S4" {
+		t.Errorf("after abandoning S4, Reserve got %s", r.Slot)
+	}
+	if last, _ := tb.client.LastUsed(ctx, "seats"); last != "S5" {
+		t.Errorf("marker %s after an abandon, want S5", last)
+	}
+	if r := reserve("e"); r.Slot != "S6" {
+		t.Errorf("next slot %s, want S6", r.Slot)
+	}
+
+	list, err := tb.client.Reservations(ctx, "seats", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, r := range list {
+		states[r.Slot] = r.State
+	}
+	want := map[string]string{"S1": "used", "S2": "used", "S3": "used", "S4": "reserved", "S5": "used", "S6": "reserved"}
+	if fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Errorf("slots %v, want %v", states, want)
+	}
+}
+
+// Reservation documents written by hand are validated like jobs.
+func TestReservationValidated(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	for _, body := range []string{
+		`{"type":"SlotReservation","sequence":"s","slot":"1","state":"reserved","expires_at":1,"ordinal":1}`,
+		`{"type":"SlotReservation","sequence":"s","slot":"2","state":"taken","expires_at":1,"ordinal":2}`,
+	} {
+		status, answer := tb.raw(t, http.MethodPut, "/slot:s:9", body)
+		if status != http.StatusForbidden {
+			t.Errorf("PUT %s: %d %s, want 403", body, status, answer)
+		}
+	}
+	status, answer := tb.raw(t, http.MethodPut, "/slot:s:1", `{"type":"SlotReservation","sequence":"s","slot":"1","state":"free","expires_at":0,"ordinal":1}`)
+	if status != http.StatusCreated {
+		t.Errorf("a valid reservation: %d %s", status, answer)
+	}
+	if _, err := tb.client.Reserve(tb.ctx, couchq.Sequence{Name: "x:y"}, "h"); !errors.Is(err, couchq.ErrInvalidSequence) {
+		t.Errorf("bad sequence: %v", err)
+	}
+}
+
+// On the cluster, clients on all three nodes never hold one slot at once.
+func TestClusterReserveDistinct(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var clients []*couchq.Client
+	for i := range 8 {
+		clients = append(clients, cb.clients[i%3])
+	}
+	seq := couchq.NumberedSequence("invoices", "INV-%05d", 1, time.Minute)
+	began := time.Now()
+	slots := reserveAll(t, cb.ctx, clients, seq, 25)
+	t.Logf("%d reservations from 8 holders on 3 nodes in %s", len(slots), time.Since(began).Round(time.Millisecond))
+	seen := map[string]int{}
+	for _, s := range slots {
+		seen[s]++
+		if seen[s] > 1 {
+			t.Errorf("slot %s handed out twice", s)
+		}
+	}
+	sorted := append([]string(nil), slots...)
+	sort.Strings(sorted)
+	if len(sorted) > 0 {
+		t.Logf("slots %s .. %s", sorted[0], sorted[len(sorted)-1])
+	}
+}
