@@ -181,3 +181,34 @@ func TestWorkerHealthWarnsOffLoopback(t *testing.T) {
 		t.Errorf("no warning about the address:\n%s", w.stderr)
 	}
 }
+
+// Failures and lease renewals show in the metrics: a job that fails twice
+// out of two attempts is retried once and failed once, and its leases
+// were renewed while it ran.
+func TestWorkerHealthMetricsOfFailuresAndRenewals(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	expect(t, c.run(t, "enqueue", "--type", "x"), exitOK)
+	w := startWorker(t, c, "--type", "x", "--handler", "exec", "--exec", "sh -c 'sleep 0.7; exit 3'",
+		"--max-attempts", "2", "--retry-delay", "0", "--lease", "1s", "--heartbeat", "200ms",
+		"--feed-timeout", "1s", "--shutdown-timeout", "1s")
+	_, body := w.await(t, "/metrics", func(_ int, body string) bool {
+		return strings.Contains(body, `couchq_worker_jobs_failed_total{type="x"} 1`)
+	})
+	for _, want := range []string{
+		`couchq_worker_jobs_started_total{type="x"} 2`,
+		`couchq_worker_jobs_retried_total{type="x"} 1`,
+		`couchq_worker_handler_duration_seconds_count{type="x"} 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, body)
+		}
+	}
+	if !regexp.MustCompile(`couchq_worker_lease_renewals_total\{result="ok",type="x"\} [1-9]`).MatchString(body) ||
+		!regexp.MustCompile(`couchq_worker_lease_renewal_duration_seconds_count\{type="x"\} [1-9]`).MatchString(body) {
+		t.Errorf("/metrics shows no lease renewal:\n%s", body)
+	}
+	if strings.Contains(body, "couchq_worker_jobs_succeeded_total{") {
+		t.Errorf("a success was counted:\n%s", body)
+	}
+}
