@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,31 @@ func TestReadyBeforeStartAndWhenStopping(t *testing.T) {
 	w.stopOnce.Do(func() { close(w.stopClaiming) })
 	if err := w.Ready(); err == nil || !strings.Contains(err.Error(), "stopping") {
 		t.Errorf("Ready when stopping = %v", err)
+	}
+}
+
+// The README's table lists every metric, so that operators find each one.
+func TestREADMEListsEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *prometheus.Desc, 100)
+	NewMetrics().Describe(ch)
+	close(ch)
+	name := regexp.MustCompile(`fqName: "([^"]+)"`)
+	n := 0
+	for d := range ch {
+		m := name.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("no name in %s", d)
+		}
+		n++
+		if !strings.Contains(string(readme), "| `"+m[1]+"` |") {
+			t.Errorf("README does not list %s", m[1])
+		}
+	}
+	if n != 12 {
+		t.Errorf("%d metrics described, want 12", n)
 	}
 }
