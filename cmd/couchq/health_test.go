@@ -87,6 +87,19 @@ func (w *workerRun) await(t *testing.T, path string, check func(code int, body s
 	}
 }
 
+// awaitMetrics scrapes /metrics until it has first, then checks that it
+// has the rest too, and returns the scrape.
+func (w *workerRun) awaitMetrics(t *testing.T, first string, rest ...string) string {
+	t.Helper()
+	_, body := w.await(t, "/metrics", func(_ int, body string) bool { return strings.Contains(body, first) })
+	for _, want := range rest {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, body)
+		}
+	}
+	return body
+}
+
 // --health-addr serves liveness, readiness once the worker is connected,
 // and the process's metrics of the jobs it ran; it closes with the worker.
 func TestWorkerHealthAddr(t *testing.T) {
@@ -98,10 +111,7 @@ func TestWorkerHealthAddr(t *testing.T) {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
 	w.await(t, "/readyz", func(code int, body string) bool { return code == http.StatusOK })
-	_, body := w.await(t, "/metrics", func(_ int, body string) bool {
-		return strings.Contains(body, `couchq_worker_jobs_succeeded_total{type="x"} 1`)
-	})
-	for _, want := range []string{
+	w.awaitMetrics(t, `couchq_worker_jobs_succeeded_total{type="x"} 1`,
 		`couchq_worker_jobs_started_total{type="x"} 1`,
 		`couchq_worker_claims_won_total{type="x"} 1`,
 		`couchq_worker_handler_duration_seconds_count{type="x"} 1`,
@@ -109,11 +119,7 @@ func TestWorkerHealthAddr(t *testing.T) {
 		`couchq_worker_free_slots{type="x"} 4`,
 		`couchq_worker_feed_reconnects_total 0`,
 		"go_goroutines",
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %s:\n%s", want, body)
-		}
-	}
+	)
 	if code := w.stop(t); code != exitOK {
 		t.Errorf("worker exit %d", code)
 	}
@@ -192,18 +198,11 @@ func TestWorkerHealthMetricsOfFailuresAndRenewals(t *testing.T) {
 	w := startWorker(t, c, "--type", "x", "--handler", "exec", "--exec", "sh -c 'sleep 0.7; exit 3'",
 		"--max-attempts", "2", "--retry-delay", "0", "--lease", "1s", "--heartbeat", "200ms",
 		"--feed-timeout", "1s", "--shutdown-timeout", "1s")
-	_, body := w.await(t, "/metrics", func(_ int, body string) bool {
-		return strings.Contains(body, `couchq_worker_jobs_failed_total{type="x"} 1`)
-	})
-	for _, want := range []string{
+	body := w.awaitMetrics(t, `couchq_worker_jobs_failed_total{type="x"} 1`,
 		`couchq_worker_jobs_started_total{type="x"} 2`,
 		`couchq_worker_jobs_retried_total{type="x"} 1`,
 		`couchq_worker_handler_duration_seconds_count{type="x"} 2`,
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %s:\n%s", want, body)
-		}
-	}
+	)
 	if !regexp.MustCompile(`couchq_worker_lease_renewals_total\{result="ok",type="x"\} [1-9]`).MatchString(body) ||
 		!regexp.MustCompile(`couchq_worker_lease_renewal_duration_seconds_count\{type="x"\} [1-9]`).MatchString(body) {
 		t.Errorf("/metrics shows no lease renewal:\n%s", body)
