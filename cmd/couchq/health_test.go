@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -128,8 +129,9 @@ func TestWorkerHealthAddr(t *testing.T) {
 	}
 }
 
-// /readyz answers 503 with the reason when CouchDB stops answering: here
-// the proxy the worker reaches CouchDB through is closed.
+// /readyz answers 503 with the reason when CouchDB stops answering (here
+// the proxy the worker reaches CouchDB through is closed) and 200 again
+// once it is back and the feed has reconnected, which the metrics count.
 func TestWorkerHealthNotReadyWhenCouchDBIsGone(t *testing.T) {
 	t.Parallel()
 	c := online(t).mustInit(t)
@@ -156,10 +158,20 @@ func TestWorkerHealthNotReadyWhenCouchDBIsGone(t *testing.T) {
 	if code, _ := opstest.Get(t, w.health+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz when CouchDB is gone: %d", code)
 	}
-	_, body = w.await(t, "/metrics", func(int, string) bool { return true })
-	if !strings.Contains(body, "couchq_worker_free_slots") {
-		t.Errorf("/metrics when CouchDB is gone:\n%s", body)
+	w.awaitMetrics(t, `couchq_worker_free_slots{type="x"} 4`, "couchq_worker_feed_reconnects_total 0")
+
+	// The proxy comes back on the same address.
+	ln, err := net.Listen("tcp", strings.TrimPrefix(proxy.URL, "http://"))
+	if err != nil {
+		couchtest.Skip(t, "the proxy's port was taken meanwhile: "+err.Error())
 	}
+	back := httptest.NewUnstartedServer(rp)
+	back.Listener.Close()
+	back.Listener = ln
+	back.Start()
+	defer back.Close()
+	w.await(t, "/readyz", func(code int, body string) bool { return code == http.StatusOK })
+	w.awaitMetrics(t, "couchq_worker_feed_reconnects_total 1")
 }
 
 func TestWorkerHealthAddrUsageErrors(t *testing.T) {
