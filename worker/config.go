@@ -88,6 +88,9 @@ type Config struct {
 	Periodic []couchq.Periodic
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
+	// Metrics, when set, records the worker's Prometheus metrics (see
+	// NewMetrics); nil records none, at no cost. Workers may share one.
+	Metrics *Metrics
 	// Logger receives the worker's logs. The zero value discards them.
 	Logger zerolog.Logger
 	// Now is the clock; default time.Now.

@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/worker"
@@ -66,5 +70,42 @@ func ExampleConfig_scheduling() {
 	if err := q.Pause(ctx, "render", "ops", "GPU maintenance"); err != nil {
 		panic(err)
 	}
+	_ = w.Run(ctx)
+}
+
+// A service that runs a worker in-process serves its probes and metrics on
+// its own mux; or it registers the Metrics on the registry it already
+// serves. (Compiled, not run: it needs a CouchDB server.)
+func ExampleHealthHandler() {
+	ctx := context.Background()
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	m := worker.NewMetrics()
+	w, err := worker.New(q, worker.Config{
+		Handlers: map[string]worker.Handler{
+			"email": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil }),
+		},
+		Metrics: m,
+	})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	// /worker/healthz, /worker/readyz, /worker/metrics: no authentication,
+	// so mount it where only operators and the orchestrator reach.
+	mux.Handle("/worker/", http.StripPrefix("/worker", worker.HealthHandler(w)))
+
+	// Or the metrics alone, on the service's own registry.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
+	go func() { _ = http.ListenAndServe("127.0.0.1:8081", mux) }()
 	_ = w.Run(ctx)
 }

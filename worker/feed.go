@@ -26,6 +26,7 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 				w.log.Warn().Err(err).Msg("changes feed broke; reconnecting")
 			}
 			broken = true
+			w.noteFeed(err)
 			if !w.sleep(ctx, jitter(backoff)) {
 				return
 			}
@@ -35,6 +36,8 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		if broken {
 			w.log.Info().Msg("changes feed reconnected")
 			broken = false
+			w.noteFeed(nil)
+			w.cfg.Metrics.feedReconnected()
 			w.refreshPaused(ctx) // a pause or resume may have been missed
 			w.wakeAll()
 		}

@@ -49,6 +49,9 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 		err := w.client.PutWorker(wctx, w.registry)
 		cancel()
+		if ctx.Err() == nil {
+			w.noteContact(err)
+		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn().Err(err).Msg("updating worker registry document failed")
 		}

@@ -223,6 +223,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 	}
 	r.w.stats.conflicts.Add(int64(conflicts))
+	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
 	r.releaseRunSlots(runSlots) // the lost claims' run slots
 	if limited && r.tokenWindow.Equal(rl.Window(r.w.cfg.Now())) {
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
@@ -252,6 +253,7 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 	w.mu.Lock()
 	w.running[item.ID] = rj
 	w.mu.Unlock()
+	w.cfg.Metrics.jobStarted(r.typ)
 	w.jobs.Add(1)
 	go func() {
 		defer w.jobs.Done()
@@ -260,6 +262,7 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 			delete(w.running, item.ID)
 			w.busy += w.cfg.Now().Sub(rj.started)
 			w.mu.Unlock()
+			w.cfg.Metrics.jobEnded(r.typ)
 			<-r.slots
 			// A freed slot matters only if work was left behind; otherwise
 			// the changes feed says when new work arrives.
@@ -292,7 +295,9 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 		r.heartbeat(ctx, rj, hbDone)
 	}()
 	log.Debug().Msg("job started")
+	began := time.Now()
 	err := r.invoke(ctx, job)
+	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
 	<-hbStopped
 
@@ -305,6 +310,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 	cause := context.Cause(ctx)
 	if errors.Is(cause, errLeaseLost) {
 		w.stats.lost.Add(1)
+		w.cfg.Metrics.claimsLostBy(r.typ, LostLease, 1)
 		log.Warn().AnErr("handler_err", err).Msg("claim was lost while running; result discarded")
 		return
 	}
@@ -324,6 +330,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 	if ferr := r.finish(fctx, item, job, err); ferr != nil {
 		if errors.Is(ferr, couchq.ErrClaimLost) {
 			w.stats.lost.Add(1)
+			w.cfg.Metrics.claimsLostBy(r.typ, LostLease, 1)
 			log.Warn().Err(ferr).Msg("result refused: the claim was lost (swept or cancelled) before it was written")
 			return
 		}
@@ -349,10 +356,16 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 	c := w.client
 	if herr == nil {
 		w.stats.completed.Add(1)
+		var err error
 		if w.cfg.DeleteDone[r.typ] {
-			return r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
+			err = r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
+		} else {
+			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.result) })
 		}
-		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.result) })
+		if err == nil {
+			w.cfg.Metrics.succeededJob(r.typ)
+		}
+		return err
 	}
 	snooze, cancel, fail := steering(herr)
 	switch {
@@ -368,6 +381,7 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 	}); err != nil {
 		return err
 	}
+	w.cfg.Metrics.failedAttempt(r.typ, item.Status == couchq.StatusFailed)
 	ev := w.log.Info()
 	if item.Status == couchq.StatusFailed {
 		ev = w.log.Warn()
@@ -490,13 +504,17 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		w.checkRenewalLatency(rj.item.ID, took)
 		switch {
 		case err == nil:
+			w.cfg.Metrics.renewal(r.typ, RenewalOK, took)
 		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
+			// claims_lost counts it once the handler returned (run).
+			w.cfg.Metrics.renewal(r.typ, RenewalRefused, took)
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal refused: cancelling the handler")
 			rj.cancel(errLeaseLost)
 			return
 		case ctx.Err() != nil:
 			return
 		default:
+			w.cfg.Metrics.renewal(r.typ, RenewalError, took)
 			// The lease still has time: try again at the next beat.
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal failed; will retry")
 		}

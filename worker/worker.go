@@ -73,6 +73,15 @@ type Worker struct {
 	}
 	// slowWarned is when the last slow-renewal warning went out (Unix ns).
 	slowWarned atomic.Int64
+
+	// health is what Ready reports; see noteContact and noteFeed.
+	health struct {
+		mu          sync.Mutex
+		started     bool
+		lastContact time.Time // last successful registry write (monotonic)
+		contactErr  error     // the registry write's error since then
+		feedErr     error     // non-nil while the changes feed is broken
+	}
 }
 
 // New returns a Worker running cfg's handlers against client.
@@ -148,6 +157,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.register(ctx); err != nil {
 		cancelLoops()
 		return err
+	}
+	w.health.mu.Lock()
+	w.health.started = true
+	w.health.mu.Unlock()
+	w.noteContact(nil)
+	for _, r := range w.runners {
+		w.cfg.Metrics.addSlots(r.typ, w.cfg.Concurrency)
 	}
 	// The feed's starting point comes before the runners' first look at
 	// the due view: nothing enqueued in between goes unnoticed.
@@ -235,6 +251,17 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	w.cancelJobs(errShutdown)
+	// Only a started worker added its slots, and a second Stop must not
+	// take them away again.
+	w.health.mu.Lock()
+	counted := w.health.started
+	w.health.started = false
+	w.health.mu.Unlock()
+	if counted {
+		for _, r := range w.runners {
+			w.cfg.Metrics.addSlots(r.typ, -w.cfg.Concurrency)
+		}
+	}
 	w.unregister(context.WithoutCancel(ctx))
 	w.log.Info().Msg("worker stopped")
 	return nil
@@ -254,6 +281,61 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.log.Info().Msg("drained: no due work left")
 	}
 	return w.Stop(context.WithoutCancel(ctx))
+}
+
+// readyHeartbeats is how many heartbeat intervals may pass without a
+// successful registry write before Ready reports the worker not ready: one
+// failed write is a blip, three mean CouchDB is not answering.
+const readyHeartbeats = 3
+
+// Ready reports whether the worker is doing its work: it returns nil when
+// it has started and is not stopping, its last successful write to CouchDB
+// (the registry heartbeat) is at most three heartbeat intervals old, and
+// its changes feed is connected (or it has none: Drain mode). Otherwise
+// the error says why. It makes no request: probes may call it often.
+//
+// A broken feed counts as connected again once a long-poll succeeds, which
+// can take up to FeedTimeout after CouchDB is back.
+func (w *Worker) Ready() error {
+	w.health.mu.Lock()
+	defer w.health.mu.Unlock()
+	h := &w.health
+	switch {
+	case w.stopping():
+		return errors.New("worker stopping: claiming no new jobs")
+	case !h.started:
+		return errors.New("worker not started")
+	}
+	limit := readyHeartbeats * w.cfg.HeartbeatInterval
+	if age := time.Since(h.lastContact); age > limit {
+		err := h.contactErr
+		if err == nil {
+			err = errors.New("no answer yet")
+		}
+		return fmt.Errorf("CouchDB not reached for %s (over %d heartbeats): %w",
+			age.Round(time.Millisecond), readyHeartbeats, err)
+	}
+	if h.feedErr != nil {
+		return fmt.Errorf("changes feed disconnected: %w", h.feedErr)
+	}
+	return nil
+}
+
+// noteContact records a registry write's outcome for Ready.
+func (w *Worker) noteContact(err error) {
+	w.health.mu.Lock()
+	defer w.health.mu.Unlock()
+	w.health.contactErr = err
+	if err == nil {
+		w.health.lastContact = time.Now()
+	}
+}
+
+// noteFeed records whether the changes feed's last request failed.
+func (w *Worker) noteFeed(err error) {
+	w.health.mu.Lock()
+	defer w.health.mu.Unlock()
+	w.health.feedErr = err
 }
 
 // Drained is closed when every type has drained (Drain mode only).

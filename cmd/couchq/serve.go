@@ -76,12 +76,9 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q (the address goes in --addr)", rest[0])
 	}
-	host, port, err := net.SplitHostPort(addr)
+	host, err := checkListenAddr("addr", addr, "127.0.0.1:9090")
 	if err != nil {
-		return usageErrorf("invalid --addr %q: want HOST:PORT, e.g. 127.0.0.1:9090", addr)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		return usageErrorf("invalid --addr %q: port %q is not a number from 0 to 65535", addr, port)
+		return err
 	}
 	if cache < 0 || settle < 0 {
 		return usageErrorf("--cache and --settle must not be negative")
@@ -109,23 +106,15 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
 	// period ends: a scrape in flight is answered, not cut off.
 	reqCtx := context.WithoutCancel(ctx)
-	srv := &http.Server{
-		Handler: opshttp.NewHandler(reqCtx, q, opshttp.Config{
-			CacheTTL: zeroIsNone(cache),
-			Settle:   zeroIsNone(settle),
-			Now:      m.Now,
-			Logger:   log,
-			// Say where the server is when it cannot be reached, as
-			// every command does.
-			ErrorMessage: func(err error) string { return describeError(serverError(conn.url, err)) },
-		}),
-		ReadHeaderTimeout: serveReadHeaderTimeout,
-		ReadTimeout:       serveReadTimeout,
-		WriteTimeout:      serveWriteTimeout,
-		IdleTimeout:       serveIdleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return reqCtx },
-		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger(), "", 0),
-	}
+	srv := newHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, q, opshttp.Config{
+		CacheTTL: zeroIsNone(cache),
+		Settle:   zeroIsNone(settle),
+		Now:      m.Now,
+		Logger:   log,
+		// Say where the server is when it cannot be reached, as
+		// every command does.
+		ErrorMessage: func(err error) string { return describeError(serverError(conn.url, err)) },
+	}), serveWriteTimeout, log)
 	url := "http://" + ln.Addr().String()
 	if conn.json {
 		// One line, so that whatever started serve can read it as it comes.
@@ -155,6 +144,35 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		return fmt.Errorf("serving on %s: %w", url, err)
 	}
 	return nil
+}
+
+// checkListenAddr validates a HOST:PORT flag before anything listens and
+// returns its host.
+func checkListenAddr(flagName, addr, example string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", usageErrorf("invalid --%s %q: want HOST:PORT, e.g. %s", flagName, addr, example)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", usageErrorf("invalid --%s %q: port %q is not a number from 0 to 65535", flagName, addr, port)
+	}
+	return host, nil
+}
+
+// newHTTPServer is the HTTP server of serve and of worker --health-addr:
+// reading a request is quick or hostile, writing takes up to writeTimeout,
+// and requests run on ctx, which outlives an interrupt until Shutdown's
+// grace period ends, so that a scrape in flight is answered.
+func newHTTPServer(ctx context.Context, h http.Handler, writeTimeout time.Duration, log zerolog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: serveReadHeaderTimeout,
+		ReadTimeout:       serveReadTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       serveIdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger(), "", 0),
+	}
 }
 
 // isLoopback reports whether a listen host reaches only this machine. An

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +69,17 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default UTC)
 	--catch-up once|all    ticks missed while no process ran a schedule: enqueue
 	                       the latest once (default), or one job per missed tick
+	--health-addr HOST:PORT
+	                       serve this process's probes and metrics while it runs
+	                       (default off; port 0 picks one, logged at info):
+	                       /healthz  200 while the process runs
+	                       /readyz   200 when CouchDB answered within three
+	                                 heartbeats and the changes feed is
+	                                 connected, else 503 with the reason
+	                       /metrics  Prometheus metrics couchq_worker_* (see
+	                                 the README) and the Go runtime's
+	                       No authentication: keep it on loopback or behind a
+	                       firewall (other addresses print a warning)
 
 	--config FILE          run the job types of a TOML file, each with its own
 	                       settings (below); flags given as well override the
@@ -87,6 +100,7 @@ and key; every key is optional but a type's handler):
 	[worker]
 	shutdown_timeout = "30s"
 	log_level = "info"
+	health_addr = "127.0.0.1:8081"   # as --health-addr
 
 	[defaults]            # for every type; same keys as a type's table
 	concurrency = 4
@@ -155,6 +169,9 @@ type workerFlags struct {
 	rateLimits map[string]couchq.RateLimit
 	periodicTZ string
 	catchUp    string
+	// healthAddr is --health-addr; healthHost its host, checked.
+	healthAddr string
+	healthHost string
 	// schedules is --periodic parsed.
 	schedules []couchq.Periodic
 
@@ -197,6 +214,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	var checkOnly bool
 	fs.StringVar(&configFile, "config", "", "worker configuration file (TOML)")
 	fs.BoolVar(&checkOnly, "check", false, "validate --config, print the effective settings and exit")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "where to serve /healthz, /readyz and /metrics")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -284,16 +302,30 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
 	}
 	workers := make([]*worker.Worker, len(specs))
+	// One set of metrics for the process, whatever number of types it runs.
+	var metrics *worker.Metrics
+	if specs[0].healthAddr != "" {
+		metrics = worker.NewMetrics()
+	}
 	for i, f := range specs {
 		q, err := srv.Open(ctx, conn.db, couchq.Config{Logger: log, MaxAttempts: f.maxAttempts})
 		if err != nil {
 			return serverError(conn.url, err)
 		}
-		if workers[i], err = worker.New(q, f.config(hs[i], log)); err != nil {
+		cfg := f.config(hs[i], log)
+		cfg.Metrics = metrics
+		if workers[i], err = worker.New(q, cfg); err != nil {
 			return &usageError{err: err} // check covers what New rejects; kept as a backstop
 		}
 		log.Info().Str("url", conn.url).Str("db", conn.db).Str("types", f.types).Str("handler", f.handler).
 			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
+	}
+	if specs[0].healthAddr != "" {
+		stopHealth, err := serveHealth(ctx, workers, specs[0], log)
+		if err != nil {
+			return err
+		}
+		defer stopHealth()
 	}
 
 	runDone := make(chan struct{})
@@ -385,6 +417,13 @@ func (f *workerFlags) check() error {
 	}
 	if hb := f.heartbeatInterval(); hb >= f.lease {
 		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
+	}
+	if f.healthAddr != "" {
+		host, err := checkListenAddr("health-addr", f.healthAddr, "127.0.0.1:8081")
+		if err != nil {
+			return err
+		}
+		f.healthHost = host
 	}
 	if err := f.checkRates(); err != nil {
 		return err
@@ -532,6 +571,46 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		cfg.Retry = func(int) time.Duration { return d }
 	}
 	return cfg
+}
+
+// healthWriteTimeout bounds writing one answer of --health-addr: the
+// probes make no request and the metrics are in memory.
+const healthWriteTimeout = 30 * time.Second
+
+// serveHealth serves w's probes and metrics on --health-addr for as long as
+// the worker runs, draining included (/readyz then says it is stopping);
+// the returned function shuts the server down.
+func serveHealth(ctx context.Context, ws []*worker.Worker, f *workerFlags, log zerolog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", f.healthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on --health-addr %s: %w", f.healthAddr, err)
+	}
+	url := "http://" + ln.Addr().String()
+	if !isLoopback(f.healthHost) {
+		log.Warn().Str("addr", ln.Addr().String()).
+			Msg("--health-addr is not loopback: there is no authentication; put a proxy or firewall in front")
+	}
+	log.Info().Str("url", url).Msg("health and metrics on " + url + ": /healthz, /readyz, /metrics")
+	// A scrape in flight when the stop signal comes is still answered.
+	reqCtx := context.WithoutCancel(ctx)
+	srv := newHTTPServer(reqCtx, worker.HealthHandler(ws...), healthWriteTimeout, log)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		// The worker goes on without its probes: they are no reason to
+		// stop running jobs.
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Str("url", url).Msg("health server stopped")
+		}
+	}()
+	return func() {
+		sctx, cancel := context.WithTimeout(reqCtx, serveShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+		<-served
+	}, nil
 }
 
 // loggingHandler logs each attempt's start and success at info level, so

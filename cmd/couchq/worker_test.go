@@ -97,7 +97,7 @@ func TestWorkerCommandsHelp(t *testing.T) {
 	expect(t, r, exitOK)
 	for _, flag := range []string{"--type", "--handler", "--exec", "--concurrency", "--lease", "--drain", "--delete-done",
 		"--max-attempts", "--shutdown-timeout", "--heartbeat", "--sweep-interval", "--feed-timeout", "--fallback-poll",
-		"--retry-delay", "--http-timeout", "--url"} {
+		"--retry-delay", "--http-timeout", "--health-addr", "--url"} {
 		if !strings.Contains(r.stdout, flag+" ") {
 			t.Errorf("couchq help worker lacks %s", flag)
 		}

@@ -77,6 +77,8 @@ type fileConn struct {
 type fileProcess struct {
 	ShutdownTimeout *fileDuration `toml:"shutdown_timeout"`
 	LogLevel        string        `toml:"log_level"`
+	// HealthAddr is where the process serves /healthz, /readyz, /metrics.
+	HealthAddr string `toml:"health_addr"`
 }
 
 type fileType struct {
@@ -310,6 +312,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 			}
 			f.shutdownTimeout = wf.Worker.ShutdownTimeout.Duration
 		}
+		f.healthAddr = wf.Worker.HealthAddr
 		if ft.Rate != "" {
 			if _, err := couchq.ParseRate(ft.Rate); err != nil {
 				return nil, fail("rate", "%v", err)
@@ -460,6 +463,8 @@ func (cli *workerFlags) overrideInto(f *workerFlags) {
 			f.fallbackPoll = cli.fallbackPoll
 		case "retry-delay":
 			f.retryDelay = cli.retryDelay
+		case "health-addr":
+			f.healthAddr = cli.healthAddr
 		}
 	}
 	// --rate and --fleet-concurrency for this type replace the file's.
