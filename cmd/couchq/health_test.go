@@ -223,3 +223,27 @@ func TestWorkerHealthMetricsOfFailuresAndRenewals(t *testing.T) {
 		t.Errorf("a success was counted:\n%s", body)
 	}
 }
+
+// A process running several types from a config file serves one health
+// endpoint: ready when all are, metrics of every type on one page.
+func TestWorkerConfigHealth(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	path := writeConfig(t, "[types.a]\nhandler = \"noop\"\n\n[types.b]\nhandler = \"noop\"\nconcurrency = 2\n")
+	for _, typ := range []string{"a", "b"} {
+		expect(t, c.run(t, "enqueue", "--type", typ), exitOK)
+	}
+	w := startWorker(t, c, "--config", path, "--feed-timeout", "1s", "--shutdown-timeout", "1s")
+	_, body := w.await(t, "/readyz", func(code int, body string) bool { return code == http.StatusOK })
+	if !strings.Contains(body, `"ready":true`) {
+		t.Errorf("/readyz: %s", body)
+	}
+	if _, body := opstest.Get(t, w.health+"/healthz"); strings.Count(body, "/") < 4 {
+		t.Errorf("/healthz lists the claimants of both types: %s", body)
+	}
+	w.awaitMetrics(t, `couchq_worker_jobs_succeeded_total{type="a"} 1`)
+	w.awaitMetrics(t, `couchq_worker_jobs_succeeded_total{type="b"} 1`, `couchq_worker_free_slots{type="b"} 2`)
+	if code := w.stop(t); code != exitOK {
+		t.Errorf("worker exit %d", code)
+	}
+}
