@@ -58,7 +58,8 @@ func (s Sequence) ttl() time.Duration {
 	return SlotTTLDefault
 }
 
-func (s Sequence) check() error {
+// Validate reports what the sequence lacks.
+func (s Sequence) Validate() error {
 	switch {
 	case s.Name == "" || strings.ContainsAny(s.Name, ":\x00"):
 		return fmt.Errorf("%w: a sequence needs a name without ':'", ErrInvalidSequence)
@@ -140,7 +141,7 @@ const reserveScanLimit = 100000
 // one holds. On a cluster a reservation stored on fewer than a majority
 // of the copies counts only when nothing contests it.
 func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Reservation, error) {
-	if err := seq.check(); err != nil {
+	if err := seq.Validate(); err != nil {
 		return nil, err
 	}
 	if holder == "" {
@@ -386,4 +387,20 @@ func (c *Client) LastUsed(ctx context.Context, seq string) (string, error) {
 		return "", err
 	}
 	return m.LastUsed, nil
+}
+
+// GetReservation reads the reservation of one slot (ErrNotFound when the
+// slot was never taken).
+func (c *Client) GetReservation(ctx context.Context, seq, slot string) (*Reservation, error) {
+	var r Reservation
+	err := c.db.Get(ctx, SlotReservationID(seq, slot), c.readOpts()...).ScanDoc(&r)
+	switch {
+	case kivik.HTTPStatus(err) == http.StatusNotFound:
+		return nil, fmt.Errorf("slot %s of %s: %w", slot, seq, ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("reading slot %s of %s: %w", slot, seq, err)
+	case r.Type != SlotReservationDocType:
+		return nil, fmt.Errorf("slot %s of %s: the document is a %q, not a reservation", slot, seq, r.Type)
+	}
+	return &r, nil
 }

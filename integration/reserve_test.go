@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
 )
 
 // reserveAll reserves and releases n slots of seq from each client at once
@@ -217,5 +220,56 @@ func TestClusterReserveDistinct(t *testing.T) {
 	sort.Strings(sorted)
 	if len(sorted) > 0 {
 		t.Logf("slots %s .. %s", sorted[0], sorted[len(sorted)-1])
+	}
+}
+
+// A job type with a sequence gets a reserved slot per attempt: the jobs
+// that succeed use the sequence's first values with no gaps, and a failed
+// attempt's slot goes to the next job.
+func TestWorkerSequenceSlots(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	const jobs = 20
+	var (
+		mu     sync.Mutex
+		used   []string
+		failed = map[string]bool{}
+	)
+	handler := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		if job.Slot == "" {
+			return fmt.Errorf("no slot")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		// Every fifth job fails its first attempt: its slot is abandoned.
+		if n, _ := strconv.Atoi(strings.TrimPrefix(job.ID, "ticket-")); n%5 == 0 && !failed[job.ID] {
+			failed[job.ID] = true
+			return fmt.Errorf("printer jammed")
+		}
+		used = append(used, job.Slot)
+		return nil
+	})
+	var ids []string
+	for i := range jobs {
+		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "ticket", ID: fmt.Sprintf("ticket-%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+	}
+	seq := couchq.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
+	cfg := fastWorker(tb, map[string]worker.Handler{"ticket": handler})
+	cfg.Sequences = map[string]couchq.Sequence{"ticket": seq}
+	startWorker(t, tb, cfg)
+	for _, id := range ids {
+		waitStatus(t, tb, id, couchq.StatusDone, time.Minute)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(used) != jobs || len(failed) != 4 {
+		t.Fatalf("%d slots used by %d jobs (%d failed attempts)", len(used), jobs, len(failed))
+	}
+	checkDistinctNoGaps(t, seq, used)
+	if last, err := tb.client.LastUsed(tb.ctx, "tickets"); err != nil || last != "AAAA-0020" {
+		t.Errorf("marker %q (%v), want AAAA-0020", last, err)
 	}
 }

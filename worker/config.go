@@ -82,6 +82,14 @@ type Config struct {
 	// every worker process together (see couchq.RunSlot); each process
 	// must be given the same limit. Concurrency still bounds each process.
 	FleetConcurrency map[string]int
+	// Sequences gives a job type a slot sequence (see couchq.Sequence):
+	// before each attempt the worker reserves the sequence's next free
+	// slot and hands it to the handler as Job.Slot; when the handler
+	// succeeds the slot is released as used (the sequence's marker moves
+	// on), otherwise it is abandoned for the next job to take. The
+	// reservation is not renewed while the handler runs: give the sequence
+	// a TTL longer than the handler takes.
+	Sequences map[string]couchq.Sequence
 	// Periodic lists schedules this process enqueues jobs for (see
 	// couchq.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
@@ -159,6 +167,11 @@ func (c Config) validate() error {
 	for typ, k := range c.FleetConcurrency {
 		if k < 1 || k > couchq.MaxRateSlots {
 			return fmt.Errorf("worker config: fleet concurrency of %q: %d is out of range (1 to %d)", typ, k, couchq.MaxRateSlots)
+		}
+	}
+	for typ, seq := range c.Sequences {
+		if err := seq.Validate(); err != nil {
+			return fmt.Errorf("worker config: sequence of %q: %w", typ, err)
 		}
 	}
 	names := map[string]bool{}

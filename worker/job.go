@@ -24,6 +24,9 @@ type Job struct {
 	Payload json.RawMessage
 	// Item is the claimed document; handlers must treat it as read-only.
 	Item *couchq.WorkItem
+	// Slot is the slot reserved for this attempt when the job type has a
+	// sequence (Config.Sequences); "" otherwise.
+	Slot string
 
 	result json.RawMessage
 }

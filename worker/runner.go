@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
 )
@@ -296,7 +297,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 	}()
 	log.Debug().Msg("job started")
 	began := time.Now()
-	err := r.invoke(ctx, job)
+	err := r.invokeWithSlot(ctx, job, log)
 	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
 	<-hbStopped
@@ -336,6 +337,38 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 		}
 		log.Error().Err(ferr).Msg("could not record the job's outcome; the sweeper will retry it")
 	}
+}
+
+// invokeWithSlot calls the handler, with a slot of the type's sequence
+// reserved for it when it has one: released as used when the handler
+// succeeds, abandoned (free for the next job) otherwise.
+func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logger) error {
+	seq, ok := r.w.cfg.Sequences[r.typ]
+	if !ok {
+		return r.invoke(ctx, job)
+	}
+	c := r.w.client
+	res, err := c.Reserve(ctx, seq, r.w.ClaimantID()+"/"+job.ID)
+	if err != nil {
+		return fmt.Errorf("reserving a slot of sequence %s: %w", seq.Name, err)
+	}
+	job.Slot = res.Slot
+	herr := r.invoke(ctx, job)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if herr != nil {
+		if aerr := c.AbandonSlot(fctx, res); aerr != nil {
+			log.Warn().Err(aerr).Str("slot", res.Slot).Msg("could not abandon the slot; it is free again when its TTL runs out")
+		}
+		return herr
+	}
+	if rerr := c.ReleaseSlot(fctx, res); rerr != nil {
+		// The handler used the slot; only the bookkeeping failed (its TTL
+		// ran out and someone took it: the TTL is too short for the job).
+		log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
+			Msg("the job used its slot but could not release it: make the sequence's TTL longer than the handler runs")
+	}
+	return nil
 }
 
 // invoke calls the handler, turning a panic into an error.

@@ -75,6 +75,7 @@ func commands() []command {
 		{"pause", "stop the workers of a job type from claiming it (running jobs finish)", pauseUsage, (*Main).runPause},
 		{"resume", "let the workers of a paused job type claim it again", resumeUsage, (*Main).runResume},
 		{"periodic", "list the periodic schedules: last and next tick", periodicUsage, (*Main).runPeriodic},
+		{"slots", "reserve, release and list the slots of a sequence (serials, invoice numbers)", slotsUsage, (*Main).runSlots},
 		{"purge", "delete old done, failed or cancelled jobs in bulk", purgeUsage, (*Main).runPurge},
 		{"serve", "serve Prometheus metrics and a JSON API over HTTP", serveUsage, (*Main).runServe},
 		{"demo", "start a server (or use $COUCHDB_URL), enqueue a few jobs and look at them", demoUsage, (*Main).runDemo},
