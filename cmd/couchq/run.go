@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
 )
 
 // Exit codes.
@@ -18,6 +20,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1 // the server or the file system failed, or a job was missing
 	exitUsage   = 2 // the command line or its input (flags, JSON, times) is wrong
+	exitNotHeld = 3 // an agent acted on a job it does not hold (lost lease, someone else's)
 )
 
 // Main is one invocation of the couchq command. Its fields are the
@@ -75,6 +78,11 @@ func commands() []command {
 		{"pause", "stop the workers of a job type from claiming it (running jobs finish)", pauseUsage, (*Main).runPause},
 		{"resume", "let the workers of a paused job type claim it again", resumeUsage, (*Main).runResume},
 		{"periodic", "list the periodic schedules: last and next tick", periodicUsage, (*Main).runPeriodic},
+		{"claim", "claim due jobs for a named agent (a script, a person): held ones first", claimUsage, (*Main).runClaim},
+		{"complete", "finish a job an agent holds, with an optional result", completeUsage, (*Main).runComplete},
+		{"fail", "fail a job an agent holds: retried while attempts remain", failUsage, (*Main).runFail},
+		{"extend", "renew the lease of a job an agent holds", extendUsage, (*Main).runExtend},
+		{"release", "give a job an agent holds back to the queue", releaseUsage, (*Main).runRelease},
 		{"slots", "reserve, release and list the slots of a sequence (serials, invoice numbers)", slotsUsage, (*Main).runSlots},
 		{"purge", "delete old done, failed or cancelled jobs in bulk", purgeUsage, (*Main).runPurge},
 		{"serve", "serve Prometheus metrics and a JSON API over HTTP", serveUsage, (*Main).runServe},
@@ -157,6 +165,9 @@ func (m *Main) exit(name string, err error) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(m.Stderr, "couchq %s: %v (run 'couchq help %s' for usage)\n", name, ue.err, name)
 		return exitUsage
+	case errors.Is(err, couchq.ErrNotHeld):
+		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
+		return exitNotHeld
 	default:
 		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
 		return exitFailure

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
+)
+
+// Agents: claimants that are not worker processes (a script, a crawler in
+// another language, a person) claim, finish, fail, extend and release
+// jobs by name. Every command but claim acts on one job and refuses, with
+// exit status 3, a job the agent does not hold.
+
+const agentFlagsUsage = `	--as NAME        the agent (required): recorded as the job's claimed_by
+`
+
+const claimUsage = `Usage: couchq claim --type T --as NAME [--count N] [--lease D] [flags]
+
+Claims up to N due jobs of type T for the agent NAME (highest priority,
+then oldest due first) and prints them, one per line (with --json, as a
+JSON array of the stored documents). Jobs the agent already holds come
+first and count towards N: an agent that restarts gets its own work back.
+A paused type gives no new jobs. The claims hold for the lease; renew with
+'couchq extend', finish with 'couchq complete' or 'couchq fail', give back
+with 'couchq release'. A lease that runs out returns the job to the queue.
+
+	--type T         job type (required)
+` + agentFlagsUsage + `	--count N        at most this many jobs (default 1)
+	--lease D        how long the claims hold (default 1h)
+`
+
+const completeUsage = `Usage: couchq complete ID --as NAME [--result JSON] [flags]
+
+Marks a job the agent holds done, with an optional result (any JSON).
+Exit status 3 when the agent does not hold it.
+
+` + agentFlagsUsage + `	--result JSON    the job's result
+`
+
+const failUsage = `Usage: couchq fail ID --as NAME --error MSG [--no-retry] [flags]
+
+Records a failed attempt of a job the agent holds: it is retried after a
+backoff (attempt^4 seconds) while attempts remain, else it stays failed
+with MSG. Exit status 3 when the agent does not hold it.
+
+` + agentFlagsUsage + `	--error MSG      what went wrong (required)
+	--no-retry       fail the job for good now
+`
+
+const extendUsage = `Usage: couchq extend ID --as NAME [--lease D] [flags]
+
+Renews the lease of a job the agent holds to now + D. Exit status 3 when
+the agent does not hold it.
+
+` + agentFlagsUsage + `	--lease D        the new lease from now (default 1h)
+`
+
+const releaseUsage = `Usage: couchq release ID --as NAME [flags]
+
+Gives a job the agent holds back to the queue, due now, without charging
+the attempt. Exit status 3 when the agent does not hold it.
+
+` + agentFlagsUsage
+
+// agentLeaseDefault is an agent's lease: a person reviewing takes a while.
+const agentLeaseDefault = time.Hour
+
+func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) error {
+	fs := m.newFlagSet("claim", claimUsage)
+	conn := addConnFlags(fs)
+	var typ, agent string
+	var count int
+	var lease time.Duration
+	fs.StringVar(&typ, "type", "", "job type")
+	fs.StringVar(&agent, "as", "", "agent")
+	fs.IntVar(&count, "count", 1, "jobs")
+	fs.DurationVar(&lease, "lease", agentLeaseDefault, "lease")
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(rest) > 0:
+		return usageErrorf("unexpected argument %q", rest[0])
+	case typ == "":
+		return usageErrorf("--type is required")
+	case agent == "":
+		return usageErrorf("--as NAME is required: the agent the jobs are claimed for")
+	case count < 1 || count > 1000:
+		return usageErrorf("invalid --count %d: from 1 to 1000", count)
+	case lease <= 0:
+		return usageErrorf("invalid --lease %s: must be positive", lease)
+	}
+	q, log, closeQueue, err := m.connect(ctx, conn, log)
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	got, err := q.ClaimForAgent(ctx, typ, count, agent, lease)
+	if err != nil {
+		return serverError(conn.url, err)
+	}
+	if got.Paused {
+		log.Warn().Str("type", typ).Msg("the type is paused: no new jobs claimed")
+	}
+	jobs := got.Jobs()
+	if conn.json {
+		return writeJSON(m.Stdout, jobs)
+	}
+	for _, it := range jobs {
+		payload := string(it.Payload)
+		if payload == "" {
+			payload = "null"
+		}
+		if _, err := fmt.Fprintf(m.Stdout, "%s\t%s\tuntil %s\t%s\n", it.ID, it.Worker,
+			couchq.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339), payload); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// agentJob parses an agent command's flags and returns the job the agent
+// holds.
+func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage string, args []string,
+	extra func(fs *flag.FlagSet), check func() error) (q *couchq.Client, it *couchq.WorkItem, conn *connFlags, done func(), err error) {
+	fs := m.newFlagSet(name, usage)
+	conn = addConnFlags(fs)
+	var agent string
+	fs.StringVar(&agent, "as", "", "agent")
+	if extra != nil {
+		extra(fs)
+	}
+	rest, err := m.parseArgs(fs, args)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	switch {
+	case len(rest) == 0:
+		return nil, nil, nil, nil, usageErrorf("missing job id")
+	case len(rest) > 1:
+		return nil, nil, nil, nil, usageErrorf("unexpected argument %q (one job at a time)", rest[1])
+	case agent == "":
+		return nil, nil, nil, nil, usageErrorf("--as NAME is required: the agent that holds the job")
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return nil, nil, nil, nil, err
+		}
+	}
+	q, _, done, err = m.connect(ctx, conn, log)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	it, err = q.HeldJob(ctx, rest[0], agent)
+	if err != nil {
+		done()
+		return nil, nil, nil, nil, serverError(conn.url, err)
+	}
+	return q, it, conn, done, nil
+}
+
+// agentDone prints what an agent command did.
+func (m *Main) agentDone(conn *connFlags, it *couchq.WorkItem, what string) error {
+	if conn.json {
+		return writeJSON(m.Stdout, it)
+	}
+	_, err := fmt.Fprintf(m.Stdout, "%s %s\n", what, it.ID)
+	return err
+}
+
+func (m *Main) runComplete(ctx context.Context, log zerolog.Logger, args []string) error {
+	var result string
+	q, it, conn, done, err := m.agentJob(ctx, log, "complete", completeUsage, args,
+		func(fs *flag.FlagSet) {
+			fs.StringVar(&result, "result", "", "result JSON")
+		},
+		func() error {
+			if result != "" && !json.Valid([]byte(result)) {
+				return usageErrorf("invalid --result: not JSON")
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	defer done()
+	var raw json.RawMessage
+	if result != "" {
+		raw = json.RawMessage(result)
+	}
+	if err := q.Complete(ctx, it, raw); err != nil {
+		return serverError(conn.url, notHeldIfLost(err))
+	}
+	return m.agentDone(conn, it, "completed")
+}
+
+func (m *Main) runFail(ctx context.Context, log zerolog.Logger, args []string) error {
+	var msg string
+	var noRetry bool
+	q, it, conn, done, err := m.agentJob(ctx, log, "fail", failUsage, args,
+		func(fs *flag.FlagSet) {
+			fs.StringVar(&msg, "error", "", "error message")
+			fs.BoolVar(&noRetry, "no-retry", false, "fail for good")
+		},
+		func() error {
+			if msg == "" {
+				return usageErrorf("--error MSG is required: say what went wrong")
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	defer done()
+	opts := couchq.FailOptions{Final: noRetry, RetryAfter: worker.DefaultRetry(it.Attempts)}
+	if err := q.Fail(ctx, it, msg, opts); err != nil {
+		return serverError(conn.url, notHeldIfLost(err))
+	}
+	what := "failed"
+	if it.Status == couchq.StatusQueued {
+		what = "failed (retried at " + couchq.FromUnix(it.Date).UTC().Format(time.RFC3339) + ")"
+	}
+	return m.agentDone(conn, it, what)
+}
+
+func (m *Main) runExtend(ctx context.Context, log zerolog.Logger, args []string) error {
+	var lease time.Duration
+	q, it, conn, done, err := m.agentJob(ctx, log, "extend", extendUsage, args,
+		func(fs *flag.FlagSet) {
+			fs.DurationVar(&lease, "lease", agentLeaseDefault, "lease")
+		},
+		func() error {
+			if lease <= 0 {
+				return usageErrorf("invalid --lease %s: must be positive", lease)
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := q.Extend(ctx, it, lease); err != nil {
+		return serverError(conn.url, notHeldIfLost(err))
+	}
+	return m.agentDone(conn, it, "extended to "+couchq.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339))
+}
+
+func (m *Main) runRelease(ctx context.Context, log zerolog.Logger, args []string) error {
+	q, it, conn, done, err := m.agentJob(ctx, log, "release", releaseUsage, args, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := q.Release(ctx, it, "released by agent "+it.ClaimedBy); err != nil {
+		return serverError(conn.url, notHeldIfLost(err))
+	}
+	return m.agentDone(conn, it, "released")
+}
+
+// notHeldIfLost turns a claim lost between reading the job and writing it
+// (swept, cancelled) into ErrNotHeld, the agent's exit status 3.
+func notHeldIfLost(err error) error {
+	if errors.Is(err, couchq.ErrClaimLost) {
+		return fmt.Errorf("%w: %w", couchq.ErrNotHeld, err)
+	}
+	return err
+}

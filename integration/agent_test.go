@@ -1,0 +1,107 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// Agents claim by name: what they hold comes back first, and they may only
+// act on what they hold.
+func TestAgentClaims(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	ctx := tb.ctx
+	for i := range 6 {
+		if _, err := tb.client.Enqueue(ctx, couchq.NewJob{Worker: "review", ID: fmt.Sprintf("r%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := tb.client.ClaimForAgent(ctx, "review", 2, "alice", time.Hour)
+	if err != nil || len(got.Claimed) != 2 || len(got.Held) != 0 {
+		t.Fatalf("first claim: %+v, %v", got, err)
+	}
+	first := ids(got.Claimed)
+	// Asking again returns alice's own jobs before new ones.
+	again, err := tb.client.ClaimForAgent(ctx, "review", 3, "alice", time.Hour)
+	if err != nil || fmt.Sprint(ids(again.Held)) != fmt.Sprint(first) || len(again.Claimed) != 1 {
+		t.Fatalf("second claim: held %v claimed %v (%v), want held %v and one new", ids(again.Held), ids(again.Claimed), err, first)
+	}
+	bob, err := tb.client.ClaimForAgent(ctx, "review", 10, "bob", time.Hour)
+	if err != nil || len(bob.Claimed) != 3 {
+		t.Fatalf("bob: %+v, %v", bob, err)
+	}
+	// Bob cannot touch alice's job; a job nobody holds is refused too.
+	if _, err := tb.client.HeldJob(ctx, first[0], "bob"); !errors.Is(err, couchq.ErrNotHeld) || !strings.Contains(err.Error(), "alice holds it") {
+		t.Errorf("bob acting on alice's job: %v", err)
+	}
+	it, err := tb.client.HeldJob(ctx, first[0], "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.client.Complete(ctx, it, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.HeldJob(ctx, first[0], "alice"); !errors.Is(err, couchq.ErrNotHeld) {
+		t.Errorf("acting on a finished job: %v", err)
+	}
+	// A paused type gives no new jobs, only held ones.
+	if err := tb.client.Pause(ctx, "review", "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := tb.client.ClaimForAgent(ctx, "review", 5, "carol", time.Hour); err != nil || !p.Paused || len(p.Claimed) != 0 {
+		t.Errorf("claim of a paused type: %+v, %v", p, err)
+	}
+}
+
+// An agent written in shell (examples/review-agent.sh) works the queue
+// through the CLI: every review job ends done or failed, claimed by it.
+func TestShellAgentExample(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("no sh")
+	}
+	tb := setup(t, couchq.Config{})
+	bin := buildCLI(t)
+	want := map[string]couchq.Status{}
+	for i := range 12 {
+		text := fmt.Sprintf("article %d", i)
+		status := couchq.StatusDone
+		if i%4 == 0 {
+			text += " TODO: sources"
+			status = couchq.StatusFailed
+		}
+		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "review", Payload: map[string]string{"text": text}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[it.ID] = status
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "../examples/review-agent.sh")
+	cmd.Env = withEnv(withEnv(procEnv(tb.db.Name()), "AGENT", "alice"), "COUCHQ", bin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("review-agent.sh: %v\n%s", err, out)
+	}
+	for id, status := range want {
+		it, err := tb.client.Get(tb.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimedBy := ""
+		for _, e := range it.History {
+			if e.Event == couchq.EventClaimed {
+				claimedBy = e.By
+			}
+		}
+		if it.Status != status || claimedBy != "alice" {
+			t.Errorf("%s: %s, claimed by %q; want %s by alice (history %s)", id, it.Status, claimedBy, status, events(it))
+		}
+	}
+}
