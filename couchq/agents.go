@@ -33,7 +33,9 @@ type AgentClaim struct {
 }
 
 // Jobs are Held then Claimed.
-func (a *AgentClaim) Jobs() []*WorkItem { return append(append([]*WorkItem{}, a.Held...), a.Claimed...) }
+func (a *AgentClaim) Jobs() []*WorkItem {
+	return append(append([]*WorkItem{}, a.Held...), a.Claimed...)
+}
 
 // maxAgentClaim bounds one ClaimForAgent.
 const maxAgentClaim = 1000
