@@ -35,6 +35,8 @@ type server struct {
 	db    string
 	cfg   Config // with its defaults
 	stats *responseCache
+	// dash caches the dashboard's endpoints, by path and query.
+	dash *responseCache
 }
 
 // NewHandler returns the handler for every endpoint of the package (see
@@ -49,7 +51,8 @@ type server struct {
 // handler for the API alone.
 func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler {
 	cfg = cfg.WithDefaults()
-	s := &server{q: q, db: q.DB().Name(), cfg: cfg, stats: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
+	s := &server{q: q, db: q.DB().Name(), cfg: cfg, stats: &responseCache{ttl: cfg.ttl(), now: cfg.Now},
+		dash: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		newCollector(ctx, q, cfg),
@@ -65,7 +68,7 @@ func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler 
 	mux.HandleFunc("GET /api/stats", s.apiStats)
 	mux.HandleFunc("GET /api/jobs", s.apiJobs)
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /{$}", s.index)
+	s.dashboardRoutes(mux)
 	return mux
 }
 
@@ -75,11 +78,6 @@ type promLogger struct{ cfg Config }
 
 func (l promLogger) Println(v ...any) {
 	l.cfg.Logger.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
-}
-
-func (s *server) index(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "couchq serve for database %s\n\n/metrics\n/api/stats?type=&since=24h&until=\n/api/jobs?type=&status=&limit=100\n/healthz\n", s.db)
 }
 
 func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
