@@ -120,7 +120,7 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 	if code != http.StatusOK || strings.TrimSpace(body) != `{"couchdb":"ok"}` {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	if code, body := get(t, hs, "/"); code != http.StatusOK || !strings.Contains(body, "/api/jobs?") {
+	if code, body := get(t, hs, "/"); code != http.StatusOK || !strings.Contains(body, "/api/jobs") {
 		t.Errorf("/: %d %s", code, body)
 	}
 	if code, _ := get(t, hs, "/nope"); code != http.StatusNotFound {
