@@ -6,6 +6,7 @@
   var FAST = 5000, SLOW = 15000; // ms between polls: tables, plots
   var creds = null; // "Basic ..." once logged in; kept in memory only
   var charts = {};
+  var notice = ''; // what the last action did, shown until the next one
   var $ = function (id) { return document.getElementById(id); };
 
   function el(tag, text, cls) {
@@ -40,10 +41,11 @@
         return r.json().then(function (body) {
           if (r.status === 401) { creds = null; showWho(null); }
           if (!r.ok) throw new Error(label + ': ' + (body.error || r.status));
-          setStatus(label + ': done');
+          notice = label + ' ' + decodeURIComponent(path.split('/')[3]) + ': done';
+          document.body.dataset.done = path;
           refreshFast();
         });
-      }).catch(function (e) { setStatus(e.message, true); });
+      }).catch(function (e) { notice = ''; setStatus(e.message, true); });
   }
   function actButton(label, path) {
     var b = el('button', label, 'act');
@@ -216,7 +218,7 @@
       getJSON('/api/failed?type=' + type).then(renderFailed),
       getJSON('/api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs)
     ]).then(function () {
-      setStatus('updated ' + new Date().toLocaleTimeString());
+      setStatus((notice ? notice + ' · ' : '') + 'updated ' + new Date().toLocaleTimeString());
     }).catch(function (e) { setStatus(e.message, true); })
       .then(function () { fastTimer = setTimeout(refreshFast, FAST); });
   }
