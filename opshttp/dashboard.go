@@ -135,7 +135,7 @@ func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
 // by every request with the same path and query.
 func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, err := s.dash.get(r.URL.RequestURI(), func() ([]byte, error) {
+		body, err := s.cache.get(r.URL.RequestURI(), func() ([]byte, error) {
 			// Others may wait for this answer: one client going away
 			// must not fail theirs.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RefreshTimeout)
@@ -158,8 +158,7 @@ func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any,
 
 // invalidate drops the cached answers after an action.
 func (s *server) invalidate() {
-	s.dash.clear()
-	s.stats.clear()
+	s.cache.clear()
 }
 
 // writeJSON answers 200 with v.

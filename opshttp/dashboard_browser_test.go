@@ -125,8 +125,8 @@ func TestDashboardInABrowser(t *testing.T) {
 		chromedp.SendKeys(css(`#password`), password),
 		chromedp.Click(css(`#login-button`)),
 		chromedp.Poll[chromedp.Void](`document.body.dataset.user === `+jsString(admin), chromedp.WithPollingTimeout(30*time.Second)),
-		chromedp.Click(css(`#failed button[data-action="/api/jobs/`+failedID+`/retry"]`)),
-		chromedp.Poll[chromedp.Void](`document.body.dataset.done === `+jsString("/api/jobs/"+failedID+"/retry"), chromedp.WithPollingTimeout(time.Minute)),
+		chromedp.Click(css(`#failed button[data-action="api/jobs/`+failedID+`/retry"]`)),
+		chromedp.Poll[chromedp.Void](`document.body.dataset.done === `+jsString("api/jobs/"+failedID+"/retry"), chromedp.WithPollingTimeout(time.Minute)),
 	)
 	if err != nil {
 		t.Fatalf("retrying from the page: %v (status: %s)", err, text(`#status`))

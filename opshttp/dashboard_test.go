@@ -110,7 +110,7 @@ func TestDashboardSeriesFromAKnownScript(t *testing.T) {
 		}
 	}
 	code, body := get(t, hs, "/")
-	if code != http.StatusOK || !strings.Contains(body, `<script src="/assets/dashboard.js">`) || !strings.Contains(body, r.Q.DB().Name()) {
+	if code != http.StatusOK || !strings.Contains(body, `<script src="assets/dashboard.js">`) || !strings.Contains(body, r.Q.DB().Name()) {
 		t.Errorf("/: %d\n%s", code, body)
 	}
 	for _, asset := range []string{"/assets/uPlot.iife.min.js", "/assets/uPlot.min.css", "/assets/dashboard.js", "/assets/dashboard.css"} {
@@ -130,34 +130,6 @@ func equal(a, b []int64) bool {
 		}
 	}
 	return true
-}
-
-// post sends a POST with optional basic credentials and returns the
-// status, the WWW-Authenticate header and the body.
-func post(t *testing.T, url, user, password string) (int, string, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if user != "" {
-		req.SetBasicAuth(user, password)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := resp.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), b.String()
 }
 
 // failJob enqueues a job of typ with one attempt, claims it and fails it
@@ -207,41 +179,41 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 		{admin, password + "x", http.StatusUnauthorized},
 		{outsider, "secret", http.StatusForbidden},
 	} {
-		code, challenge, body := post(t, retry, c.user, c.password)
+		code, challenge, body := opstest.Post(t, retry, c.user, c.password)
 		if code != c.code || (code == http.StatusUnauthorized) != (challenge == `Basic realm="couchq"`) {
 			t.Errorf("retry as %q: %d %q %s; want %d", c.user, code, challenge, body, c.code)
 		}
 	}
-	if code, _, body := post(t, off.URL+"/api/jobs/"+id+"/retry", admin, password); code != http.StatusForbidden || !strings.Contains(body, "CouchURL") {
+	if code, _, body := opstest.Post(t, off.URL+"/api/jobs/"+id+"/retry", admin, password); code != http.StatusForbidden || !strings.Contains(body, "CouchURL") {
 		t.Errorf("retry without CouchURL: %d %s", code, body)
 	}
 	if it, err := q.Get(ctx, id); err != nil || it.Status != couchq.StatusFailed {
 		t.Fatalf("refused retries changed the job: %v %v", it, err)
 	}
 
-	if code, _, body := post(t, retry, admin, password); code != http.StatusOK {
+	if code, _, body := opstest.Post(t, retry, admin, password); code != http.StatusOK {
 		t.Fatalf("retry as admin: %d %s", code, body)
 	}
 	it, err := q.Get(ctx, id)
 	if err != nil || it.Status != couchq.StatusQueued || it.History[len(it.History)-1].By != admin {
 		t.Fatalf("after retry: %+v %v; want queued, retried by %s", it, err, admin)
 	}
-	if code, _, body := post(t, retry, admin, password); code != http.StatusConflict {
+	if code, _, body := opstest.Post(t, retry, admin, password); code != http.StatusConflict {
 		t.Errorf("retrying a queued job: %d %s, want 409", code, body)
 	}
-	if code, _, body := post(t, hs.URL+"/api/jobs/nope/retry", admin, password); code != http.StatusNotFound {
+	if code, _, body := opstest.Post(t, hs.URL+"/api/jobs/nope/retry", admin, password); code != http.StatusNotFound {
 		t.Errorf("retrying a missing job: %d %s, want 404", code, body)
 	}
-	if code, _, body := post(t, hs.URL+"/api/jobs/"+id+"/cancel", admin, password); code != http.StatusOK {
+	if code, _, body := opstest.Post(t, hs.URL+"/api/jobs/"+id+"/cancel", admin, password); code != http.StatusOK {
 		t.Errorf("cancel: %d %s", code, body)
 	}
-	if code, _, body := post(t, hs.URL+"/api/types/mail/pause", admin, password); code != http.StatusOK {
+	if code, _, body := opstest.Post(t, hs.URL+"/api/types/mail/pause", admin, password); code != http.StatusOK {
 		t.Errorf("pause: %d %s", code, body)
 	}
 	if paused, err := q.Paused(ctx, "mail"); err != nil || !paused["mail"] {
 		t.Errorf("after pause: %v %v", paused, err)
 	}
-	if code, _, body := post(t, hs.URL+"/api/types/mail/resume", admin, password); code != http.StatusOK {
+	if code, _, body := opstest.Post(t, hs.URL+"/api/types/mail/resume", admin, password); code != http.StatusOK {
 		t.Errorf("resume: %d %s", code, body)
 	}
 	if paused, err := q.Paused(ctx, "mail"); err != nil || paused["mail"] {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -202,20 +201,8 @@ func TestServeDashboardActionsAsACouchDBUser(t *testing.T) {
 	s := startServe(t, admin)
 
 	retry := func(user, password string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, s.url+"/api/jobs/m1/retry", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if user != "" {
-			req.SetBasicAuth(user, password)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get("WWW-Authenticate") + " " + string(body)
+		code, challenge, body := opstest.Post(t, s.url+"/api/jobs/m1/retry", user, password)
+		return code, challenge + " " + body
 	}
 	if code, body := retry("", ""); code != http.StatusUnauthorized || !strings.Contains(body, `Basic realm="couchq"`) {
 		t.Errorf("retry without credentials: %d %s", code, body)

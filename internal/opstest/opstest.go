@@ -193,6 +193,30 @@ func Get(t testing.TB, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// Post sends an empty POST to url, with basic credentials unless user is
+// empty, and returns the status, the WWW-Authenticate header and the body.
+func Post(t testing.TB, url, user, password string) (code int, challenge, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s: reading body: %v", url, err)
+	}
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(b)
+}
+
 // Metrics is a scrape parsed: the metric families by name.
 type Metrics map[string]*dto.MetricFamily
 

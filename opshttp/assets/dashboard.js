@@ -1,5 +1,6 @@
 // couchq dashboard: polls the JSON endpoints of the same server and draws
-// with uPlot. No frameworks, no network beyond couchq itself. Everything
+// with uPlot. Every path is relative to the page, so that the handler
+// works mounted under a prefix (http.StripPrefix) as well as at the root. No frameworks, no network beyond couchq itself. Everything
 // from the server is put in the page as text (textContent), never as HTML.
 (function () {
   'use strict';
@@ -41,7 +42,7 @@
         return r.json().then(function (body) {
           if (r.status === 401) { creds = null; showWho(null); }
           if (!r.ok) throw new Error(label + ': ' + (body.error || r.status));
-          notice = label + ' ' + decodeURIComponent(path.split('/')[3]) + ': done';
+          notice = label + ' ' + decodeURIComponent(path.split('/')[2]) + ': done';
           document.body.dataset.done = path;
           refreshFast();
         });
@@ -93,7 +94,7 @@
         td(q.paused ? 'paused' : 'no', q.paused ? 'paused' : ''));
       var cell = td();
       var t = encodeURIComponent(q.type);
-      cell.append(q.paused ? actButton('Resume', '/api/types/' + t + '/resume') : actButton('Pause', '/api/types/' + t + '/pause'));
+      cell.append(q.paused ? actButton('Resume', 'api/types/' + t + '/resume') : actButton('Pause', 'api/types/' + t + '/pause'));
       tr.append(cell);
       return tr;
     }));
@@ -133,8 +134,8 @@
 
   function jobActions(job) {
     var cell = td(), id = encodeURIComponent(job._id);
-    if (job.status === 'failed' || job.status === 'cancelled') cell.append(actButton('Retry', '/api/jobs/' + id + '/retry'));
-    if (job.status === 'queued' || job.status === 'running') cell.append(actButton('Cancel', '/api/jobs/' + id + '/cancel'));
+    if (job.status === 'failed' || job.status === 'cancelled') cell.append(actButton('Retry', 'api/jobs/' + id + '/retry'));
+    if (job.status === 'queued' || job.status === 'running') cell.append(actButton('Cancel', 'api/jobs/' + id + '/cancel'));
     return cell;
   }
 
@@ -213,10 +214,10 @@
     clearTimeout(fastTimer);
     var status = encodeURIComponent($('jobs-status').value), type = encodeURIComponent($('type').value);
     return Promise.all([
-      getJSON('/api/queues').then(renderQueues),
-      getJSON('/api/workers').then(renderWorkers),
-      getJSON('/api/failed?type=' + type).then(renderFailed),
-      getJSON('/api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs)
+      getJSON('api/queues').then(renderQueues),
+      getJSON('api/workers').then(renderWorkers),
+      getJSON('api/failed?type=' + type).then(renderFailed),
+      getJSON('api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs)
     ]).then(function () {
       setStatus((notice ? notice + ' · ' : '') + 'updated ' + new Date().toLocaleTimeString());
     }).catch(function (e) { setStatus(e.message, true); })
@@ -225,7 +226,7 @@
 
   function refreshSlow() {
     clearTimeout(slowTimer);
-    var q = '/api/series?window=' + encodeURIComponent($('window').value) + '&type=' + encodeURIComponent($('type').value);
+    var q = 'api/series?window=' + encodeURIComponent($('window').value) + '&type=' + encodeURIComponent($('type').value);
     return getJSON(q).then(function (s) {
       renderSeries(s);
       document.body.dataset.loaded = '1';
