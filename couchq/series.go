@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/http"
 	"sort"
 	"time"
 
@@ -265,6 +266,11 @@ func (c *Client) groupedRange(ctx context.Context, view string, level int, start
 		row(key, v)
 	}
 	if err := rows.Err(); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			// A design document from before the view: installed by a
+			// couchq that did not have it, and only admins upgrade it.
+			return fmt.Errorf("reading view %s (the database's design document %s lacks it: run `couchq init` as an admin to install this couchq's): %w", view, designdocs.ID, err)
+		}
 		return fmt.Errorf("reading view %s: %w", view, err)
 	}
 	return nil

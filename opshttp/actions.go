@@ -61,7 +61,8 @@ func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int
 	err = json.NewDecoder(resp.Body).Decode(&session)
 	_ = resp.Body.Close()
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized:
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadRequest:
+		// 400: CouchDB's answer to a malformed AuthSession cookie.
 		return "", http.StatusUnauthorized, errNoCredentials
 	case resp.StatusCode != http.StatusOK || err != nil:
 		return "", http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)

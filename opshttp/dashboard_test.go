@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -204,8 +205,26 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 	if code, _, body := opstest.Post(t, hs.URL+"/api/jobs/nope/retry", admin, password); code != http.StatusNotFound {
 		t.Errorf("retrying a missing job: %d %s, want 404", code, body)
 	}
-	if code, _, body := opstest.Post(t, hs.URL+"/api/jobs/"+id+"/cancel", admin, password); code != http.StatusOK {
-		t.Errorf("cancel: %d %s", code, body)
+	// CouchDB's session cookie works as well as basic auth; an unknown one
+	// is anonymous to CouchDB, so 401 here.
+	cookie := sessionCookieFor(t, admin, password)
+	for _, c := range []struct {
+		value string
+		code  int
+	}{{"bogus", http.StatusUnauthorized}, {cookie, http.StatusOK}} {
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/api/jobs/"+id+"/cancel", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.AddCookie(&http.Cookie{Name: "AuthSession", Value: c.value})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.code {
+			t.Errorf("cancel with AuthSession %q: %d, want %d", c.value, resp.StatusCode, c.code)
+		}
 	}
 	if code, _, body := opstest.Post(t, hs.URL+"/api/types/mail/pause", admin, password); code != http.StatusOK {
 		t.Errorf("pause: %d %s", code, body)
@@ -222,4 +241,23 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 	if code, _ := get(t, hs, "/api/jobs/"+id+"/retry"); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET on an action: %d, want 405", code)
 	}
+}
+
+// sessionCookieFor logs in to the test server (POST /_session) and returns
+// the AuthSession cookie's value.
+func sessionCookieFor(t *testing.T, user, password string) string {
+	t.Helper()
+	form := url.Values{"name": {user}, "password": {password}}
+	resp, err := http.PostForm(srv.URL()+"/_session", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	for _, c := range resp.Cookies() {
+		if c.Name == "AuthSession" && c.Value != "" {
+			return c.Value
+		}
+	}
+	t.Fatalf("POST /_session as %s: %s, no AuthSession cookie", user, resp.Status)
+	return ""
 }
