@@ -101,6 +101,10 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Errorf("queues table lacks %q:\n%s", want, queues)
 		}
 	}
+	running, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#queues tr[data-type="thumbnail"]').cells[3].textContent`))
+	if err != nil || running != "1" {
+		t.Errorf("thumbnail's running cell: %q %v, want 1", running, err)
+	}
 	if failed := text(`#failed tbody`); !strings.Contains(failed, "550 mailbox unavailable") {
 		t.Errorf("failed table lacks the last error:\n%s", failed)
 	}
@@ -202,8 +206,9 @@ func simulateHour(ctx context.Context, t *testing.T, db *kivik.DB, now time.Time
 	}
 }
 
-// seedEveryState leaves jobs in every state at now, with a live and a dead
-// worker and a paused type, and returns the id of a failed job.
+// seedEveryState leaves jobs in every state at now (queued, scheduled,
+// running, failed, cancelled; the simulated hour left done ones), with a live
+// and a dead worker and a paused type, and returns the id of a failed job.
 func seedEveryState(ctx context.Context, t *testing.T, q *couchq.Client, now time.Time) string {
 	t.Helper()
 	enqueue := func(job couchq.NewJob) *couchq.WorkItem {
@@ -226,6 +231,9 @@ func seedEveryState(ctx context.Context, t *testing.T, q *couchq.Client, now tim
 		t.Fatal(err)
 	}
 	if err := q.Fail(ctx, failed, "smtp: 550 mailbox unavailable", couchq.FailOptions{Final: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.CancelJob(ctx, enqueue(couchq.NewJob{Worker: "report"}).ID, "ops", "duplicate"); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.Pause(ctx, "report", "ops", "month-end freeze"); err != nil {
