@@ -84,6 +84,22 @@ func TestDashboardSeriesFromAKnownScript(t *testing.T) {
 			t.Fatalf("an hour later, bucket %d: depth %d started %d; want 2 and 0", i, d, s.Started[i])
 		}
 	}
+	// Cancelling the waiting C takes it out of the queue; retrying it puts
+	// it back.
+	if _, err := r.Q.CancelJob(r.Ctx, "C", "test", ""); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, hs.URL+"/api/series?window=1h&type=mail", &s)
+	if last := len(s.Depth) - 1; s.Depth[last] != 1 || s.Depth[last-1] != 2 {
+		t.Errorf("after cancelling C: depth %v, want 2 then 1", s.Depth[last-1:])
+	}
+	if _, err := r.Q.Retry(r.Ctx, "C", "test"); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, hs.URL+"/api/series?window=1h&type=mail", &s)
+	if last := len(s.Depth) - 1; s.Depth[last] != 2 {
+		t.Errorf("after retrying C: depth %d, want 2", s.Depth[last])
+	}
 	r.At(20)
 
 	var queues []couchq.TypeQueue
