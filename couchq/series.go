@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -186,6 +187,19 @@ func (c *Client) depthSeries(ctx context.Context, s *Series, typ any, start floa
 	return nil
 }
 
+// timingQueries is how many timing queries Series runs at once: enough to
+// hide round trips with many types, few enough not to crowd a server that
+// also serves the workers.
+const timingQueries = 4
+
+// timingRange is one type's timing rows of one kind in the window.
+type timingRange struct {
+	typ, kind string
+	at, v     []float64
+	full      bool // read as many rows as allowed: some were left
+	err       error
+}
+
 // timingSeries fills the percentiles from the timings view's rows, newest
 // first, sharing opts.TimingRows among the types.
 func (c *Client) timingSeries(ctx context.Context, s *Series, opts SeriesOptions, start, end float64, bucket func(float64) int) error {
@@ -200,49 +214,80 @@ func (c *Client) timingSeries(ctx context.Context, s *Series, opts SeriesOptions
 	if len(types) > 0 {
 		perType = max(opts.TimingRows/len(types), timingRowsPerTypeMin)
 	}
-	for _, k := range []struct {
-		kind     string
-		p50, p95 *[]*float64
-	}{
-		{"wait", &s.WaitP50, &s.WaitP95}, {"service", &s.ServiceP50, &s.ServiceP95},
-	} {
-		values := make([][]float64, len(s.T))
+	var ranges []*timingRange
+	for _, kind := range []string{"wait", "service"} {
 		for _, typ := range types {
-			rows := c.db.Query(ctx, designdocs.ID, "_view/timings", kivik.Params(map[string]any{
-				"startkey": []any{typ, k.kind, end}, "endkey": []any{typ, k.kind, start},
-				"descending": true, "reduce": false, "limit": perType,
-			}))
-			read := 0
-			for rows.Next() {
-				read++
-				var key []any
-				var v float64
-				if rows.ScanKey(&key) != nil || rows.ScanValue(&v) != nil {
-					continue
-				}
-				if i := bucket(keyNumber(key, 2)); i >= 0 {
-					values[i] = append(values[i], v)
-				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return fmt.Errorf("reading view timings: %w", err)
-			}
-			if read == perType {
-				s.Truncated = true
-			}
-		}
-		*k.p50, *k.p95 = make([]*float64, len(s.T)), make([]*float64, len(s.T))
-		for i, vs := range values {
-			if len(vs) == 0 {
-				continue
-			}
-			sort.Float64s(vs)
-			p50, p95 := Percentile(vs, 0.50), Percentile(vs, 0.95)
-			(*k.p50)[i], (*k.p95)[i] = &p50, &p95
+			ranges = append(ranges, &timingRange{typ: typ, kind: kind})
 		}
 	}
+	next := make(chan *timingRange)
+	var wg sync.WaitGroup
+	for range min(timingQueries, len(ranges)) {
+		wg.Go(func() {
+			for r := range next {
+				c.readTimings(ctx, r, start, end, perType)
+			}
+		})
+	}
+	for _, r := range ranges {
+		next <- r
+	}
+	close(next)
+	wg.Wait()
+
+	values := map[string][][]float64{"wait": make([][]float64, len(s.T)), "service": make([][]float64, len(s.T))}
+	for _, r := range ranges {
+		if r.err != nil {
+			return r.err
+		}
+		s.Truncated = s.Truncated || r.full
+		for j, at := range r.at {
+			if i := bucket(at); i >= 0 {
+				values[r.kind][i] = append(values[r.kind][i], r.v[j])
+			}
+		}
+	}
+	s.WaitP50, s.WaitP95 = percentiles(values["wait"])
+	s.ServiceP50, s.ServiceP95 = percentiles(values["service"])
 	return nil
+}
+
+// readTimings reads r's rows of the window, newest first, at most limit.
+func (c *Client) readTimings(ctx context.Context, r *timingRange, start, end float64, limit int) {
+	rows := c.db.Query(ctx, designdocs.ID, "_view/timings", kivik.Params(map[string]any{
+		"startkey": []any{r.typ, r.kind, end}, "endkey": []any{r.typ, r.kind, start},
+		"descending": true, "reduce": false, "limit": limit,
+	}))
+	defer rows.Close()
+	read := 0
+	for rows.Next() {
+		read++
+		var key []any
+		var v float64
+		if rows.ScanKey(&key) != nil || rows.ScanValue(&v) != nil {
+			continue
+		}
+		r.at, r.v = append(r.at, keyNumber(key, 2)), append(r.v, v)
+	}
+	if err := rows.Err(); err != nil {
+		r.err = fmt.Errorf("reading view timings: %w", err)
+	}
+	r.full = read == limit
+}
+
+// percentiles are the p50 and p95 of each bucket's values, nil for an
+// empty bucket.
+func percentiles(buckets [][]float64) (p50s, p95s []*float64) {
+	p50s, p95s = make([]*float64, len(buckets)), make([]*float64, len(buckets))
+	for i, vs := range buckets {
+		if len(vs) == 0 {
+			continue
+		}
+		sort.Float64s(vs)
+		p50, p95 := Percentile(vs, 0.50), Percentile(vs, 0.95)
+		p50s[i], p95s[i] = &p50, &p95
+	}
+	return p50s, p95s
 }
 
 // groupedRange runs a reduced view grouped at level over [start, end]
