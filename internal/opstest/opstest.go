@@ -180,17 +180,12 @@ func checkSummary(t testing.TB, name string, s couchq.Summary, count int64, lo, 
 // Get fetches url and returns the status and the body.
 func Get(t testing.TB, url string) (int, string) {
 	t.Helper()
-	client := &http.Client{Timeout: time.Minute}
-	resp, err := client.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: reading body: %v", url, err)
-	}
-	return resp.StatusCode, string(b)
+	code, _, body := send(t, req)
+	return code, body
 }
 
 // Post sends an empty POST to url, with basic credentials unless user is
@@ -204,15 +199,21 @@ func Post(t testing.TB, url, user, password string) (code int, challenge, body s
 	if user != "" {
 		req.SetBasicAuth(user, password)
 	}
+	return send(t, req)
+}
+
+// send makes req, within a minute, and reads the whole answer.
+func send(t testing.TB, req *http.Request) (code int, challenge, body string) {
+	t.Helper()
 	client := &http.Client{Timeout: time.Minute}
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("POST %s: reading body: %v", url, err)
+		t.Fatalf("%s %s: reading body: %v", req.Method, req.URL, err)
 	}
 	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(b)
 }
