@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
 )
@@ -276,4 +277,24 @@ func sessionCookieFor(t *testing.T, user, password string) string {
 	}
 	t.Fatalf("POST /_session as %s: %s, no AuthSession cookie", user, resp.Status)
 	return ""
+}
+
+// A database whose design document predates the dashboard's views: the
+// series says what to do rather than only "missing".
+func TestDashboardSeriesWithAnOlderDesignDocument(t *testing.T) {
+	t.Parallel()
+	ctx, q := newQueue(t)
+	var doc map[string]any
+	if err := q.DB().Get(ctx, designdocs.ID).ScanDoc(&doc); err != nil {
+		t.Fatal(err)
+	}
+	delete(doc["views"].(map[string]any), "activity")
+	if _, err := q.DB().Put(ctx, designdocs.ID, doc); err != nil {
+		t.Fatal(err)
+	}
+	hs := serveHandler(ctx, t, q, Config{CacheTTL: -1})
+	code, body := get(t, hs, "/api/series")
+	if code != http.StatusBadGateway || !strings.Contains(body, "run `couchq init` as an admin") {
+		t.Errorf("/api/series without the activity view: %d %s", code, body)
+	}
 }
