@@ -9,7 +9,7 @@ POUCHDB_DIR := tools/pouchdb-server
 POUCHDB_STAMP := $(POUCHDB_DIR)/node_modules/.couchq-lock.sha256
 SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo 'shasum -a 256')
 
-.PHONY: setup test test-cluster demo vet lint chaos bench
+.PHONY: setup test test-cluster demo vet lint chaos bench screenshot
 
 setup:
 	@want=$$($(SHA256) < $(POUCHDB_DIR)/package-lock.json | cut -d' ' -f1); \
@@ -20,6 +20,18 @@ setup:
 		(cd $(POUCHDB_DIR) && npm ci --no-audit --no-fund) && echo "$$want" > $(POUCHDB_STAMP); \
 	fi
 	go mod download
+	@# The dashboard's browser test (opshttp) drives a headless Chromium; it skips, saying
+	@# so, without one. Installed here when apt-get can and we are root.
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		command -v google-chrome >/dev/null 2>&1 || command -v google-chrome-stable >/dev/null 2>&1; then \
+		echo "A Chromium is installed (for the dashboard's browser test)"; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "Installing chromium (apt-get) for the dashboard's browser test"; \
+		apt-get install -y chromium >/dev/null || (apt-get update >/dev/null && apt-get install -y chromium >/dev/null) || \
+			echo "Could not install chromium: the dashboard's browser test will skip"; \
+	else \
+		echo "No Chromium, and no apt-get as root to install one: the dashboard's browser test will skip"; \
+	fi
 
 test: setup
 	@go run ./internal/couchtest/whichserver
@@ -55,3 +67,7 @@ chaos: setup
 # The benchmark: one run, one server, one table.
 bench: setup
 	go run ./cmd/couchq-bench
+
+# The README's picture of the dashboard: the browser test, its screenshot kept.
+screenshot: setup
+	COUCHQ_SCREENSHOT=$(CURDIR)/docs/dashboard.png go test -count=1 -run 'TestDashboardInABrowser' ./opshttp/

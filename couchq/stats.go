@@ -305,22 +305,30 @@ func (c *Client) queueNow(ctx context.Context, typ string, now time.Time) (Queue
 		}
 	}
 	if q.Due > 0 {
-		batch, err := c.Due(ctx, typ, 1)
-		if err != nil {
+		if q.OldestDueAge, err = c.oldestDueAge(ctx, typ, t); err != nil {
 			return q, err
-		}
-		if len(batch.Items) == 1 {
-			it := batch.Items[0]
-			since := it.Date
-			if since <= 0 {
-				since = it.CreatedAt
-			}
-			if since > 0 {
-				q.OldestDueAge = math.Max(t-since, 0)
-			}
 		}
 	}
 	return q, nil
+}
+
+// oldestDueAge is how long the oldest due job of typ has waited at now
+// (Unix seconds): since its due date, or its creation when it was due at
+// once.
+func (c *Client) oldestDueAge(ctx context.Context, typ string, now float64) (float64, error) {
+	batch, err := c.Due(ctx, typ, 1)
+	if err != nil || len(batch.Items) == 0 {
+		return 0, err
+	}
+	it := batch.Items[0]
+	since := it.Date
+	if since <= 0 {
+		since = it.CreatedAt
+	}
+	if since <= 0 {
+		return 0, nil
+	}
+	return math.Max(now-since, 0), nil
 }
 
 // reduceCount runs a view's reduce over [start, end] and reads a count

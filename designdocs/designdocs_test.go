@@ -13,12 +13,12 @@ func TestBuildReadsTheTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"due", "leases", "status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "conflicts", "due_priority"} {
+	for _, v := range []string{"due", "leases", "status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "conflicts", "due_priority", "activity", "depth"} {
 		if doc.Views[v].Map == "" {
 			t.Errorf("view %s has no map", v)
 		}
 	}
-	if doc.Views["status"].Reduce != "_count" || doc.Views["timings"].Reduce != "_stats" {
+	if doc.Views["status"].Reduce != "_count" || doc.Views["timings"].Reduce != "_stats" || doc.Views["depth"].Reduce != "_sum" {
 		t.Errorf("built-in reduces: status %q timings %q", doc.Views["status"].Reduce, doc.Views["timings"].Reduce)
 	}
 	if doc.ValidateDocUpdate == "" || doc.Filters["work"] == "" {

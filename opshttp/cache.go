@@ -55,3 +55,12 @@ func (c *responseCache) get(key string, compute func() ([]byte, error)) ([]byte,
 	<-e.ready
 	return e.body, e.err
 }
+
+// clear forgets every response: after an action, the next poll shows its
+// effect rather than figures from before it. A computation in flight
+// finishes for those waiting on it but is not kept.
+func (c *responseCache) clear() {
+	c.mu.Lock()
+	c.entries = nil
+	c.mu.Unlock()
+}

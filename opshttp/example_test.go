@@ -14,8 +14,8 @@ import (
 	"github.com/couchq/couchq/opshttp"
 )
 
-// A service that runs couchq workers mounts the queue's metrics and API
-// under /couchq/ on its own mux, beside its own endpoints. (Compiled, not
+// A service that runs couchq workers mounts the queue's dashboard, metrics
+// and API under /couchq/ on its own mux, beside its own endpoints. (Compiled, not
 // run: it needs a CouchDB server; the package's tests serve the same
 // handler from one.)
 func ExampleNewHandler() {
@@ -25,9 +25,12 @@ func ExampleNewHandler() {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) { /* the service's own */ })
-	// /couchq/metrics, /couchq/api/stats, /couchq/api/jobs, /couchq/healthz.
-	// There is no authentication: mount it where only operators reach.
-	mux.Handle("/couchq/", http.StripPrefix("/couchq", opshttp.NewHandler(ctx, q, opshttp.Config{Logger: log})))
+	// /couchq/ (the dashboard), /couchq/metrics, /couchq/api/...,
+	// /couchq/healthz. Only the dashboard's actions authenticate, against
+	// the CouchDB server at CouchURL: mount it where only operators reach.
+	mux.Handle("/couchq/", http.StripPrefix("/couchq", opshttp.NewHandler(ctx, q, opshttp.Config{
+		Logger: log, CouchURL: "http://127.0.0.1:5984",
+	})))
 
 	server := &http.Server{
 		Addr:              "127.0.0.1:8080",

@@ -31,10 +31,12 @@ const (
 
 // server answers the endpoints of NewHandler.
 type server struct {
-	q     *couchq.Client
-	db    string
-	cfg   Config // with its defaults
-	stats *responseCache
+	q   *couchq.Client
+	db  string
+	cfg Config // with its defaults
+	// cache holds the answers of the read-only endpoints but /api/jobs, by
+	// path and query.
+	cache *responseCache
 }
 
 // NewHandler returns the handler for every endpoint of the package (see
@@ -49,7 +51,7 @@ type server struct {
 // handler for the API alone.
 func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler {
 	cfg = cfg.WithDefaults()
-	s := &server{q: q, db: q.DB().Name(), cfg: cfg, stats: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
+	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		newCollector(ctx, q, cfg),
@@ -65,7 +67,7 @@ func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler 
 	mux.HandleFunc("GET /api/stats", s.apiStats)
 	mux.HandleFunc("GET /api/jobs", s.apiJobs)
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /{$}", s.index)
+	s.dashboardRoutes(mux)
 	return mux
 }
 
@@ -77,11 +79,6 @@ func (l promLogger) Println(v ...any) {
 	l.cfg.Logger.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
 }
 
-func (s *server) index(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "couchq serve for database %s\n\n/metrics\n/api/stats?type=&since=24h&until=\n/api/jobs?type=&status=&limit=100\n/healthz\n", s.db)
-}
-
 func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Query()
 	typ, since, until := p.Get("type"), p.Get("since"), p.Get("until")
@@ -90,24 +87,9 @@ func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	body, err := s.stats.get(typ+"\x00"+since+"\x00"+until, func() ([]byte, error) {
-		// Other requests may be waiting for this answer: one client
-		// going away must not fail theirs.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RefreshTimeout)
-		defer cancel()
-		st, err := Stats(ctx, s.q, opts)
-		if err != nil {
-			return nil, err
-		}
-		var buf bytes.Buffer
-		err = WriteJSON(&buf, st)
-		return buf.Bytes(), err
-	})
-	if err != nil {
-		s.serverFailed(w, err)
-		return
-	}
-	writeAPIBody(w, http.StatusOK, body)
+	s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
+		return Stats(ctx, s.q, opts)
+	})(w, r)
 }
 
 func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
@@ -133,12 +115,7 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 		s.serverFailed(w, err)
 		return
 	}
-	var buf bytes.Buffer
-	if err := WriteJSON(&buf, Jobs(batch)); err != nil {
-		s.serverFailed(w, err)
-		return
-	}
-	writeAPIBody(w, http.StatusOK, buf.Bytes())
+	s.writeJSON(w, Jobs(batch))
 }
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -120,7 +120,7 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 	if code != http.StatusOK || strings.TrimSpace(body) != `{"couchdb":"ok"}` {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	if code, body := get(t, hs, "/"); code != http.StatusOK || !strings.Contains(body, "/api/jobs?") {
+	if code, body := get(t, hs, "/"); code != http.StatusOK || !strings.Contains(body, "/api/jobs") {
 		t.Errorf("/: %d %s", code, body)
 	}
 	if code, _ := get(t, hs, "/nope"); code != http.StatusNotFound {
@@ -182,7 +182,8 @@ func TestHandlerUnderAPrefix(t *testing.T) {
 	t.Cleanup(hs.Close)
 	for path, want := range map[string]string{
 		"/couchq/healthz": `{"couchdb":"ok"}`, "/couchq/api/jobs": "[]", "/couchq/metrics": "couchq_up 1",
-		"/couchq/": "couchq serve for database " + q.DB().Name(), "/elsewhere": "the service",
+		"/couchq/": `<title>couchq — ` + q.DB().Name(), "/couchq/assets/dashboard.js": "uPlot",
+		"/couchq/api/queues": "[]", "/elsewhere": "the service",
 	} {
 		if code, body := get(t, hs, path); code != http.StatusOK || !strings.Contains(body, want) {
 			t.Errorf("%s: %d %s, want 200 with %s", path, code, body, want)

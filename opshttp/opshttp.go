@@ -1,28 +1,45 @@
-// Package opshttp serves a couchq queue's metrics and a small read-only
-// JSON API over HTTP, so that a service that runs couchq workers can mount
-// them on its own mux; couchq serve is this package behind a listener.
+// Package opshttp serves a couchq queue's dashboard, metrics and JSON API
+// over HTTP, so that a service that runs couchq workers can mount them on
+// its own mux; couchq serve is this package behind a listener.
 //
 // NewHandler returns one http.Handler for every endpoint:
 //
+//	/            the dashboard: a page (assets embedded, no network needed)
+//	             that polls the endpoints below
 //	/metrics     Prometheus metrics: the queue's (see NewCollector) and the
 //	             Go runtime's and process's
 //	/api/stats   the stats report (couchq stats --json); query parameters
 //	             type, since and until
 //	/api/jobs    jobs as stored (couchq ls --json); query parameters type,
 //	             status and limit (default 100, at most 1000)
+//	/api/queues  every type's queue now: due, scheduled, running, failed,
+//	             oldest due age, paused
+//	/api/series  per-bucket activity, queue depth and wait and service
+//	             percentiles; query parameters window (1h, 24h or 7d) and
+//	             type
+//	/api/workers the worker processes: alive, types, running, utilization
+//	/api/failed  the most recently failed jobs with their history; query
+//	             parameters type and limit (default 50, at most 500)
 //	/healthz     200 {"couchdb":"ok"} when the database answers, else 503
 //	             with the error
-//	/            a list of the above
+//
+// and the actions, POST only, which need CouchDB credentials (see
+// Config.CouchURL):
+//
+//	/api/jobs/{id}/retry, /api/jobs/{id}/cancel
+//	/api/types/{type}/pause, /api/types/{type}/resume
 //
 // NewCollector returns the queue's metrics alone, for a service that
 // already serves /metrics from its own prometheus.Registry.
 //
-// Nothing here authenticates, and /api/jobs shows job payloads: mount the
-// handler behind whatever guards the rest of the service's private
-// endpoints.
+// Only the actions authenticate; the rest, including /api/jobs with its
+// payloads, is read by anyone who reaches it: mount the handler behind
+// whatever guards the rest of the service's private endpoints.
 package opshttp
 
 import (
+	"net/http"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -65,6 +82,16 @@ type Config struct {
 	// default err.Error(). couchq serve sets one that says where the
 	// server is when it cannot be reached.
 	ErrorMessage func(err error) string
+	// CouchURL is the CouchDB server's base URL, without credentials:
+	// the action endpoints (retry, cancel, pause, resume) check the
+	// credentials a request carries with GET /_session there, and that
+	// they may read the database. Empty turns the actions off (403); the
+	// read-only endpoints never need it.
+	CouchURL string
+	// HTTPClient makes those requests; default http.DefaultClient. couchq
+	// serve passes the client it reaches CouchDB with (its CA, its
+	// failover between nodes).
+	HTTPClient *http.Client
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -81,6 +108,10 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = http.DefaultClient
+	}
+	c.CouchURL = strings.TrimSuffix(c.CouchURL, "/")
 	if c.ErrorMessage == nil {
 		c.ErrorMessage = func(err error) string { return err.Error() }
 	}

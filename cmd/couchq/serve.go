@@ -8,29 +8,41 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/opshttp"
 )
 
 const serveUsage = `Usage: couchq serve [--addr HOST:PORT] [--cache DURATION] [--settle DURATION] [flags]
 
-Serves the queue's metrics and a small read-only JSON API over HTTP until
+Serves the queue's dashboard, metrics and a JSON API over HTTP until
 interrupted:
 
+	/            the dashboard: queues per type, plots over 1h, 24h or 7d,
+	             workers, failed jobs with their history; retry, cancel,
+	             pause and resume from the page (see below)
 	/metrics     Prometheus metrics (see the README for the list)
 	/api/stats   what 'couchq stats --json' prints; query parameters type,
 	             since and until as the flags of stats
 	/api/jobs    what 'couchq ls --json' prints; query parameters type,
 	             status and limit (default 100, at most 1000)
+	/api/queues, /api/series?window=1h|24h|7d&type=, /api/workers,
+	/api/failed?type=&limit=
+	             what the dashboard reads
 	/healthz     200 {"couchdb":"ok"} when the database answers, else 503
 	             with the error
 
-There is no authentication, and /api/jobs shows job payloads: the default
-address is loopback only, and binding elsewhere prints a warning.
+The actions (POST /api/jobs/ID/retry, /api/jobs/ID/cancel,
+/api/types/TYPE/pause, /api/types/TYPE/resume) need a CouchDB user who may
+read the database: basic auth or CouchDB's AuthSession cookie, checked with
+the server's /_session, and named in the job's history. Everything else has
+no authentication, and /api/jobs shows job payloads: the default address is
+loopback only, and binding elsewhere prints a warning.
 
 	--addr HOST:PORT     where to listen (default 127.0.0.1:9090; port 0 picks one)
 	--cache DURATION     reuse figures read from CouchDB for this long, so that
@@ -98,9 +110,22 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
+	// The actions check the credentials a request carries against the
+	// server's /_session, reached as serve reaches it but without serve's
+	// own credentials.
+	hc, err := m.httpClient(conn, log)
+	if err != nil {
+		return err
+	}
+	couchURL, err := url.Parse(couchq.SplitNodeURLs(conn.rawURL)[0])
+	if err != nil {
+		return usageErrorf("invalid --url %q", conn.url)
+	}
+	couchURL.User = nil
+
 	if !isLoopback(host) {
 		log.Warn().Str("addr", ln.Addr().String()).
-			Msg("listening on an address that is not loopback: there is no authentication and /api/jobs shows job payloads; put a proxy or firewall in front")
+			Msg("listening on an address that is not loopback: only the dashboard's actions authenticate, and /api/jobs shows job payloads; put a proxy or firewall in front")
 	}
 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
@@ -114,13 +139,15 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		// Say where the server is when it cannot be reached, as
 		// every command does.
 		ErrorMessage: func(err error) string { return describeError(serverError(conn.url, err)) },
+		CouchURL:     couchURL.String(),
+		HTTPClient:   hc,
 	}), serveWriteTimeout, log)
-	url := "http://" + ln.Addr().String()
+	base := "http://" + ln.Addr().String()
 	if conn.json {
 		// One line, so that whatever started serve can read it as it comes.
-		err = json.NewEncoder(m.Stdout).Encode(map[string]string{"listening": url, "metrics": url + "/metrics", "database": conn.db})
+		err = json.NewEncoder(m.Stdout).Encode(map[string]string{"listening": base, "metrics": base + "/metrics", "database": conn.db})
 	} else {
-		_, err = fmt.Fprintf(m.Stdout, "serving %s on %s: %s/metrics, /api/stats, /api/jobs, /healthz\n", conn.db, url, url)
+		_, err = fmt.Fprintf(m.Stdout, "serving %s: the dashboard at %s/, metrics at %s/metrics\n", conn.db, base, base)
 	}
 	if err != nil {
 		_ = ln.Close()
@@ -131,17 +158,17 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err := <-served:
-		return fmt.Errorf("serving on %s: %w", url, err)
+		return fmt.Errorf("serving on %s: %w", base, err)
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(reqCtx, serveShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		_ = srv.Close()
-		return fmt.Errorf("stopping the server on %s: %w", url, err)
+		return fmt.Errorf("stopping the server on %s: %w", base, err)
 	}
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serving on %s: %w", url, err)
+		return fmt.Errorf("serving on %s: %w", base, err)
 	}
 	return nil
 }

@@ -184,3 +184,36 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+// The dashboard's actions through couchq serve: it checks the request's
+// credentials against the server it reaches, without its own. A member of
+// the database (a couchq worker) retries a job and is named in its
+// history; a user who may not read the database is refused; without
+// credentials the answer asks for them.
+func TestServeDashboardActionsAsACouchDBUser(t *testing.T) {
+	t.Parallel()
+	admin := online(t)
+	worker, wpw := addUser(t, "dash-worker", "couchq-test-dash-workers")
+	outsider, opw := addUser(t, "dash-outsider")
+	expect(t, admin.run(t, "init", "--workers", "role:couchq-test-dash-workers"), exitOK)
+	expect(t, admin.run(t, "enqueue", "--type", "mail", "--id", "m1"), exitOK)
+	expect(t, admin.run(t, "cancel", "m1"), exitOK)
+	s := startServe(t, admin)
+
+	retry := func(user, password string) (int, string) {
+		code, challenge, body := opstest.Post(t, s.url+"/api/jobs/m1/retry", user, password)
+		return code, challenge + " " + body
+	}
+	if code, body := retry("", ""); code != http.StatusUnauthorized || !strings.Contains(body, `Basic realm="couchq"`) {
+		t.Errorf("retry without credentials: %d %s", code, body)
+	}
+	if code, body := retry(outsider, opw); code != http.StatusForbidden || !strings.Contains(body, "may not read database") {
+		t.Errorf("retry as an outsider: %d %s", code, body)
+	}
+	if code, body := retry(worker, wpw); code != http.StatusOK || !strings.Contains(body, `"by": "`+worker+`"`) {
+		t.Errorf("retry as a worker: %d %s", code, body)
+	}
+	if code, body := s.get(t, "/api/jobs?status=queued"); code != http.StatusOK || !strings.Contains(body, `"_id": "m1"`) {
+		t.Errorf("m1 not queued after the retry: %d %s", code, body)
+	}
+}

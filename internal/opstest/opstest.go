@@ -180,17 +180,42 @@ func checkSummary(t testing.TB, name string, s couchq.Summary, count int64, lo, 
 // Get fetches url and returns the status and the body.
 func Get(t testing.TB, url string) (int, string) {
 	t.Helper()
-	client := &http.Client{Timeout: time.Minute}
-	resp, err := client.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+		t.Fatal(err)
+	}
+	code, _, body := send(t, req)
+	return code, body
+}
+
+// Post sends an empty POST to url, with basic credentials unless user is
+// empty, and returns the status, the WWW-Authenticate header and the body.
+func Post(t testing.TB, url, user, password string) (code int, challenge, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	return send(t, req)
+}
+
+// send makes req, within a minute, and reads the whole answer.
+func send(t testing.TB, req *http.Request) (code int, challenge, body string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("GET %s: reading body: %v", url, err)
+		t.Fatalf("%s %s: reading body: %v", req.Method, req.URL, err)
 	}
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(b)
 }
 
 // Metrics is a scrape parsed: the metric families by name.

@@ -1,0 +1,54 @@
+package designdocs
+
+import (
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The README documents the design document: its views table lists exactly
+// the views that exist, and its Fauxton section names every one, so that
+// neither drifts when a view is added or removed.
+func TestReadmeListsTheViews(t *testing.T) {
+	doc, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var views []string
+	for v := range doc.Views {
+		views = append(views, v)
+	}
+	sort.Strings(views)
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	section := func(heading string) string {
+		_, rest, ok := strings.Cut(readme, "\n"+heading+"\n")
+		if !ok {
+			t.Fatalf("README has no %q", heading)
+		}
+		if i := strings.Index(rest, "\n## "); i >= 0 {
+			rest = rest[:i]
+		}
+		return rest
+	}
+
+	var table []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)` \\|").FindAllStringSubmatch(section("## Design document and views"), -1) {
+		table = append(table, m[1])
+	}
+	sort.Strings(table)
+	if strings.Join(table, " ") != strings.Join(views, " ") {
+		t.Errorf("README's views table lists %v; the design document has %v", table, views)
+	}
+	fauxton := section("## Inspect jobs in Fauxton")
+	for _, v := range views {
+		if !strings.Contains(fauxton, "`"+v+"`") {
+			t.Errorf("README's Fauxton section does not name view %s", v)
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package opshttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// authRealm names the credentials the actions ask for.
+const authRealm = `Basic realm="couchq"`
+
+// errNoCredentials: the request carries neither basic credentials nor a
+// CouchDB session cookie, or CouchDB does not know them.
+var errNoCredentials = errors.New("log in with a CouchDB user (basic auth or an AuthSession cookie)")
+
+// sessionCookie is the cookie CouchDB's cookie authentication sets.
+const sessionCookie = "AuthSession"
+
+// authenticate asks CouchDB who the request's credentials belong to
+// (GET /_session with them) and whether that user may read the database
+// (GET /{db} with them): only its members act on its jobs, as they could
+// through CouchDB itself. It returns the user's name for the activity log.
+func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int, error) {
+	if s.cfg.CouchURL == "" {
+		return "", http.StatusForbidden, errors.New("actions are off: the handler was not given CouchDB's URL to check credentials against (opshttp.Config.CouchURL)")
+	}
+	_, _, basic := r.BasicAuth()
+	cookie, _ := r.Cookie(sessionCookie)
+	if !basic && cookie == nil {
+		return "", http.StatusUnauthorized, errNoCredentials
+	}
+	ask := func(path string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.CouchURL+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		// Only the credentials travel on, not the rest of the browser's
+		// request.
+		if h := r.Header.Get("Authorization"); basic {
+			req.Header.Set("Authorization", h)
+		} else {
+			req.AddCookie(&http.Cookie{Name: sessionCookie, Value: cookie.Value})
+		}
+		return s.cfg.HTTPClient.Do(req)
+	}
+	resp, err := ask("/_session")
+	if err != nil {
+		return "", http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: %w", err)
+	}
+	var session struct {
+		UserCtx struct {
+			Name *string `json:"name"`
+		} `json:"userCtx"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&session)
+	_ = resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadRequest:
+		// 400: CouchDB's answer to a malformed AuthSession cookie.
+		return "", http.StatusUnauthorized, errNoCredentials
+	case resp.StatusCode != http.StatusOK || err != nil:
+		return "", http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)
+	case session.UserCtx.Name == nil || *session.UserCtx.Name == "":
+		// CouchDB answers 200 to unknown cookies, as anonymous.
+		return "", http.StatusUnauthorized, errNoCredentials
+	}
+	user := *session.UserCtx.Name
+	resp, err = ask("/" + url.PathEscape(s.db))
+	if err != nil {
+		return "", http.StatusBadGateway, fmt.Errorf("checking access to database %s: %w", s.db, err)
+	}
+	_ = resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return user, http.StatusOK, nil
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return "", http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user, s.db)
+	}
+	return "", http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
+}
+
+// action wraps an action: it authenticates, runs do with the user's name
+// and answers 200 with what do returns, 409 when the job is not in a state
+// the action applies to, 404 when there is no such job.
+func (s *server) action(do func(ctx context.Context, r *http.Request, by string) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+		defer cancel()
+		user, code, err := s.authenticate(ctx, r)
+		if err != nil {
+			if code == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", authRealm)
+			}
+			writeAPIError(w, code, err.Error())
+			return
+		}
+		out, err := do(ctx, r, user)
+		switch {
+		case errors.Is(err, couchq.ErrWrongState):
+			writeAPIError(w, http.StatusConflict, err.Error())
+			return
+		case errors.Is(err, couchq.ErrNotFound):
+			writeAPIError(w, http.StatusNotFound, err.Error())
+			return
+		case err != nil:
+			s.serverFailed(w, err)
+			return
+		}
+		s.cfg.Logger.Info().Str("user", user).Str("action", r.URL.Path).Msg("action done")
+		s.invalidate()
+		s.writeJSON(w, out)
+	}
+}
+
+func (s *server) retry(ctx context.Context, r *http.Request, by string) (any, error) {
+	return s.q.Retry(ctx, r.PathValue("id"), by)
+}
+
+func (s *server) cancelJob(ctx context.Context, r *http.Request, by string) (any, error) {
+	return s.q.CancelJob(ctx, r.PathValue("id"), by, "cancelled from the dashboard by "+by)
+}
+
+func (s *server) pause(ctx context.Context, r *http.Request, by string) (any, error) {
+	typ := r.PathValue("type")
+	return map[string]any{"type": typ, "paused": true}, s.q.Pause(ctx, typ, by, "paused from the dashboard")
+}
+
+func (s *server) resume(ctx context.Context, r *http.Request, by string) (any, error) {
+	typ := r.PathValue("type")
+	return map[string]any{"type": typ, "paused": false}, s.q.Resume(ctx, typ, by)
+}

@@ -1,0 +1,244 @@
+// couchq dashboard: polls the JSON endpoints of the same server and draws
+// with uPlot. Every path is relative to the page, so that the handler
+// works mounted under a prefix (http.StripPrefix) as well as at the root. No frameworks, no network beyond couchq itself. Everything
+// from the server is put in the page as text (textContent), never as HTML.
+(function () {
+  'use strict';
+  var FAST = 5000, SLOW = 15000; // ms between polls: tables, plots
+  var creds = null; // "Basic ..." once logged in; kept in memory only
+  var charts = {};
+  var notice = ''; // what the last action did, shown until the next one
+  var $ = function (id) { return document.getElementById(id); };
+
+  function el(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  function td(text, cls) { return el('td', text, cls); }
+  function age(s) {
+    if (!s) return '—';
+    if (s < 120) return Math.round(s) + ' s';
+    if (s < 7200) return Math.round(s / 60) + ' min';
+    if (s < 172800) return (s / 3600).toFixed(1) + ' h';
+    return (s / 86400).toFixed(1) + ' d';
+  }
+  function when(unix) { return unix ? new Date(unix * 1000).toLocaleString() : '—'; }
+
+  function getJSON(path) {
+    return fetch(path, {headers: {Accept: 'application/json'}}).then(function (r) {
+      return r.json().then(function (body) {
+        if (!r.ok) throw new Error(path + ': ' + (body.error || r.status));
+        return body;
+      });
+    });
+  }
+
+  function act(path, label) {
+    if (!creds) { setStatus('log in to ' + label, true); $('user').focus(); return Promise.resolve(); }
+    return fetch(path, {method: 'POST', headers: {Authorization: creds, Accept: 'application/json'}})
+      .then(function (r) {
+        return r.json().then(function (body) {
+          if (r.status === 401) { creds = null; showWho(null); }
+          if (!r.ok) throw new Error(label + ': ' + (body.error || r.status));
+          notice = label + ' ' + decodeURIComponent(path.split('/')[2]) + ': done';
+          document.body.dataset.done = path;
+          refreshFast();
+        });
+      }).catch(function (e) { notice = ''; setStatus(e.message, true); });
+  }
+  function actButton(label, path) {
+    var b = el('button', label, 'act');
+    b.type = 'button';
+    b.dataset.action = path;
+    b.addEventListener('click', function () { act(path, label); });
+    return b;
+  }
+
+  function setStatus(msg, bad) {
+    var s = $('status');
+    s.textContent = msg;
+    s.className = bad ? 'error' : 'muted';
+  }
+  function showWho(user) {
+    $('who').textContent = user ? 'acting as ' + user : 'actions need a CouchDB user';
+    document.body.dataset.user = user || '';
+  }
+
+  $('login').addEventListener('submit', function (ev) {
+    ev.preventDefault();
+    var u = $('user').value, p = $('password').value;
+    creds = 'Basic ' + btoa(unescape(encodeURIComponent(u + ':' + p)));
+    $('password').value = '';
+    showWho(u);
+  });
+
+  // --- tables -----------------------------------------------------------
+
+  function fill(table, rows) {
+    var body = $(table).tBodies[0];
+    body.replaceChildren.apply(body, rows);
+  }
+
+  function renderQueues(queues) {
+    var sel = $('type'), chosen = sel.value;
+    var known = {};
+    Array.prototype.forEach.call(sel.options, function (o) { known[o.value] = true; });
+    fill('queues', queues.map(function (q) {
+      if (!known[q.type]) { sel.appendChild(el('option', q.type)).value = q.type; }
+      var tr = el('tr');
+      tr.dataset.type = q.type;
+      tr.append(td(q.type), td(q.due, 'num'), td(q.scheduled, 'num'), td(q.running, 'num'),
+        td(q.failed, 'num'), td(q.paused ? 'paused' : age(q.oldest_due_age), 'num'),
+        td(q.paused ? 'paused' : 'no', q.paused ? 'paused' : ''));
+      var cell = td();
+      var t = encodeURIComponent(q.type);
+      cell.append(q.paused ? actButton('Resume', 'api/types/' + t + '/resume') : actButton('Pause', 'api/types/' + t + '/pause'));
+      tr.append(cell);
+      return tr;
+    }));
+    if (queues.length === 0) fill('queues', [emptyRow(8, 'no jobs yet')]);
+    sel.value = chosen;
+  }
+
+  function emptyRow(cols, text) {
+    var tr = el('tr'), c = td(text, 'muted');
+    c.colSpan = cols;
+    tr.append(c);
+    return tr;
+  }
+
+  function renderWorkers(ws) {
+    var alive = ws.filter(function (w) { return w.alive; }).length;
+    $('workers-summary').textContent = alive + ' alive, ' + (ws.length - alive) + ' dead';
+    fill('workers', ws.map(function (w) {
+      var tr = el('tr');
+      tr.append(td(w.claimant), td(w.alive ? 'alive' : 'dead', w.alive ? 'alive' : 'dead'),
+        td((w.types || []).join(', ')), td(w.running + ' / ' + (w.concurrency * Math.max((w.types || []).length, 1)), 'num'),
+        td(Math.round(w.utilization * 100) + ' %', 'num'), td(w.completed, 'num'), td(w.failed, 'num'),
+        td(age(w.heartbeat_age) + ' ago'));
+      return tr;
+    }));
+    if (ws.length === 0) fill('workers', [emptyRow(8, 'no worker has registered')]);
+  }
+
+  function historyDetails(job) {
+    var d = el('details');
+    d.append(el('summary', (job.history || []).length + ' events'));
+    d.append(el('pre', (job.history || []).map(function (h) {
+      return h.at + '  ' + h.event + (h.by ? '  by ' + h.by : '') + (h.attempt ? '  attempt ' + h.attempt : '') + (h.error ? '\n    ' + h.error : '');
+    }).join('\n'), 'history'));
+    return d;
+  }
+
+  function jobActions(job) {
+    var cell = td(), id = encodeURIComponent(job._id);
+    if (job.status === 'failed' || job.status === 'cancelled') cell.append(actButton('Retry', 'api/jobs/' + id + '/retry'));
+    if (job.status === 'queued' || job.status === 'running') cell.append(actButton('Cancel', 'api/jobs/' + id + '/cancel'));
+    return cell;
+  }
+
+  function renderFailed(jobs) {
+    fill('failed', jobs.map(function (j) {
+      var tr = el('tr');
+      tr.dataset.job = j._id;
+      var err = td();
+      err.append(el('div', j.last_error || ''), historyDetails(j));
+      tr.append(td(j._id), td(j.worker), td(j.attempts, 'num'), td(when(j.finished_at)), err, jobActions(j));
+      return tr;
+    }));
+    if (jobs.length === 0) fill('failed', [emptyRow(6, 'no failed jobs')]);
+  }
+
+  function renderJobs(jobs) {
+    fill('jobs', jobs.filter(function (j) { return j._id; }).map(function (j) {
+      var tr = el('tr');
+      tr.dataset.job = j._id;
+      var err = td();
+      err.append(el('div', j.last_error || ''), historyDetails(j));
+      tr.append(td(j._id), td(j.worker), td(j.status || 'queued'), td(j.attempts || 0, 'num'),
+        td(j.claimed ? j.claimed_by : ''), err, jobActions(j));
+      return tr;
+    }));
+    if (jobs.length === 0) fill('jobs', [emptyRow(7, 'none')]);
+  }
+
+  // --- plots ------------------------------------------------------------
+
+  var COLORS = ['#3182ce', '#38a169', '#e53e3e', '#dd6b20', '#805ad5', '#718096'];
+
+  function plot(id, labels, data, yLabel) {
+    var box = $(id);
+    var points = 0;
+    for (var i = 1; i < data.length; i++) {
+      for (var k = 0; k < data[i].length; k++) if (data[i][k] !== null) points++;
+    }
+    box.dataset.points = String(points);
+    var width = Math.max(box.clientWidth - 16, 300);
+    var c = charts[id];
+    if (c && c.series.length === labels.length + 1) {
+      c.setData(data);
+      if (c.width !== width) c.setSize({width: width, height: 220});
+      return;
+    }
+    if (c) c.destroy();
+    charts[id] = new uPlot({
+      width: width, height: 220,
+      scales: {x: {time: true}},
+      axes: [{}, {label: yLabel, size: 60}],
+      series: [{}].concat(labels.map(function (l, i) {
+        return {label: l, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false,
+          points: {show: data[0].length < 100}};
+      }))
+    }, data, box);
+  }
+
+  function renderSeries(s) {
+    var perMin = s.step / 60;
+    var rate = function (xs) { return xs.map(function (n) { return n / perMin; }); };
+    plot('chart-throughput', ['started', 'finished'], [s.t, rate(s.started), rate(s.finished)], 'jobs/min');
+    plot('chart-failures', ['failed for good', 'failed, retry scheduled'], [s.t, rate(s.failed), rate(s.retried)], 'jobs/min');
+    plot('chart-depth', ['waiting'], [s.t, s.depth], 'jobs');
+    plot('chart-timings', ['wait p50', 'wait p95', 'service p50', 'service p95'],
+      [s.t, s.wait_p50, s.wait_p95, s.service_p50, s.service_p95], 'seconds');
+    $('series-note').textContent = (s.type || 'all types') + ', ' + (s.step >= 3600 ? 'per hour' : s.step / 60 + '-minute buckets') +
+      (s.truncated ? '; percentiles from the newest timings only' : '');
+  }
+
+  // --- polling ----------------------------------------------------------
+
+  var fastTimer = null, slowTimer = null;
+
+  function refreshFast() {
+    clearTimeout(fastTimer);
+    var status = encodeURIComponent($('jobs-status').value), type = encodeURIComponent($('type').value);
+    return Promise.all([
+      getJSON('api/queues').then(renderQueues),
+      getJSON('api/workers').then(renderWorkers),
+      getJSON('api/failed?type=' + type).then(renderFailed),
+      getJSON('api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs)
+    ]).then(function () {
+      setStatus((notice ? notice + ' · ' : '') + 'updated ' + new Date().toLocaleTimeString());
+    }).catch(function (e) { setStatus(e.message, true); })
+      .then(function () { fastTimer = setTimeout(refreshFast, FAST); });
+  }
+
+  function refreshSlow() {
+    clearTimeout(slowTimer);
+    var q = 'api/series?window=' + encodeURIComponent($('window').value) + '&type=' + encodeURIComponent($('type').value);
+    return getJSON(q).then(function (s) {
+      renderSeries(s);
+      document.body.dataset.loaded = '1';
+    }).catch(function (e) { setStatus(e.message, true); })
+      .then(function () { slowTimer = setTimeout(refreshSlow, SLOW); });
+  }
+
+  $('window').addEventListener('change', refreshSlow);
+  $('type').addEventListener('change', function () { refreshSlow(); refreshFast(); });
+  $('jobs-status').addEventListener('change', refreshFast);
+  window.addEventListener('resize', function () { refreshSlow(); });
+  showWho(null);
+  refreshFast();
+  refreshSlow();
+})();

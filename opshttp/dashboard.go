@@ -1,0 +1,172 @@
+package opshttp
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"html"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+)
+
+// The dashboard's page and its assets, served from the binary so that it
+// works with no network but the way to couchq. The charts are uPlot
+// 1.6.32 (MIT, assets/uPlot.LICENSE), copied from its npm package's dist/
+// (npm pack uplot@1.6.32): small, kept up, and no dependencies of its own.
+//
+//go:embed assets
+var assetFiles embed.FS
+
+// Windows the dashboard plots, and the bucket each is plotted in: a few
+// hundred points at most, whatever the window.
+var seriesWindows = map[string]struct{ window, step time.Duration }{
+	"1h":  {time.Hour, time.Minute},
+	"24h": {24 * time.Hour, 10 * time.Minute},
+	"7d":  {7 * 24 * time.Hour, time.Hour},
+}
+
+const (
+	// failedLimitDefault and failedLimitMax bound /api/failed?limit.
+	failedLimitDefault = 50
+	failedLimitMax     = 500
+)
+
+// dashboardRoutes adds the page, its assets and the endpoints it reads
+// and acts through.
+func (s *server) dashboardRoutes(mux *http.ServeMux) {
+	assets, err := fs.Sub(assetFiles, "assets")
+	if err != nil {
+		// fs.Sub fails only on an invalid path; "assets" is a constant.
+		panic(err)
+	}
+	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
+	mux.HandleFunc("GET /{$}", s.page)
+	mux.HandleFunc("GET /api/queues", s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
+		return s.q.Queues(ctx)
+	}))
+	mux.HandleFunc("GET /api/workers", s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
+		return s.q.WorkersNow(ctx)
+	}))
+	mux.HandleFunc("GET /api/series", s.apiSeries)
+	mux.HandleFunc("GET /api/failed", s.apiFailed)
+	// Actions change the queue: a page of another site must not make the
+	// browser post them with credentials it holds for this one.
+	protect := http.NewCrossOriginProtection()
+	mux.Handle("POST /api/jobs/{id}/retry", protect.Handler(s.action(s.retry)))
+	mux.Handle("POST /api/jobs/{id}/cancel", protect.Handler(s.action(s.cancelJob)))
+	mux.Handle("POST /api/types/{type}/pause", protect.Handler(s.action(s.pause)))
+	mux.Handle("POST /api/types/{type}/resume", protect.Handler(s.action(s.resume)))
+}
+
+func (s *server) page(w http.ResponseWriter, r *http.Request) {
+	body, err := assetFiles.ReadFile("assets/index.html")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	// The page runs only its own scripts, and talks only to couchq.
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'")
+	_, _ = w.Write(bytes.ReplaceAll(body, []byte("{{DB}}"), []byte(html.EscapeString(s.db))))
+}
+
+func (s *server) apiSeries(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("window")
+	if name == "" {
+		name = "1h"
+	}
+	win, ok := seriesWindows[name]
+	if !ok {
+		writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid window %q: want 1h, 24h or 7d", name))
+		return
+	}
+	s.cached(func(ctx context.Context, r *http.Request) (any, error) {
+		return s.q.Series(ctx, couchq.SeriesOptions{
+			Worker: r.URL.Query().Get("type"), Until: s.cfg.Now(), Window: win.window, Step: win.step,
+		})
+	})(w, r)
+}
+
+func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
+	limit := failedLimitDefault
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > failedLimitMax {
+			writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: want a number from 1 to %d", l, failedLimitMax))
+			return
+		}
+		limit = n
+	}
+	s.cached(func(ctx context.Context, r *http.Request) (any, error) {
+		var types []string
+		if t := r.URL.Query().Get("type"); t != "" {
+			types = []string{t}
+		} else {
+			// Only the types that have failed jobs: one range each.
+			queues, err := s.q.Queues(ctx)
+			if err != nil {
+				return nil, err
+			}
+			types = []string{}
+			for _, q := range queues {
+				if q.Failed > 0 {
+					types = append(types, q.Type)
+				}
+			}
+		}
+		items, err := s.q.RecentFailed(ctx, types, limit)
+		if err != nil {
+			return nil, err
+		}
+		if items == nil {
+			items = []*couchq.WorkItem{}
+		}
+		return items, nil
+	})(w, r)
+}
+
+// cached answers a GET with compute's value as JSON, reused for CacheTTL
+// by every request with the same path and query.
+func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := s.cache.get(r.URL.RequestURI(), func() ([]byte, error) {
+			// Others may wait for this answer: one client going away
+			// must not fail theirs.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RefreshTimeout)
+			defer cancel()
+			v, err := compute(ctx, r)
+			if err != nil {
+				return nil, err
+			}
+			var buf bytes.Buffer
+			err = WriteJSON(&buf, v)
+			return buf.Bytes(), err
+		})
+		if err != nil {
+			s.serverFailed(w, err)
+			return
+		}
+		writeAPIBody(w, http.StatusOK, body)
+	}
+}
+
+// invalidate drops the cached answers after an action.
+func (s *server) invalidate() {
+	s.cache.clear()
+}
+
+// writeJSON answers 200 with v.
+func (s *server) writeJSON(w http.ResponseWriter, v any) {
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, v); err != nil {
+		s.serverFailed(w, err)
+		return
+	}
+	writeAPIBody(w, http.StatusOK, buf.Bytes())
+}
