@@ -26,13 +26,35 @@ const sessionCookie = "AuthSession"
 // (GET /{db} with them): only its members act on its jobs, as they could
 // through CouchDB itself. It returns the user's name for the activity log.
 func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int, error) {
+	u, code, err := s.authenticateUser(ctx, r)
+	return u.name, code, err
+}
+
+// sessionUser is who CouchDB says the request's credentials belong to.
+type sessionUser struct {
+	name  string
+	roles []string
+}
+
+// serverAdmin reports whether the user is one of CouchDB's server admins.
+func (u sessionUser) serverAdmin() bool {
+	for _, r := range u.roles {
+		if r == "_admin" {
+			return true
+		}
+	}
+	return false
+}
+
+// authenticateUser is authenticate with the user's roles.
+func (s *server) authenticateUser(ctx context.Context, r *http.Request) (sessionUser, int, error) {
 	if s.cfg.CouchURL == "" {
-		return "", http.StatusForbidden, errors.New("actions are off: the handler was not given CouchDB's URL to check credentials against (opshttp.Config.CouchURL)")
+		return sessionUser{}, http.StatusForbidden, errors.New("actions are off: the handler was not given CouchDB's URL to check credentials against (opshttp.Config.CouchURL)")
 	}
 	_, _, basic := r.BasicAuth()
 	cookie, _ := r.Cookie(sessionCookie)
 	if !basic && cookie == nil {
-		return "", http.StatusUnauthorized, errNoCredentials
+		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
 	}
 	ask := func(path string) (*http.Response, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.CouchURL+path, nil)
@@ -51,11 +73,12 @@ func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int
 	}
 	resp, err := ask("/_session")
 	if err != nil {
-		return "", http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: %w", err)
+		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: %w", err)
 	}
 	var session struct {
 		UserCtx struct {
-			Name *string `json:"name"`
+			Name  *string  `json:"name"`
+			Roles []string `json:"roles"`
 		} `json:"userCtx"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&session)
@@ -63,36 +86,42 @@ func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadRequest:
 		// 400: CouchDB's answer to a malformed AuthSession cookie.
-		return "", http.StatusUnauthorized, errNoCredentials
+		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
 	case resp.StatusCode != http.StatusOK || err != nil:
-		return "", http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)
+		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)
 	case session.UserCtx.Name == nil || *session.UserCtx.Name == "":
 		// CouchDB answers 200 to unknown cookies, as anonymous.
-		return "", http.StatusUnauthorized, errNoCredentials
+		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
 	}
-	user := *session.UserCtx.Name
+	user := sessionUser{name: *session.UserCtx.Name, roles: session.UserCtx.Roles}
 	resp, err = ask("/" + url.PathEscape(s.db))
 	if err != nil {
-		return "", http.StatusBadGateway, fmt.Errorf("checking access to database %s: %w", s.db, err)
+		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: %w", s.db, err)
 	}
 	_ = resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
 		return user, http.StatusOK, nil
 	case http.StatusUnauthorized, http.StatusForbidden:
-		return "", http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user, s.db)
+		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user.name, s.db)
 	}
-	return "", http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
+	return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
 }
 
 // action wraps an action: it authenticates, runs do with the user's name
 // and answers 200 with what do returns, 409 when the job is not in a state
 // the action applies to, 404 when there is no such job.
 func (s *server) action(do func(ctx context.Context, r *http.Request, by string) (any, error)) http.HandlerFunc {
+	return s.actionAs(func(ctx context.Context, r *http.Request, u sessionUser) (any, error) { return do(ctx, r, u.name) })
+}
+
+// actionAs is action for actions that need the user's roles too.
+func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessionUser) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
 		defer cancel()
-		user, code, err := s.authenticate(ctx, r)
+		u, code, err := s.authenticateUser(ctx, r)
+		user := u.name
 		if err != nil {
 			if code == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", authRealm)
@@ -100,13 +129,19 @@ func (s *server) action(do func(ctx context.Context, r *http.Request, by string)
 			writeAPIError(w, code, err.Error())
 			return
 		}
-		out, err := do(ctx, r, user)
+		out, err := do(ctx, r, u)
 		switch {
 		case errors.Is(err, couchq.ErrWrongState):
 			writeAPIError(w, http.StatusConflict, err.Error())
 			return
 		case errors.Is(err, couchq.ErrNotFound):
 			writeAPIError(w, http.StatusNotFound, err.Error())
+			return
+		case errors.Is(err, couchq.ErrNotHeld), errors.Is(err, couchq.ErrClaimLost):
+			writeAPIError(w, http.StatusConflict, err.Error())
+			return
+		case errors.Is(err, couchq.ErrInvalidJob), errors.As(err, new(*badRequest)):
+			writeAPIError(w, http.StatusBadRequest, err.Error())
 			return
 		case err != nil:
 			s.serverFailed(w, err)

@@ -61,6 +61,13 @@ func (s *server) dashboardRoutes(mux *http.ServeMux) {
 	mux.Handle("POST /api/jobs/{id}/cancel", protect.Handler(s.action(s.cancelJob)))
 	mux.Handle("POST /api/types/{type}/pause", protect.Handler(s.action(s.pause)))
 	mux.Handle("POST /api/types/{type}/resume", protect.Handler(s.action(s.resume)))
+	// Agents (agents.go): scripts and tools, not browsers, but a browser
+	// holding credentials must not be made to post them either.
+	mux.Handle("POST /api/claim", protect.Handler(s.actionAs(s.agentClaim)))
+	mux.Handle("POST /api/jobs/{id}/complete", protect.Handler(s.actionAs(s.agentComplete)))
+	mux.Handle("POST /api/jobs/{id}/fail", protect.Handler(s.actionAs(s.agentFail)))
+	mux.Handle("POST /api/jobs/{id}/extend", protect.Handler(s.actionAs(s.agentExtend)))
+	mux.Handle("POST /api/jobs/{id}/release", protect.Handler(s.actionAs(s.agentRelease)))
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {

@@ -202,6 +202,20 @@ func Post(t testing.TB, url, user, password string) (code int, challenge, body s
 	return send(t, req)
 }
 
+// PostJSON is Post with a JSON body.
+func PostJSON(t testing.TB, url, user, password, body string) (code int, challenge, answer string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	return send(t, req)
+}
+
 // send makes req, within a minute, and reads the whole answer.
 func send(t testing.TB, req *http.Request) (code int, challenge, body string) {
 	t.Helper()

@@ -1,0 +1,108 @@
+package opshttp
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/opstest"
+)
+
+// Agents claim and finish jobs over HTTP as the CouchDB user they log in
+// as, and may only act on what they hold; a server admin may release
+// anyone's.
+func TestAgentEndpoints(t *testing.T) {
+	t.Parallel()
+	admin, adminPW := srv.Credentials()
+	if admin == "" {
+		couchtest.Skip(t, "the test server authenticates no users")
+	}
+	ctx, q := newQueue(t)
+	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), CacheTTL: -1})
+	sfx := time.Now().UnixNano()
+	alice, bob := fmt.Sprintf("alice-%d", sfx), fmt.Sprintf("bob-%d", sfx)
+	for _, u := range []string{alice, bob} {
+		if err := srv.AddUser(ctx, u, "pw"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both may read the database.
+	sec := fmt.Sprintf(`{"admins":{"names":[],"roles":["_admin"]},"members":{"names":[%q,%q],"roles":["_admin"]}}`, alice, bob)
+	req, err := http.NewRequest(http.MethodPut, srv.DBURL(q.DB().Name())+"/_security", strings.NewReader(sec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("setting _security: %v %v", resp, err)
+	}
+	for i := range 3 {
+		if _, err := q.Enqueue(ctx, couchq.NewJob{Worker: "review", ID: fmt.Sprintf("doc-%d", i), Priority: i + 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post := func(path, user, body string) (int, string) {
+		t.Helper()
+		code, _, answer := opstest.PostJSON(t, hs.URL+path, user, "pw", body)
+		return code, answer
+	}
+	code, body := post("/api/claim", alice, `{"type":"review","count":2,"lease":"30m"}`)
+	var claim struct {
+		Agent string             `json:"agent"`
+		Jobs  []*couchq.WorkItem `json:"jobs"`
+		Held  int                `json:"held"`
+	}
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &claim) != nil || len(claim.Jobs) != 2 || claim.Agent != alice {
+		t.Fatalf("claim: %d %s", code, body)
+	}
+	// Highest priority first; claimed_by is the authenticated user.
+	if claim.Jobs[0].ID != "doc-0" || claim.Jobs[0].ClaimedBy != alice {
+		t.Errorf("first claimed: %s by %s", claim.Jobs[0].ID, claim.Jobs[0].ClaimedBy)
+	}
+	if code, body = post("/api/claim", alice, `{"type":"review","count":2}`); code != http.StatusOK || !strings.Contains(body, `"held": 2`) {
+		t.Errorf("claim again: %d %s, want alice's two held jobs back", code, body)
+	}
+	if code, body = post("/api/jobs/doc-0/complete", bob, `{"result":{"ok":true}}`); code != http.StatusConflict || !strings.Contains(body, alice+" holds it") {
+		t.Errorf("bob completing alice's job: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-0/extend", alice, `{"lease":"2h"}`); code != http.StatusOK {
+		t.Errorf("extend: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-0/complete", alice, `{"result":{"approved":true}}`); code != http.StatusOK {
+		t.Errorf("complete: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-1/fail", alice, `{"error":""}`); code != http.StatusBadRequest {
+		t.Errorf("fail without an error: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-1/fail", alice, `{"error":"off topic","no_retry":true}`); code != http.StatusOK {
+		t.Errorf("fail: %d %s", code, body)
+	}
+	if code, body = post("/api/claim", bob, `{"type":"review","lease":"forever"}`); code != http.StatusBadRequest {
+		t.Errorf("a bad lease: %d %s", code, body)
+	}
+	if code, body = post("/api/claim", bob, `{"type":"review"}`); code != http.StatusOK || !strings.Contains(body, `"doc-2"`) {
+		t.Fatalf("bob's claim: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-2/release", alice, ``); code != http.StatusConflict {
+		t.Errorf("alice releasing bob's job: %d %s", code, body)
+	}
+	// A server admin may release anyone's.
+	if code, _, body := opstest.PostJSON(t, hs.URL+"/api/jobs/doc-2/release", admin, adminPW, ``); code != http.StatusOK {
+		t.Errorf("admin releasing bob's job: %d %s", code, body)
+	}
+	want := map[string]couchq.Status{"doc-0": couchq.StatusDone, "doc-1": couchq.StatusFailed, "doc-2": couchq.StatusQueued}
+	for id, status := range want {
+		it, err := q.Get(ctx, id)
+		if err != nil || it.Status != status || it.Claimed {
+			t.Errorf("%s: %+v %v, want %s and unclaimed", id, it, err, status)
+		}
+	}
+	if code, _, _ := opstest.PostJSON(t, hs.URL+"/api/claim", "", "", `{"type":"review"}`); code != http.StatusUnauthorized {
+		t.Errorf("claim without credentials: %d", code)
+	}
+}
