@@ -50,6 +50,20 @@ func TestAgentClaims(t *testing.T) {
 	if _, err := tb.client.HeldJob(ctx, first[0], "alice"); !errors.Is(err, couchq.ErrNotHeld) {
 		t.Errorf("acting on a finished job: %v", err)
 	}
+	// An agent's claim whose lease runs out goes back through the sweeper.
+	if _, err := tb.client.Enqueue(ctx, couchq.NewJob{Worker: "proofread", ID: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	if short, err := tb.client.ClaimForAgent(ctx, "proofread", 1, "dave", time.Second); err != nil || len(short.Claimed) != 1 {
+		t.Fatalf("dave's claim: %+v %v", short, err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if res, err := tb.client.Sweep(ctx, "sweeper", 100); err != nil || res.Requeued != 1 {
+		t.Errorf("sweep: %+v %v, want dave's job requeued", res, err)
+	}
+	if _, err := tb.client.HeldJob(ctx, "p1", "dave"); !errors.Is(err, couchq.ErrNotHeld) {
+		t.Errorf("dave acting after his lease was swept: %v", err)
+	}
 	// A paused type gives no new jobs, only held ones.
 	if err := tb.client.Pause(ctx, "review", "ops", ""); err != nil {
 		t.Fatal(err)
