@@ -101,11 +101,49 @@ func (s *server) authenticateUser(ctx context.Context, r *http.Request) (session
 	_ = resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return user, http.StatusOK, nil
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user.name, s.db)
+	default:
+		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
 	}
-	return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
+	// The actions write with this handler's own connection, so they must
+	// not let a user do what CouchDB would refuse it: where the database
+	// has couchq's roles (couchq init --workers/--producers), acting takes
+	// the worker role or an admin's.
+	resp, err = ask("/" + url.PathEscape(s.db) + "/_security")
+	if err != nil {
+		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("reading the roles of database %s: %w", s.db, err)
+	}
+	var sec struct {
+		Admins couchq.Access `json:"admins"`
+		Couchq *couchq.Roles `json:"couchq"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&sec)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || err != nil {
+		return sessionUser{}, http.StatusForbidden, fmt.Errorf("cannot tell whether %s may act on database %s: reading its _security answered %s", user.name, s.db, resp.Status)
+	}
+	if sec.Couchq != nil && !user.serverAdmin() && !user.in(sec.Admins) && !user.in(sec.Couchq.Workers) {
+		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB user %s is not a couchq worker or an admin of database %s: the actions need the worker role (couchq init --workers)", user.name, s.db)
+	}
+	return user, http.StatusOK, nil
+}
+
+// in reports whether the user is named in a, by name or by a role.
+func (u sessionUser) in(a couchq.Access) bool {
+	for _, n := range a.Names {
+		if n == u.name {
+			return true
+		}
+	}
+	for _, r := range u.roles {
+		for _, ar := range a.Roles {
+			if r == ar {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // action wraps an action: it authenticates, runs do with the user's name

@@ -105,4 +105,24 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, _, _ := opstest.PostJSON(t, hs.URL+"/api/claim", "", "", `{"type":"review"}`); code != http.StatusUnauthorized {
 		t.Errorf("claim without credentials: %d", code)
 	}
+
+	// With couchq's roles set, acting takes the worker role: the handler
+	// writes with its own connection and must not lend it to a producer.
+	cs, err := couchq.Connect(ctx, srv.URL(), admin, adminPW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Client.Close()
+	if _, err := cs.SetRoles(ctx, q.DB().Name(), couchq.Roles{Workers: couchq.Access{Names: []string{alice}}, Producers: couchq.Access{Names: []string{bob}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, body = post("/api/claim", bob, `{"type":"review"}`); code != http.StatusForbidden || !strings.Contains(body, "worker role") {
+		t.Errorf("a producer claiming: %d %s, want 403", code, body)
+	}
+	if code, body = post("/api/jobs/doc-1/retry", bob, ``); code != http.StatusForbidden {
+		t.Errorf("a producer retrying from the dashboard: %d %s, want 403", code, body)
+	}
+	if code, body = post("/api/claim", alice, `{"type":"review"}`); code != http.StatusOK {
+		t.Errorf("a worker claiming: %d %s", code, body)
+	}
 }
