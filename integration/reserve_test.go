@@ -96,7 +96,7 @@ func TestReserveDistinctNoGaps(t *testing.T) {
 		t.Fatalf("%d slots handed out, want 1000", len(slots))
 	}
 	checkDistinctNoGaps(t, seq, slots)
-	if last, err := tb.client.LastUsed(tb.ctx, "tickets"); err != nil || last != "AAAA-1000" {
+	if last, err := tb.client.LastUsed(ctx, "tickets"); err != nil || last != "AAAA-1000" {
 		t.Errorf("marker %q (%v), want AAAA-1000", last, err)
 	}
 }
@@ -274,4 +274,44 @@ func TestWorkerSequenceSlots(t *testing.T) {
 	if last, err := tb.client.LastUsed(tb.ctx, "tickets"); err != nil || last != "AAAA-0020" {
 		t.Errorf("marker %q (%v), want AAAA-0020", last, err)
 	}
+}
+
+// Reservations from 8 processes at once (the CLI, each reservation its own
+// process run) get distinct slots with no gaps.
+func TestReserveFromProcesses(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	bin := buildCLI(t)
+	const procs, each = 8, 25
+	var (
+		mu    sync.Mutex
+		slots []string
+		wg    sync.WaitGroup
+	)
+	for p := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			as := fmt.Sprintf("proc-%d", p)
+			for range each {
+				code, out, errOut := runCLI(t, bin, tb.db.Name(), "slots", "reserve", "serials", "--format", "S-%05d", "--as", as)
+				if code != 0 {
+					t.Errorf("%s reserve: exit %d: %s", as, code, errOut)
+					return
+				}
+				slot := strings.TrimSpace(out)
+				mu.Lock()
+				slots = append(slots, slot)
+				mu.Unlock()
+				if code, _, errOut := runCLI(t, bin, tb.db.Name(), "slots", "release", "serials", slot, "--as", as); code != 0 {
+					t.Errorf("%s release %s: exit %d: %s", as, slot, code, errOut)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(slots) != procs*each {
+		t.Fatalf("%d slots, want %d", len(slots), procs*each)
+	}
+	checkDistinctNoGaps(t, couchq.NumberedSequence("serials", "S-%05d", 1, 0), slots)
 }

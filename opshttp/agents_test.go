@@ -20,7 +20,7 @@ func TestAgentEndpoints(t *testing.T) {
 	t.Parallel()
 	admin, adminPW := srv.Credentials()
 	if admin == "" {
-		couchtest.Skip(t, "the test server authenticates no users")
+		couchtest.Skip(t, "the test server has no admin credentials (PouchDB Server runs as an admin party)")
 	}
 	ctx, q := newQueue(t)
 	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), CacheTTL: -1})

@@ -177,7 +177,7 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 	t.Parallel()
 	admin, password := srv.Credentials()
 	if admin == "" {
-		couchtest.Skip(t, "the test server authenticates no users")
+		couchtest.Skip(t, "the test server has no admin credentials (PouchDB Server runs as an admin party)")
 	}
 	ctx, q := newQueue(t)
 	id := failJob(t, q, "mail", "smtp timeout")
