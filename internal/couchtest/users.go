@@ -14,7 +14,7 @@ import (
 // and waits until the server authenticates it: on a cluster a new user
 // document reaches every node's authentication cache a moment after the
 // write. It fails with ErrNoUsers when the server does not authenticate
-// CouchDB users at all (PouchDB Server runs as an "admin party").
+// CouchDB users at all.
 func (s *Server) AddUser(ctx context.Context, name, password string, roles ...string) error {
 	if roles == nil {
 		roles = []string{}
