@@ -21,15 +21,6 @@ var errNoCredentials = errors.New("log in with a CouchDB user (basic auth or an 
 // sessionCookie is the cookie CouchDB's cookie authentication sets.
 const sessionCookie = "AuthSession"
 
-// authenticate asks CouchDB who the request's credentials belong to
-// (GET /_session with them) and whether that user may read the database
-// (GET /{db} with them): only its members act on its jobs, as they could
-// through CouchDB itself. It returns the user's name for the activity log.
-func (s *server) authenticate(ctx context.Context, r *http.Request) (string, int, error) {
-	u, code, err := s.authenticateUser(ctx, r)
-	return u.name, code, err
-}
-
 // sessionUser is who CouchDB says the request's credentials belong to.
 type sessionUser struct {
 	name  string
@@ -46,7 +37,11 @@ func (u sessionUser) serverAdmin() bool {
 	return false
 }
 
-// authenticateUser is authenticate with the user's roles.
+// authenticateUser asks CouchDB who the request's credentials belong to
+// (GET /_session with them), whether that user may read the database
+// (GET /{db} with them) and, where the database has couchq's roles, holds
+// the worker role: only they act on its jobs, as they could through
+// CouchDB itself. It returns the user, whose name goes in the activity log.
 func (s *server) authenticateUser(ctx context.Context, r *http.Request) (sessionUser, int, error) {
 	if s.cfg.CouchURL == "" {
 		return sessionUser{}, http.StatusForbidden, errors.New("actions are off: the handler was not given CouchDB's URL to check credentials against (opshttp.Config.CouchURL)")
