@@ -13,6 +13,7 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // The cluster protocol's decisions, proven on one server: the revision
@@ -25,12 +26,12 @@ import (
 // conflictBundle is a testBundle with a clock, for leases that run out.
 type conflictBundle struct {
 	*testBundle
-	clock *clock
+	clock *opstest.Clock
 }
 
 func setupConflict(t *testing.T) *conflictBundle {
 	t.Helper()
-	clk := newClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
 	return &conflictBundle{testBundle: setup(t, couchq.Config{AlwaysConfirm: true, Now: clk.Now}), clock: clk}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // 32 goroutines race to claim 200 jobs: every job is claimed exactly once
@@ -141,7 +142,7 @@ func TestHandWrittenMinimalDocumentIsClaimed(t *testing.T) {
 
 // Scheduled jobs are not due before their date and are found as "next".
 func TestScheduledJobsWaitForTheirDate(t *testing.T) {
-	clock := newClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	clock := opstest.NewClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 	tb := setup(t, couchq.Config{Now: clock.Now})
 	at := clock.Now().Add(10 * time.Second)
 	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "report", At: at})
@@ -399,7 +400,7 @@ func TestClaimManyConfirmsEachClaim(t *testing.T) {
 // Complete, fail, release and extend each write over the held revision; a
 // 409 means the claim was lost and nothing is overwritten.
 func TestHeldClaimTransitions(t *testing.T) {
-	clock := newClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	clock := opstest.NewClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 	tb := setup(t, couchq.Config{Now: clock.Now, MaxAttempts: 2})
 	claim := func() *couchq.WorkItem {
 		t.Helper()
@@ -490,32 +491,6 @@ func copyFS(t *testing.T, src fs.FS) fstest.MapFS {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// clock is a settable clock for tests of scheduling.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock(t time.Time) *clock { return &clock{now: t} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	c.now = t
-	c.mu.Unlock()
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }
 
 // A hand-written claim whose lease is not a number, or missing, written

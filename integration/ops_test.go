@@ -11,15 +11,16 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // opsScript runs a known script of jobs on a controlled clock and returns
 // the bundle and the clock, now at T0+20s. See TestStatsFromAKnownScript for
 // the figures it must produce.
-func opsScript(t *testing.T) (*testBundle, *clock, time.Time) {
+func opsScript(t *testing.T) (*testBundle, *opstest.Clock, time.Time) {
 	t.Helper()
 	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
-	clk := newClock(t0)
+	clk := opstest.NewClock(t0)
 	tb := setup(t, couchq.Config{Now: clk.Now})
 	c := tb.client
 	at := func(sec int) { clk.Set(t0.Add(time.Duration(sec) * time.Second)) }
@@ -180,7 +181,7 @@ func TestHistoryBoundedUnderManyRetries(t *testing.T) {
 // Purge on a few thousand jobs removes only old jobs of the given status.
 func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
-	clk := newClock(t0)
+	clk := opstest.NewClock(t0)
 	tb := setup(t, couchq.Config{Now: clk.Now})
 	c := tb.client
 	// 3,000 jobs of two types, written in bulk as finished documents would

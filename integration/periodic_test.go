@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -84,7 +85,7 @@ func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
 // once each with CatchUpAll; a schedule seen for the first time starts
 // from now.
 func TestPeriodicMissedTicks(t *testing.T) {
-	clk := newClock(time.Date(2026, 11, 23, 12, 0, 30, 0, time.UTC))
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 30, 0, time.UTC))
 	tb := setup(t, couchq.Config{Now: clk.Now})
 	for _, tc := range []struct {
 		catchUp couchq.CatchUp

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -89,7 +90,7 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 // DueFirst orders by priority, then by due date; a job without a priority
 // sits in the middle, and a hand-written priority counts.
 func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
-	clk := newClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
 	tb := setup(t, couchq.Config{Now: clk.Now})
 	base := clk.Now().Add(-time.Hour)
 	for i, j := range []struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/opstest"
 )
 
 // A unique key holds one job while it is queued or running: a second
@@ -82,7 +83,7 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 // With a period the key holds one job per period, whatever became of it;
 // the next period has its own.
 func TestUniqueKeyPerPeriod(t *testing.T) {
-	clk := newClock(time.Date(2026, 11, 23, 10, 15, 0, 0, time.UTC))
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 10, 15, 0, 0, time.UTC))
 	tb := setup(t, couchq.Config{Now: clk.Now})
 	c := tb.client
 	job := couchq.NewJob{Worker: "report", Unique: couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour}}

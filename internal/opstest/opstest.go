@@ -45,6 +45,13 @@ func (c *Clock) Set(t time.Time) {
 	c.t = t
 }
 
+// Add moves the clock on by d.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
 // Claimant is who claims the script's jobs.
 const Claimant = "host/1/w1"
 
