@@ -46,6 +46,14 @@ import (
 // quorum is the majority of the database's copies.
 func (c *Client) quorum() int { return c.n/2 + 1 }
 
+// readOpts read from a majority of the copies on a cluster.
+func (c *Client) readOpts() []kivik.Option {
+	if c.n > 1 {
+		return []kivik.Option{kivik.Param("r", c.quorum())}
+	}
+	return nil
+}
+
 // errNoMajority marks a write CouchDB stored on fewer than a majority of
 // the copies (it answered 202 Accepted with w = majority).
 var errNoMajority = errors.New("write reached fewer than a majority of the copies (202 Accepted)")

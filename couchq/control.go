@@ -92,10 +92,7 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 func (c *Client) Controls(ctx context.Context, types ...string) (map[string]TypeControl, error) {
 	out := map[string]TypeControl{}
 	if len(types) > 0 {
-		var opts []kivik.Option
-		if c.n > 1 {
-			opts = append(opts, kivik.Param("r", c.quorum()))
-		}
+		opts := c.readOpts()
 		for _, t := range types {
 			var ctl TypeControl
 			err := c.db.Get(ctx, ControlID(t), opts...).ScanDoc(&ctl)

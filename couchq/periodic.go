@@ -255,12 +255,8 @@ func (c *Client) advancePeriodic(ctx context.Context, st *PeriodicState, p Perio
 }
 
 func (c *Client) periodicState(ctx context.Context, name string) (*PeriodicState, error) {
-	var opts []kivik.Option
-	if c.n > 1 {
-		opts = append(opts, kivik.Param("r", c.quorum()))
-	}
 	var st PeriodicState
-	err := c.db.Get(ctx, PeriodicStateID(name), opts...).ScanDoc(&st)
+	err := c.db.Get(ctx, PeriodicStateID(name), c.readOpts()...).ScanDoc(&st)
 	switch {
 	case isStatus(err, http.StatusNotFound):
 		return nil, nil

@@ -270,14 +270,6 @@ func (c *Client) casPut(ctx context.Context, id string, doc any, parent string) 
 	return rev, true, nil
 }
 
-// readOpts read from a majority of the copies on a cluster.
-func (c *Client) readOpts() []kivik.Option {
-	if c.n > 1 {
-		return []kivik.Option{kivik.Param("r", c.quorum())}
-	}
-	return nil
-}
-
 func (c *Client) readMarker(ctx context.Context, seq string) (*sequenceMarker, error) {
 	var m sequenceMarker
 	err := c.db.Get(ctx, SequenceID(seq), c.readOpts()...).ScanDoc(&m)
