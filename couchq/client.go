@@ -176,7 +176,7 @@ func Dial(rawURL, user, password string) (*kivik.Client, error) {
 // it fails over through a copy of hc, unless hc's transport is already a
 // Failover (made with NewFailover to log through a logger).
 func DialHTTP(rawURL, user, password string, hc *http.Client) (*kivik.Client, error) {
-	rawURL, hc, err := failoverClient(rawURL, hc, zerolog.Nop())
+	rawURL, hc, err := couchHTTPClient(rawURL, hc, zerolog.Nop())
 	if err != nil {
 		return nil, err
 	}

@@ -1,10 +1,8 @@
 package couchq
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -80,7 +78,7 @@ func (f *Failover) Node() string {
 
 // RoundTrip implements http.RoundTripper.
 func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
-	body, err := replayable(req)
+	body, err := readBody(req)
 	if err != nil {
 		return nil, err
 	}
@@ -92,9 +90,7 @@ func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
 		i := (start + k) % len(f.nodes)
 		r := req.Clone(req.Context())
 		r.URL.Scheme, r.URL.Host, r.Host = f.nodes[i].Scheme, f.nodes[i].Host, ""
-		if body != nil {
-			r.Body, r.GetBody = body(), func() (io.ReadCloser, error) { return body(), nil }
-		}
+		setBody(r, body)
 		resp, err := f.next.RoundTrip(r)
 		if err == nil {
 			if k > 0 {
@@ -109,20 +105,6 @@ func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
 		lastErr = err
 	}
 	return nil, lastErr
-}
-
-// replayable reads a request's body once so the request can be sent again
-// to another node; nil when it has none.
-func replayable(req *http.Request) (func() io.ReadCloser, error) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil, nil
-	}
-	b, err := io.ReadAll(req.Body)
-	_ = req.Body.Close()
-	if err != nil {
-		return nil, fmt.Errorf("reading request body: %w", err)
-	}
-	return func() io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }, nil
 }
 
 // unreached reports whether a request failed before reaching the server

@@ -48,7 +48,7 @@ func Connect(ctx context.Context, rawURL, user, password string) (*Server, error
 
 // ConnectHTTP is Connect over the given HTTP client (see DialHTTP).
 func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Client) (*Server, error) {
-	rawURL, hc, err := failoverClient(rawURL, hc, zerolog.Nop())
+	rawURL, hc, err := couchHTTPClient(rawURL, hc, zerolog.Nop())
 	if err != nil {
 		return nil, err
 	}

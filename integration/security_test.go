@@ -236,8 +236,13 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	if _, err := rb.adminSrv.SetRoles(ctx, rb.dbName, couchq.Roles{Producers: couchq.Access{Names: []string{outsider}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rb.worker.Enqueue(ctx, couchq.NewJob{Worker: "mail"}); !deniedAccess(err) {
-		t.Errorf("a worker no longer named enqueueing: %v, want 403", err)
+	// The server refuses from the headers and closes the connection
+	// unread; the refusal must still be what the client reports, for a
+	// small document and for one of a megabyte.
+	for _, payload := range []string{"", strings.Repeat("p", 1<<20)} {
+		if _, err := rb.worker.Enqueue(ctx, couchq.NewJob{Worker: "mail", Payload: payload}); !deniedAccess(err) {
+			t.Errorf("a worker no longer named enqueueing %d bytes: %v, want 403", len(payload), err)
+		}
 	}
 }
 
