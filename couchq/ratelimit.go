@@ -82,8 +82,16 @@ type rateSlot struct {
 // fewer than want because the window's slots are gone, when the next
 // window begins. One read of the slots and one _bulk_docs write.
 func (c *Client) AcquireStarts(ctx context.Context, worker string, r RateLimit, want int, by string) (got int, window, next time.Time, err error) {
-	now := c.now()
-	window = r.Window(now)
+	return c.AcquireStartsFor(ctx, worker, r, c.now(), want, by)
+}
+
+// AcquireStartsFor is AcquireStarts for the window at falls in, which may
+// be a later one: a runner whose round of taking slots lasts longer than
+// what is left of the window takes the next window's slots ahead, and
+// claims once it begins. A slot taken for a later window is no longer free
+// in the earlier one: still at most N starts per window.
+func (c *Client) AcquireStartsFor(ctx context.Context, worker string, r RateLimit, at time.Time, want int, by string) (got int, window, next time.Time, err error) {
+	window = r.Window(at)
 	next = window.Add(r.Per)
 	if want <= 0 {
 		return 0, window, next, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
@@ -895,53 +896,93 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	t.Logf("%d jobs for %d ticks from 6 processes on 3 nodes", len(ids), len(ticks))
 }
 
-// A rate limit holds across workers on all three nodes: no window starts
-// more jobs than the limit, however the copies disagree for a moment.
+// A rate limit holds across workers on all three nodes, as on a single
+// node: four workers sharing a limit start it, ± 10 %, over ten full
+// windows, and no window more than the limit, however the copies disagree
+// for a moment. The limit is 20 a second where the cluster can start twice
+// that without one (room for the slot rounds); a loopback cluster on a
+// small machine cannot, so the same four workers first measure what they
+// start unlimited, and the limit is half of that (and the rate is not
+// judged when that is under two a second).
 func TestClusterRateLimit(t *testing.T) {
 	cb := setupCluster(t, couchq.Config{})
-	var rc runCounter
-	const limit, windows = 10, 5
-	ids := cb.enqueue(t, "rl", 150)
-	for node := 1; node <= 3; node++ {
-		cfg := clusterWorker(cb.log, map[string]worker.Handler{"rl": rc.handler(fmt.Sprintf("w%d", node))})
-		cfg.ID, cfg.RateLimits = fmt.Sprintf("w%d", node), map[string]couchq.RateLimit{"rl": {N: limit, Per: time.Second}}
-		w, err := worker.New(cb.clients[node-1], cfg)
-		if err != nil {
-			t.Fatal(err)
+	const maxLimit, windows, workers = 20, 10, 4
+	var mu sync.Mutex
+	perWindow := map[string]map[int64]int{} // type -> started_at second -> starts
+	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if perWindow[job.Type] == nil {
+			perWindow[job.Type] = map[int64]int{}
 		}
-		if err := w.Start(cb.ctx); err != nil {
-			t.Fatal(err)
+		perWindow[job.Type][int64(math.Floor(job.Item.StartedAt))]++
+		return nil
+	})
+	// run runs the four workers on typ for n full windows after a warm-up
+	// and returns the starts per window in them.
+	run := func(typ string, limits map[string]couchq.RateLimit, n int) []int {
+		var ws []*worker.Worker
+		for i := range workers {
+			cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: h})
+			cfg.Concurrency = 8
+			cfg.ID, cfg.RateLimits = fmt.Sprintf("%s%d", typ, i), limits
+			w, err := worker.New(cb.clients[i%3], cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Start(cb.ctx); err != nil {
+				t.Fatal(err)
+			}
+			ws = append(ws, w)
 		}
-		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		time.Sleep(2 * time.Second)
+		from := time.Now().Truncate(time.Second).Add(time.Second)
+		time.Sleep(time.Until(from.Add(time.Duration(n+1) * time.Second)))
+		for _, w := range ws {
+			_ = w.Stop(context.Background())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]int, n)
+		for k := range out {
+			out[k] = perWindow[typ][from.Unix()+int64(k)]
+		}
+		return out
 	}
-	time.Sleep(2 * time.Second)
-	measured := time.Now().Truncate(time.Second).Add(time.Second)
-	time.Sleep(time.Until(measured.Add((windows + 1) * time.Second)))
-	perWindow := map[int64]int{}
-	for _, id := range ids {
-		it, err := cb.clients[0].Get(cb.ctx, id)
-		if err != nil {
-			t.Fatal(err)
+	sum := func(xs []int) int {
+		total := 0
+		for _, x := range xs {
+			total += x
 		}
-		if it.StartedAt != 0 {
-			perWindow[int64(it.StartedAt)]++
-		}
+		return total
 	}
-	total := 0
-	for w, n := range perWindow {
+
+	cb.enqueue(t, "free", 400)
+	cb.enqueue(t, "rl", 300)
+	unlimited := float64(sum(run("free", nil, 5))) / 5
+	limit := maxLimit
+	if unlimited < 2*maxLimit {
+		limit = max(1, int(unlimited/2))
+	}
+	starts := run("rl", map[string]couchq.RateLimit{"rl": {N: limit, Per: time.Second}}, windows)
+	mu.Lock()
+	for w, n := range perWindow["rl"] {
 		if n > limit {
-			t.Errorf("%d jobs started in one window, over the limit of %d", n, limit)
-		}
-		if w >= measured.Unix() && w < measured.Unix()+windows {
-			total += n
+			t.Errorf("%d jobs started in the window of %s, over the limit of %d", n, time.Unix(w, 0).UTC().Format(time.TimeOnly), limit)
 		}
 	}
-	// The limit is a ceiling: on a cluster two processes that take the same
-	// slot through different nodes may both be answered 202, and neither
-	// uses it, so a window can fall short of the limit.
-	t.Logf("%d jobs started in %d full windows (limit %d/s, workers on 3 nodes)", total, windows, limit)
-	if total == 0 {
-		t.Fatal("no job started under the rate limit")
+	mu.Unlock()
+	total := sum(starts)
+	t.Logf("unlimited: %.1f starts/s; limit %d/s: %d starts in %d full windows %v (%d workers on 3 nodes)",
+		unlimited, limit, total, windows, starts, workers)
+	if unlimited < 4 {
+		// Half of under four a second is one job a window or none, which
+		// says nothing of accuracy; the ceiling above was still checked.
+		t.Logf("not judging the rate: the cluster started only %.1f jobs/s without a limit here", unlimited)
+		return
+	}
+	if want := limit * windows; math.Abs(float64(total-want)) > 0.1*float64(want) {
+		t.Fatalf("%d jobs started in %d windows, want %d ± 10%%", total, windows, want)
 	}
 }
 

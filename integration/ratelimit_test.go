@@ -1,13 +1,18 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"net/http"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
 )
 
 // Four worker processes share a limit of 20 starts per second: over ten
@@ -69,5 +74,85 @@ func TestRateLimitAcrossProcesses(t *testing.T) {
 	t.Logf("%d jobs started in %d full windows (limit %d/s, 4 processes); %d windows in all", total, windows, limit, last-first+1)
 	if want := limit * windows; math.Abs(float64(total-want)) > 0.1*float64(want) {
 		t.Fatalf("%d jobs started in %d windows, want %d ± 10%%: %v", total, windows, want, perWindow)
+	}
+}
+
+// slowReads delays every read of documents by id (_all_docs), which is
+// how a runner reads a rate limit's slots.
+type slowReads struct {
+	next  http.RoundTripper
+	delay time.Duration
+}
+
+func (s *slowReads) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/_all_docs") {
+		time.Sleep(s.delay)
+	}
+	return s.next.RoundTrip(r)
+}
+
+// A round of taking start slots that lasts longer than a window (as on a
+// busy cluster) still starts jobs, never more than the limit per window:
+// the runner takes the slots of the window its round will end in, and
+// claims as that window begins. Taking the current window's slots, every
+// round would end in a later window with its slots unusable, and no job
+// would start. One runner's round (1.2 s) is longer than a window, so it
+// cannot serve every window: a third of them at least.
+func TestRateLimitSlowSlotRounds(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	const limit, windows = 5, 8
+	hc := couchq.NewHTTPClient()
+	hc.Transport = &slowReads{next: hc.Transport, delay: 1200 * time.Millisecond}
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := make([]couchq.NewJob, 100)
+	for i := range jobs {
+		jobs[i] = couchq.NewJob{Worker: "slowrl"}
+	}
+	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	perWindow := map[int64]int{} // by the started_at each claim wrote
+	cfg := fastWorker(tb, map[string]worker.Handler{"slowrl": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		perWindow[int64(math.Floor(job.Item.StartedAt))]++
+		mu.Unlock()
+		return nil
+	})})
+	cfg.Concurrency = 10
+	cfg.RateLimits = map[string]couchq.RateLimit{"slowrl": {N: limit, Per: time.Second}}
+	w, err := worker.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	time.Sleep(3 * time.Second) // the first round learns how long rounds take
+	measured := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(measured.Add((windows + 1) * time.Second)))
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for win, n := range perWindow {
+		if n > limit {
+			t.Errorf("%d jobs started in one window, over the limit of %d", n, limit)
+		}
+		if win >= measured.Unix() && win < measured.Unix()+windows {
+			total += n
+		}
+	}
+	t.Logf("%d jobs started in %d full windows (limit %d/s, slot reads of 1.2 s): %v", total, windows, limit, perWindow)
+	if total < limit*windows/3 {
+		t.Fatalf("%d jobs started in %d windows, want at least %d", total, windows, limit*windows/3)
 	}
 }

@@ -41,12 +41,16 @@ type runner struct {
 	// paused mirrors the type's control document: a paused runner claims
 	// nothing and waits for the feed to say it was resumed.
 	paused atomic.Bool
-	// With a rate limit: start slots taken for tokenWindow and not used
-	// yet, and when the window's slots ran out, the next window's start.
+	// With a rate limit: start slots taken for tokenWindow (the current
+	// window, or the next when taken ahead) and not used yet, and when to
+	// look again (the next window's start when its slots ran out).
 	// Touched only by the runner's own loop.
 	tokens       int
 	tokenWindow  time.Time
 	blockedUntil time.Time
+	// acquireTook and dueTook are how long the last round of taking rate
+	// limit slots and the last due query took (see takeStarts).
+	acquireTook, dueTook time.Duration
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -157,7 +161,9 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// view; read past them so they never starve the jobs behind.
 	k := min(max(r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
 	r.w.stats.queries.Add(1)
+	began := time.Now()
 	batch, err := r.w.client.DueFirst(ctx, r.typ, k)
+	r.dueTook = time.Since(began)
 	if err != nil {
 		return false, time.Time{}, err
 	}
@@ -654,35 +660,72 @@ func shuffleWithinPriority(items []*couchq.WorkItem) {
 const rateMargin = 20 * time.Millisecond
 
 // takeStarts returns how many of want jobs the type's rate limit lets start
-// now, taking start slots of the current window as needed (see
-// couchq.RateLimit). Slots a lost claim did not use are kept for the next
-// claim in the same window. When none is left it sets blockedUntil.
+// now, taking start slots as needed (see couchq.RateLimit). Slots a lost
+// claim did not use are kept for the next claim in the same window. When
+// none is left it sets blockedUntil.
+//
+// A round of taking slots costs two requests, which on a busy cluster can
+// last longer than what is left of the window, or than a whole window:
+// slots taken for a window that ended meanwhile would be wasted. So a
+// round takes the slots of the window it will end in, judged by how long
+// the last round took, and the runner waits for that window to begin.
 func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) int {
 	now := r.w.cfg.Now()
 	win := rl.Window(now)
-	if !win.Equal(r.tokenWindow) {
-		r.tokens, r.tokenWindow = 0, win
+	if r.tokenWindow.Before(win) {
+		r.tokens, r.tokenWindow = 0, win // a past window's slots are no use
 	}
-	end := win.Add(rl.Per)
-	if end.Sub(now) < rateMargin {
-		r.tokens, r.blockedUntil = 0, end
-		return 0
-	}
-	if r.tokens < want {
-		got, acquired, next, err := r.w.client.AcquireStarts(ctx, r.typ, rl, want-r.tokens, r.w.by)
+	// Take more only in time for this window, or ahead when none is held
+	// (slots held for this window are used first).
+	target := rl.Window(now.Add(r.acquireTook + rateMargin))
+	if r.tokenWindow.Equal(win) && r.tokens < want && (r.tokens == 0 || target.Equal(win)) {
+		began := time.Now()
+		got, acquired, next, err := r.w.client.AcquireStartsFor(ctx, r.typ, rl, target, want-r.tokens, r.w.by)
+		r.acquireTook = time.Since(began)
 		switch {
 		case err != nil:
 			r.w.log.Warn().Err(err).Str("type", r.typ).Msg("taking rate limit slots failed")
-		case acquired.Equal(win):
-			r.tokens += got
-		}
-		if r.tokens == 0 {
-			r.blockedUntil = next
-			if err != nil {
+			if r.tokens == 0 {
 				r.blockedUntil = now.Add(100 * time.Millisecond)
 			}
+		case acquired.After(win):
+			r.tokens, r.tokenWindow = got, acquired
+		default:
+			r.tokens += got
+		}
+		now = r.w.cfg.Now()
+		win = rl.Window(now)
+		if err == nil && r.tokens == 0 {
+			// Look again in time to take the next window's slots ahead: a
+			// due query and a round before it begins.
+			r.blockedUntil = next.Add(-min(r.dueTook+r.acquireTook, rl.Per))
+			if !r.blockedUntil.After(now) {
+				r.blockedUntil = next
+			}
+		}
+	}
+	if r.tokenWindow.After(win) && r.tokens > 0 {
+		// Taken ahead: wait here, due jobs in hand, so that the claims go
+		// out as the window begins rather than a due query later.
+		if !r.w.sleep(ctx, r.tokenWindow.Sub(now)) {
 			return 0
 		}
+		now = r.w.cfg.Now()
+		win = rl.Window(now)
+	}
+	switch {
+	case r.tokenWindow.After(win):
+		return 0
+	case r.tokenWindow.Before(win): // the window ended during the round
+		r.tokens = 0
+		return 0
+	case r.tokens == 0:
+		return 0
+	}
+	// A claim's claimed_at must fall in its slot's window.
+	if end := win.Add(rl.Per); end.Sub(now) < rateMargin {
+		r.tokens, r.blockedUntil = 0, end
+		return 0
 	}
 	n := min(want, r.tokens)
 	r.tokens -= n
