@@ -64,7 +64,9 @@ chaos: setup
 	COUCHQ_CHAOS_JOBS=$(CHAOS_JOBS) COUCHQ_CHAOS_WORKERS=$(CHAOS_WORKERS) COUCHQ_CHAOS_DURATION=$(CHAOS_DURATION) \
 		go test -count=1 -v -timeout 60m -run 'TestProcesses/Chaos' ./integration/
 
-# The benchmark: one run, one server, one table.
+# The benchmark: one run measuring every local server available in turn (a single Apache
+# CouchDB node and a 3-node cluster from the local release, PouchDB Server), one table per
+# server; with COUCHDB_URL, that server alone. See `go run ./cmd/couchq-bench -h`.
 bench: setup
 	go run ./cmd/couchq-bench
 

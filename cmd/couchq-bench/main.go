@@ -1,7 +1,11 @@
-// Command couchq-bench measures couchq against one CouchDB-compatible
-// server on this machine and prints one table (or JSON with --json). With
-// neither --url nor COUCHDB_URL it starts a PouchDB Server of its own in a
-// temporary directory and stops it at the end. See internal/bench.
+// Command couchq-bench measures couchq against CouchDB-compatible servers
+// on this machine and prints one table per server (or, with --json, a JSON
+// array of one report per server). With --url or COUCHDB_URL it measures
+// that server alone. Without, it starts every local server available in
+// turn, each in a temporary directory stopped at its end: a single Apache
+// CouchDB node and a 3-node cluster from the local release
+// (COUCHQ_COUCHDB_HOME, else /opt/couchdb), and PouchDB Server; --servers
+// picks some. See internal/bench.
 package main
 
 import (
@@ -42,13 +46,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cfg.Logger = zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000"}).
 		Level(level).With().Timestamp().Logger()
-	rep, runErr := bench.Run(ctx, cfg)
-	if rep != nil {
+	reps, runErr := bench.Run(ctx, cfg)
+	if reps != nil {
 		var werr error
 		if opts.JSON {
-			werr = rep.WriteJSON(stdout)
+			werr = bench.WriteJSON(stdout, reps)
 		} else {
-			werr = rep.WriteTable(stdout)
+			werr = bench.WriteTables(stdout, reps)
 		}
 		if werr != nil {
 			fmt.Fprintf(stderr, "couchq-bench: %v\n", werr)

@@ -1,7 +1,8 @@
-// Package bench measures couchq against one CouchDB-compatible server: the
-// server's own write ceiling, end-to-end throughput as a share of it, idle
-// wake-up latency, claim contention, backlog scaling and memory. The
-// couchq-bench command is a thin main around Run.
+// Package bench measures couchq against CouchDB-compatible servers, one
+// after the other: for each, the server's own write ceiling, end-to-end
+// throughput as a share of it, idle wake-up latency, claim contention,
+// backlog scaling, memory and feature costs. The couchq-bench command is
+// a thin main around Run.
 package bench
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,23 +33,68 @@ type run struct {
 	scratch, cliBuilt string
 	// procRSS is each worker process's peak RSS, when --procs ran.
 	procRSS []uint64
+	// earlier is how many servers this process measured before this one.
+	earlier int
 }
 
-// Run runs the configured sections against one server and returns the
-// report. A section that fails records its error and the run goes on; the
-// returned error is then non-nil too, with the report complete otherwise.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+// Run measures each server of the configuration in turn (planServers: the
+// URL's, else the local servers) and returns one report per server, in
+// order, skipped servers included with the reason. A section that fails
+// records its error and the run goes on; so does the next server when one
+// cannot be started. The returned error is then non-nil too, with the
+// reports complete otherwise. A configuration error, or a --url server
+// that cannot be reached, returns no report.
+func Run(ctx context.Context, cfg Config) ([]*Report, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	plan, err := planServers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var reps []*Report
+	var errs []error
+	measured := 0
+	for _, ps := range plan {
+		if ps.skip != "" {
+			cfg.Logger.Info().Str("server", ps.kind).Str("reason", ps.skip).Msg("server skipped")
+			reps = append(reps, &Report{Started: time.Now(), Server: ServerInfo{Kind: ps.kind}, Skipped: ps.skip})
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: not measured: %w", ps.kind, err))
+			continue
+		}
+		rep, err := runServer(ctx, cfg.forServer(ps.kind), ps, measured)
+		measured++
+		if rep == nil { // the --url server: nothing measured, nothing to report
+			return nil, err
+		}
+		if err != nil {
+			err = fmt.Errorf("%s: %w", ps.kind, err)
+			errs = append(errs, err)
+		}
+		reps = append(reps, rep)
+	}
+	return reps, errors.Join(errs...)
+}
+
+// runServer runs the configured sections against one server. A server
+// that cannot be started or reached gives a report holding the error.
+func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	log := cfg.Logger
-	t, err := connect(ctx, cfg, log)
+	log := cfg.Logger.With().Str("server", ps.kind).Logger()
+	log.Info().Msg("server starting")
+	t, err := connect(ctx, cfg, ps, log)
 	if err != nil {
-		return nil, err
+		if ps.kind == serverURL {
+			return nil, err
+		}
+		return &Report{Started: start, Server: ServerInfo{Kind: ps.kind}, Error: err.Error(),
+			Host: hostInfo(), WallSeconds: time.Since(start).Seconds()}, err
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -56,19 +103,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			log.Warn().Err(err).Msg("closing the server connection")
 		}
 	}()
-	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler()}
+	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler(), earlier: earlier}
 	defer func() {
 		if b.scratch != "" {
 			_ = os.RemoveAll(b.scratch)
 		}
 	}()
-	rep := &Report{
-		Started: start,
-		Server:  t.info,
-		Host: HostInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
-			LoadStart: loadAverage()},
-		Settings: settings(cfg),
-	}
+	rep := &Report{Started: start, Server: t.info, Host: hostInfo(), Settings: settings(cfg, ps.kind)}
 	var errs []error
 	for _, id := range cfg.Sections {
 		s := &Section{ID: id, Name: sectionNames[id]}
@@ -91,6 +132,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.WallSeconds = time.Since(start).Seconds()
 	rep.Host.LoadEnd = loadAverage()
 	return rep, errors.Join(errs...)
+}
+
+// hostInfo describes this machine now.
+func hostInfo() HostInfo {
+	return HostInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
+		LoadStart: loadAverage()}
 }
 
 func (b *run) section(ctx context.Context, s *Section) error {
@@ -116,6 +163,17 @@ func (b *run) section(ctx context.Context, s *Section) error {
 // newDB creates a fresh database for s and remembers it for dropAll.
 func (b *run) newDB(ctx context.Context, s *Section, what string) (string, error) {
 	name, err := b.t.newDB(ctx, what, b.log)
+	if err != nil {
+		return "", err
+	}
+	s.Databases = append(s.Databases, name)
+	return name, nil
+}
+
+// newBareDB creates a fresh database without couchq's design document
+// and remembers it for dropAll.
+func (b *run) newBareDB(ctx context.Context, s *Section, what string) (string, error) {
+	name, err := b.t.newBareDB(ctx, what)
 	if err != nil {
 		return "", err
 	}
@@ -160,6 +218,9 @@ func (b *run) standardNotes(rep *Report) []string {
 		n = append(n, "Queue clients are instrumented: couchq.ConnectHTTP over a counting wrapper of couchq's own transport, with "+
 			idle+". --instrument=false uses couchq.Connect's client as is.")
 	}
+	if b.earlier > 0 && slices.Contains(b.cfg.Sections, SectionMemory) {
+		n = append(n, fmt.Sprintf("The peak RSS of this process (section 6) is the whole command's: it includes the %d server(s) measured before this one.", b.earlier))
+	}
 	if b.cfg.Procs > 0 {
 		n = append(n, fmt.Sprintf("Section 2 ran its workers as %d `couchq worker --handler noop` processes "+
 			"(couchq.Connect's own client, not instrumented; --heartbeat %s so their registry documents report progress); "+
@@ -168,9 +229,14 @@ func (b *run) standardNotes(rep *Report) []string {
 	return n
 }
 
-// settings is the configuration as the report shows it (no credentials).
-func settings(c Config) map[string]any {
-	return map[string]any{
+// settings is the configuration as the report shows it (no credentials),
+// with the sizes this server ran with.
+func settings(c Config, kind string) map[string]any {
+	scaled := ""
+	if kind == ServerCluster && c.ClusterScale < 1 {
+		scaled = fmt.Sprintf("the cluster's: --jobs, --contention-jobs and --backlog-large scaled by --cluster-scale %g", c.ClusterScale)
+	}
+	set := map[string]any{
 		"sections":               c.Sections,
 		"clients":                c.Clients,
 		"ceiling_time":           c.CeilingTime.String(),
@@ -189,7 +255,12 @@ func settings(c Config) map[string]any {
 		"keep":                   c.Keep,
 		"instrument":             c.Instrument,
 		"client_idle_conns":      c.ClientIdleConns,
+		"cluster_scale":          c.ClusterScale,
 	}
+	if scaled != "" {
+		set["scaled"] = scaled
+	}
+	return set
 }
 
 // splitConcurrency spreads total goroutines over n workers as evenly as
@@ -205,21 +276,20 @@ func splitConcurrency(total, n int) []int {
 	return out
 }
 
-// requestRows adds the HTTP traffic per job between two snapshots: the
-// total, then each kind of request that occurred.
-func (b *run) requestRows(s *Section, before, after [numKinds]int64, dials int64, jobs int) {
+// requestRows adds the queue clients' HTTP traffic per job: requests in
+// all, then each kind that occurred, connections opened and bytes.
+func (b *run) requestRows(s *Section, tr traffic, jobs int) {
 	if !b.cfg.Instrument || jobs == 0 {
 		return
 	}
-	var total int64
-	for k := range numKinds {
-		total += after[k] - before[k]
-	}
-	s.add(numRow("HTTP requests per job", float64(total)/float64(jobs), "", 2))
-	for k := range numKinds {
-		if d := after[k] - before[k]; d > 0 {
-			s.add(numRow("  "+kindNames[k], float64(d)/float64(jobs), "", 2))
+	per := func(n int64) float64 { return float64(n) / float64(jobs) }
+	s.add(numRow("HTTP requests per job", per(tr.requests()), "", 2))
+	for k, n := range tr.reqs {
+		if n > 0 {
+			s.add(numRow("  "+kindNames[k], per(n), "", 2))
 		}
 	}
-	s.add(numRow("TCP connections opened per job", float64(dials)/float64(jobs), "", 2))
+	s.add(numRow("TCP connections opened per job", per(tr.dials), "", 2))
+	s.add(numRow("bytes sent per job (on the wire: HTTP headers and bodies)", per(tr.sent), "B", 0))
+	s.add(numRow("bytes received per job (on the wire: HTTP headers and bodies)", per(tr.received), "B", 0))
 }

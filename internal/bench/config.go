@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/internal/localserver"
 )
 
 // The bench's sections, by number.
@@ -43,13 +45,30 @@ const (
 )
 
 // Config is one bench run. The zero value of a field means its default
-// (see WithDefaults), except URL: empty starts a local PouchDB Server.
+// (see WithDefaults), except URL: empty starts local servers (Servers).
 type Config struct {
-	// URL of the server; credentials may be in it or in User/Password.
-	// Empty starts a PouchDB Server in a temporary directory.
+	// URL of the server, or a cluster's node URLs comma-separated (the
+	// queue clients fail over between them, as couchq.Dial's do);
+	// credentials may be in it or in User/Password. Empty measures the
+	// local servers of Servers instead, each started in a temporary
+	// directory and stopped at its end.
 	URL, User, Password string
 	// URLOrigin says where URL came from, for the report.
 	URLOrigin string
+	// Servers are the local servers to start and measure in turn when URL
+	// is empty (ServerCouchDB, ServerCluster, ServerPouchDB). Empty: every
+	// one available, those that are not (no Apache CouchDB release) skipped
+	// with the reason; a server named here that cannot run is an error.
+	Servers []string
+	// CouchDBHome is the Apache CouchDB release the couchdb and cluster
+	// servers start from; empty: localserver.FindCouchDB's default
+	// (/opt/couchdb).
+	CouchDBHome string
+	// ClusterScale sizes sections 2, 4 and 5 on the cluster as this share
+	// of Jobs, ContentionJobs and BacklogLarge: three nodes replicating
+	// every write on the same cores run the queue at a fraction of a
+	// single node's speed, and the run must end in reasonable time.
+	ClusterScale float64
 	// Sections to run, in order; default all.
 	Sections []int
 	// Clients is C, the concurrent writers of the ceiling section.
@@ -89,17 +108,23 @@ type Config struct {
 	// ClientIdleConns changes the instrumented clients' idle connections
 	// per host from what couchq.NewHTTPClient keeps, to measure a change.
 	ClientIdleConns int
-	// Timeout bounds the whole run.
+	// Timeout bounds each server's run.
 	Timeout time.Duration
 	// Logger receives progress (info) and the workers' warnings.
 	Logger zerolog.Logger
 }
 
-// Defaults. They are sized so that a run with defaults ends within 3 minutes on a
-// 2-core machine running PouchDB Server 4.2.0 next to the bench: that
-// server's ceiling is about 250-450 single-document writes/s (80-150 jobs/s
-// at three writes a job), and with 16 claimants the queue runs about 10
-// jobs/s. Scale up with the flags on a faster server.
+// Defaults. They are sized so that `make bench`, which measures every
+// local server, ends within about 15 minutes on a 2-core machine running
+// the servers next to the bench (14 min 49 s on 2026-11-23, with other work
+// on the machine). PouchDB Server 4.2.0 takes about 3 minutes
+// (single-document writes 130-350/s, the queue 60-110 jobs/s). A single
+// Apache CouchDB 3.5 node takes 6-8: couchq's validate_doc_update runs in
+// couchjs and holds its single-document writes to about 100-160/s, the
+// queue to about 30 jobs/s. The 3-node cluster replicates every write
+// three times on the same two cores and runs the queue at under 10 jobs/s,
+// so it runs sections 2, 4 and 5 at ClusterScaleDefault of these sizes
+// (about 5 minutes). Scale up with the flags on a faster server.
 const (
 	ClientsDefault               = 8
 	CeilingTimeDefault           = 2 * time.Second
@@ -113,6 +138,7 @@ const (
 	BacklogSmallDefault          = 1000
 	BacklogLargeDefault          = 20000
 	ClaimsDefault                = 200
+	ClusterScaleDefault          = 0.1
 	TimeoutDefault               = 15 * time.Minute
 )
 
@@ -149,7 +175,24 @@ func (c Config) WithDefaults() Config {
 	setInt(&c.BacklogSmall, BacklogSmallDefault)
 	setInt(&c.BacklogLarge, BacklogLargeDefault)
 	setInt(&c.Claims, ClaimsDefault)
+	if c.ClusterScale <= 0 {
+		c.ClusterScale = ClusterScaleDefault
+	}
 	setDur(&c.Timeout, TimeoutDefault)
+	return c
+}
+
+// forServer is the configuration one server runs with: the cluster's
+// sizes scaled down by ClusterScale (never below one job, and the large
+// backlog never below the small one, so section 5 still compares).
+func (c Config) forServer(kind string) Config {
+	if kind != ServerCluster || c.ClusterScale >= 1 {
+		return c
+	}
+	scale := func(n int) int { return max(int(float64(n)*c.ClusterScale+0.5), 1) }
+	c.Jobs = scale(c.Jobs)
+	c.ContentionJobs = scale(c.ContentionJobs)
+	c.BacklogLarge = max(scale(c.BacklogLarge), c.BacklogSmall)
 	return c
 }
 
@@ -202,6 +245,17 @@ func (c Config) Validate() error {
 	for _, w := range c.ContentionWorkers {
 		check("contention-workers", w, 1, maxWorkers)
 	}
+	for _, s := range c.Servers {
+		if !slices.Contains(LocalServers(), s) {
+			errs = append(errs, fmt.Errorf("--servers: unknown server %q (servers are %s)", s, strings.Join(LocalServers(), ", ")))
+		}
+	}
+	if len(c.Servers) > 0 && c.URL != "" {
+		errs = append(errs, fmt.Errorf("--servers picks the local servers the bench starts; with a server URL (%s) it measures that one alone: give one", c.URLOrigin))
+	}
+	if !(c.ClusterScale > 0 && c.ClusterScale <= 1) {
+		errs = append(errs, fmt.Errorf("--cluster-scale %g: want more than 0, at most 1", c.ClusterScale))
+	}
 	if c.ClientIdleConns != 0 && !c.Instrument {
 		errs = append(errs, errors.New("--client-idle-conns changes the instrumented clients: it needs --instrument"))
 	}
@@ -227,7 +281,8 @@ type Options struct {
 }
 
 // ParseArgs parses the command line (without the program name). getenv
-// supplies COUCHDB_URL, COUCHDB_USER and COUCHDB_PASSWORD. It returns
+// supplies COUCHDB_URL, COUCHDB_USER, COUCHDB_PASSWORD and
+// COUCHQ_COUCHDB_HOME. It returns
 // flag.ErrHelp for -h after printing the usage to stderr.
 func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Config, Options, error) {
 	var c Config
@@ -239,8 +294,10 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fs.PrintDefaults()
 	}
 	sections := fs.String("sections", "1,2,3,4,5,6,7", "sections to run, comma-separated")
+	servers := fs.String("servers", "", "local servers to start and measure in turn, comma-separated: "+
+		strings.Join(LocalServers(), ",")+" (default: every one available; not with --url)")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
-	fs.StringVar(&c.URL, "url", "", "server URL (default $COUCHDB_URL; unset: start a local PouchDB Server); loopback only")
+	fs.StringVar(&c.URL, "url", "", "server URL, or a cluster's node URLs comma-separated (default $COUCHDB_URL; unset: start the local --servers); loopback only")
 	fs.IntVar(&c.Clients, "clients", ClientsDefault, "section 1: concurrent writers C")
 	fs.DurationVar(&c.CeilingTime, "ceiling-time", CeilingTimeDefault, "section 1: duration of each measurement")
 	fs.IntVar(&c.Jobs, "jobs", JobsDefault, "section 2: jobs N")
@@ -255,11 +312,12 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.BacklogSmall, "backlog-small", BacklogSmallDefault, "section 5: small backlog of due jobs")
 	fs.IntVar(&c.BacklogLarge, "backlog-large", BacklogLargeDefault, "section 5: large backlog of due jobs")
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "section 5: timed claims per backlog")
+	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --contention-jobs and --backlog-large, as a share of the given ones")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")
 	fs.IntVar(&c.ClientIdleConns, "client-idle-conns", 0, "experiment: idle connections per host of the instrumented queue clients (0: couchq's own)")
-	fs.DurationVar(&c.Timeout, "timeout", TimeoutDefault, "bound on the whole run")
-	fs.BoolVar(&o.JSON, "json", false, "print the report as JSON instead of a table")
+	fs.DurationVar(&c.Timeout, "timeout", TimeoutDefault, "bound on each server's run")
+	fs.BoolVar(&o.JSON, "json", false, "print the reports as JSON (an array, one report per server) instead of tables")
 	fs.BoolVar(&o.Verbose, "v", false, "log progress and the workers' warnings to stderr")
 	if err := fs.Parse(args); err != nil {
 		return c, o, err
@@ -274,6 +332,11 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	if c.ContentionWorkers, err = parseInts(*contention); err != nil {
 		return c, o, fmt.Errorf("--contention-workers: %w", err)
 	}
+	if *servers != "" {
+		if c.Servers, err = parseNames(*servers); err != nil {
+			return c, o, fmt.Errorf("--servers: %w", err)
+		}
+	}
 	c.URLOrigin = "--url"
 	if c.URL == "" {
 		c.URL, c.URLOrigin = getenv("COUCHDB_URL"), "COUCHDB_URL"
@@ -282,6 +345,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		c.URLOrigin = ""
 	}
 	c.User, c.Password = getenv("COUCHDB_USER"), getenv("COUCHDB_PASSWORD")
+	c.CouchDBHome = getenv(localserver.CouchDBHomeEnv)
 	// Every flag has its default already: validate what was typed, so that
 	// --jobs -5 is an error and not the default.
 	return c, o, c.Validate()
@@ -289,13 +353,35 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 
 const usageHead = `usage: couchq-bench [flags]
 
-Measures couchq against one CouchDB-compatible server (loopback only) and
-prints one table: the server's own write ceiling, end-to-end throughput,
-idle wake-up latency, claim contention, backlog scaling and memory. Each
-section works in a fresh database, dropped at its end unless --keep.
+Measures couchq against CouchDB-compatible servers (loopback only) and
+prints one table per server: the server's own write ceiling, end-to-end
+throughput, idle wake-up latency, claim contention, backlog scaling,
+memory and feature costs. Each section works in a fresh database, dropped
+at its end unless --keep.
+
+With --url (or COUCHDB_URL) it measures that server alone. Without, it
+starts and measures in turn every local server available, or those of
+--servers: couchdb, a single Apache CouchDB node, and cluster, three nodes
+joined (q=2, n=3; sizes scaled by --cluster-scale), both from the release
+at $COUCHQ_COUCHDB_HOME or /opt/couchdb; pouchdb, PouchDB Server from
+tools/pouchdb-server. --json prints a JSON array, one report per server.
 
 Flags:
 `
+
+// parseNames parses "a,b" (blanks allowed), keeping order, without repeats.
+func parseNames(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" && !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
 
 // parseInts parses "1,2,3" (blanks allowed), keeping order, without repeats.
 func parseInts(s string) ([]int, error) {

@@ -26,6 +26,25 @@ func TestParseArgsDefaults(t *testing.T) {
 	if c.Jobs != JobsDefault || c.Workers != WorkersDefault || c.Clients != ClientsDefault {
 		t.Fatalf("defaults: %+v", c)
 	}
+	// No --servers: every local server available.
+	if c.Servers != nil || c.CouchDBHome != "" || c.ClusterScale != ClusterScaleDefault {
+		t.Fatalf("servers %v, release %q, cluster scale %g", c.Servers, c.CouchDBHome, c.ClusterScale)
+	}
+}
+
+func TestParseArgsServers(t *testing.T) {
+	e := env(map[string]string{"COUCHQ_COUCHDB_HOME": "/srv/couchdb"})
+	c, _, err := ParseArgs([]string{"--servers", "pouchdb, cluster,pouchdb", "--cluster-scale", "0.25"}, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.Servers, []string{ServerPouchDB, ServerCluster}) || c.CouchDBHome != "/srv/couchdb" || c.ClusterScale != 0.25 {
+		t.Fatalf("servers %v, release %q, scale %g", c.Servers, c.CouchDBHome, c.ClusterScale)
+	}
+	_, _, err = ParseArgs([]string{"--servers", "couchdb"}, env(map[string]string{"COUCHDB_URL": "http://127.0.0.1:5984"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "COUCHDB_URL") {
+		t.Fatalf("--servers with COUCHDB_URL: err = %v", err)
+	}
 }
 
 func TestParseArgsURLFromFlagOrEnvironment(t *testing.T) {
@@ -72,6 +91,11 @@ func TestParseArgsRejects(t *testing.T) {
 		{"--ceiling-time", "0s"},
 		{"--duration", "3h"},
 		{"--instrument=false", "--client-idle-conns=8"},
+		{"--servers", "mysql"},
+		{"--servers", ","},
+		{"--servers", "couchdb", "--url", "http://127.0.0.1:5984"},
+		{"--cluster-scale", "0"},
+		{"--cluster-scale", "1.5"},
 		{"extra"},
 	} {
 		if _, _, err := ParseArgs(args, env(nil), io.Discard); err == nil {
@@ -86,7 +110,7 @@ func TestParseArgsHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"usage: couchq-bench", "-jobs", "-sections", "loopback"} {
+	for _, want := range []string{"usage: couchq-bench", "-jobs", "-sections", "loopback", "-servers", "couchdb,cluster,pouchdb", "JSON array"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, out.String())
 		}

@@ -33,7 +33,7 @@ func (b *run) runContention(ctx context.Context, s *Section) error {
 		if _, err := buildViews(ctx, c); err != nil {
 			return err
 		}
-		reqs0, dials0 := b.t.stats.snapshot()
+		traffic0 := b.t.stats.snapshot()
 		cpu0 := b.t.cpu()
 		conc := slices.Repeat([]int{cfg.ContentionConcurrency}, n)
 		p, err := startPool(ctx, b.t, db, h, conc, cfg)
@@ -45,7 +45,7 @@ func (b *run) runContention(ctx context.Context, s *Section) error {
 		wall := time.Since(began)
 		p.stop(ctx)
 		cpu1 := b.t.cpu()
-		reqs1, dials1 := b.t.stats.snapshot()
+		tr := b.t.stats.snapshot().since(traffic0)
 		if waitErr != nil {
 			return fmt.Errorf("%d workers: %w", n, waitErr)
 		}
@@ -59,12 +59,8 @@ func (b *run) runContention(ctx context.Context, s *Section) error {
 		s.add(numRow(label+": throughput", rate(st.Completed, wall), "jobs/s", 0))
 		s.add(numRow(label+": due-view queries per claimed job", ratio(float64(st.Queries), float64(st.Claimed)), "", 2))
 		if cfg.Instrument {
-			var total int64
-			for k := range numKinds {
-				total += reqs1[k] - reqs0[k]
-			}
-			s.add(numRow(label+": HTTP requests per job", ratio(float64(total), float64(cfg.ContentionJobs)), "", 2))
-			s.add(numRow(label+": TCP connections opened per job", ratio(float64(dials1-dials0), float64(cfg.ContentionJobs)), "", 2))
+			s.add(numRow(label+": HTTP requests per job", ratio(float64(tr.requests()), float64(cfg.ContentionJobs)), "", 2))
+			s.add(numRow(label+": TCP connections opened per job", ratio(float64(tr.dials), float64(cfg.ContentionJobs)), "", 2))
 		}
 		cpuRows(s, label+": ", cpu0, cpu1, cfg.ContentionJobs)
 		if !cfg.Keep {

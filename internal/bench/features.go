@@ -26,7 +26,7 @@ func (b *run) runFeatures(ctx context.Context, s *Section) error {
 		return err
 	}
 	measure := func(what string, each func(i int) error) error {
-		reqs0, _ := b.t.stats.snapshot()
+		traffic0 := b.t.stats.snapshot()
 		start := time.Now()
 		for i := range featureRounds {
 			if err := each(i); err != nil {
@@ -34,11 +34,7 @@ func (b *run) runFeatures(ctx context.Context, s *Section) error {
 			}
 		}
 		took := time.Since(start)
-		reqs1, _ := b.t.stats.snapshot()
-		var n int64
-		for k := range numKinds {
-			n += reqs1[k] - reqs0[k]
-		}
+		n := b.t.stats.snapshot().since(traffic0).requests()
 		if b.cfg.Instrument {
 			s.add(numRow(what+": HTTP requests", float64(n)/featureRounds, "", 2))
 		}

@@ -166,6 +166,32 @@ type jobTimes struct {
 	reruns int
 	// firstStart is the earliest started_at, lastFinish the latest finished_at.
 	firstStart, lastFinish time.Time
+	// waits are each done job's created_at -> started_at (enqueue ->
+	// first claim).
+	waits []time.Duration
+}
+
+// settleTimeout bounds readDone's wait for a cluster's copies to agree.
+const settleTimeout = 15 * time.Second
+
+// readDone reads the jobs of a backlog the workers reported done, and
+// checks that all n are. On a cluster a read may reach a shard copy that
+// has not yet applied the last outcomes (acknowledged by two copies of
+// three), so a short count is read again until the copies catch up.
+func readDone(ctx context.Context, c *couchq.Client, n int) (jobTimes, error) {
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		jt, err := readJobs(ctx, c)
+		if err != nil {
+			return jt, err
+		}
+		if jt.done == n && jt.other == 0 {
+			return jt, nil
+		}
+		if time.Now().After(deadline) || !sleepCtx(ctx, 250*time.Millisecond) {
+			return jt, fmt.Errorf("after the run %d jobs are done and %d are not, of %d (read again for %s)", jt.done, jt.other, n, settleTimeout)
+		}
+	}
 }
 
 // readJobs reads every job document, a page at a time.
@@ -220,6 +246,9 @@ func (jt *jobTimes) add(it *couchq.WorkItem) {
 	jt.reruns += max(it.Attempts-1, 0)
 	if s := couchq.FromUnix(it.StartedAt); it.StartedAt > 0 && (jt.firstStart.IsZero() || s.Before(jt.firstStart)) {
 		jt.firstStart = s
+	}
+	if it.StartedAt > 0 && it.CreatedAt > 0 {
+		jt.waits = append(jt.waits, couchq.FromUnix(it.StartedAt).Sub(couchq.FromUnix(it.CreatedAt)))
 	}
 	if f := couchq.FromUnix(it.FinishedAt); f.After(jt.lastFinish) {
 		jt.lastFinish = f

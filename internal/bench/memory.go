@@ -94,9 +94,22 @@ func (b *run) runMemory(_ context.Context, s *Section) error {
 		return err
 	}
 	s.add(numRow("peak RSS of this process (bench + in-process workers, getrusage maxrss)", float64(rss)/(1<<20), "MiB", 1))
-	if b.t.serverPID != 0 {
-		if rss, err := peakRSSOf(b.t.serverPID); err == nil {
-			s.add(numRow("peak RSS of the local server (VmHWM)", float64(rss)/(1<<20), "MiB", 1))
+	if pids := b.t.serverPIDs; len(pids) > 0 {
+		var sum uint64
+		var err error
+		for _, pid := range pids {
+			var rss uint64
+			if rss, err = peakRSSOf(pid); err != nil {
+				break
+			}
+			sum += rss
+		}
+		what := "peak RSS of the local server (VmHWM)"
+		if len(pids) > 1 {
+			what = fmt.Sprintf("peak RSS of the local server (VmHWM, the %d nodes' summed)", len(pids))
+		}
+		if err == nil {
+			s.add(numRow(what, float64(sum)/(1<<20), "MiB", 1))
 		}
 	}
 	if peak := b.memory.max(); peak > 0 {

@@ -90,7 +90,7 @@ func (b *run) startProcs(ctx context.Context, db string, concurrencies []int) (*
 	p := &procPool{}
 	for _, conc := range concurrencies {
 		cmd := exec.Command(bin, "worker", "--type", jobType, "--handler", "noop",
-			"--url", b.t.base, "--db", db, "--concurrency", strconv.Itoa(conc),
+			"--url", b.t.queueURL(), "--db", db, "--concurrency", strconv.Itoa(conc),
 			"--heartbeat", procHeartbeat.String(), "--log-level", "warn")
 		c := &child{cmd: cmd, out: localserver.NewTail(16 << 10), done: make(chan struct{})}
 		cmd.Env = env

@@ -10,26 +10,48 @@ import (
 	"unicode/utf8"
 )
 
-// Report is the outcome of one bench run.
+// Report is the outcome of one server's bench run.
 type Report struct {
-	Started     time.Time      `json:"started"`
-	WallSeconds float64        `json:"wall_seconds"`
-	Server      ServerInfo     `json:"server"`
-	Host        HostInfo       `json:"host"`
-	Settings    map[string]any `json:"settings"`
-	Sections    []*Section     `json:"sections"`
+	Started     time.Time  `json:"started"`
+	WallSeconds float64    `json:"wall_seconds"`
+	Server      ServerInfo `json:"server"`
+	// Skipped says why the server was not measured (no local Apache
+	// CouchDB release); Error why its run could not start. Either leaves
+	// the rest empty.
+	Skipped  string         `json:"skipped,omitempty"`
+	Error    string         `json:"error,omitempty"`
+	Host     HostInfo       `json:"host"`
+	Settings map[string]any `json:"settings,omitempty"`
+	Sections []*Section     `json:"sections"`
 	// Notes explain what the figures mean and what was left out.
 	Notes []string `json:"notes,omitempty"`
 }
 
 // ServerInfo says what was measured.
 type ServerInfo struct {
-	URL     string `json:"url"` // credentials redacted
-	Vendor  string `json:"vendor"`
-	Version string `json:"version"`
-	// Origin is "--url", "COUCHDB_URL" or "local PouchDB Server started by the bench".
+	// Kind is ServerCouchDB, ServerCluster or ServerPouchDB for a server
+	// the bench started, "url" for --url or COUCHDB_URL.
+	Kind    string   `json:"kind"`
+	URL     string   `json:"url"`             // node 1's; no credentials
+	Nodes   []string `json:"nodes,omitempty"` // every node's, for a cluster
+	Vendor  string   `json:"vendor"`
+	Version string   `json:"version"`
+	// Origin says why and how: "--url", "COUCHDB_URL", or how the bench
+	// started the server ("single node started by the bench from /opt/couchdb (...)").
 	Origin string `json:"origin"`
+	// Topology is the shape of an Apache CouchDB the bench started
+	// ("3-node cluster, q=2, n=3").
+	Topology string `json:"topology,omitempty"`
+	// Clients says where the queue clients and the ceiling's writers send
+	// their requests.
+	Clients string `json:"clients,omitempty"`
+	// CPU says which processes the server's CPU figures add up; empty when
+	// there are none (a server the bench did not start).
+	CPU string `json:"cpu,omitempty"`
 }
+
+// Name is the server as a reader knows it: "Apache CouchDB 3.5.0".
+func (s ServerInfo) Name() string { return serverName(s.Vendor, s.Version) }
 
 // HostInfo describes the machine the bench (and a local server) ran on.
 type HostInfo struct {
@@ -131,25 +153,81 @@ func groupThousands(s string) string {
 	return out
 }
 
-// WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
+// WriteJSON writes reports as an indented JSON array, one report per
+// server, in the order they ran (an array of one for --url).
+func WriteJSON(w io.Writer, reports []*Report) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
+	if reports == nil {
+		reports = []*Report{}
+	}
+	if err := enc.Encode(reports); err != nil {
 		return fmt.Errorf("writing JSON report: %w", err)
 	}
 	return nil
 }
 
+// WriteTables writes one table per report (WriteTable), a blank line
+// between them.
+func WriteTables(w io.Writer, reports []*Report) error {
+	for i, r := range reports {
+		if i > 0 {
+			if _, err := io.WriteString(w, "\n"); err != nil {
+				return fmt.Errorf("writing report: %w", err)
+			}
+		}
+		if err := r.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // WriteTable writes the report as one aligned plain-text table, with a
-// header naming the server and host and the notes below.
+// header naming the server (what it is, why it was measured, where the
+// clients went), the sizes and the host, and the notes below.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "couchq-bench  %s\n", r.Started.Format(time.RFC3339))
-	fmt.Fprintf(&b, "server: %s %s at %s (%s)\n", r.Server.Vendor, r.Server.Version, r.Server.URL, r.Server.Origin)
-	fmt.Fprintf(&b, "host:   %d CPUs, %s, %s; wall time %.1f s\n", r.Host.CPUs, r.Host.OS, r.Host.GoVersion, r.WallSeconds)
+	sv := r.Server
+	fmt.Fprintf(&b, "couchq-bench  %s  [%s]\n", r.Started.Format(time.RFC3339), sv.Kind)
+	switch {
+	case r.Skipped != "":
+		fmt.Fprintf(&b, "server:  %s: skipped: %s\n", sv.Kind, r.Skipped)
+	case sv.Vendor == "" && sv.URL == "":
+		fmt.Fprintf(&b, "server:  %s\n", sv.Kind)
+	default:
+		what := sv.Name()
+		if sv.Topology != "" {
+			what += ", " + sv.Topology
+		}
+		fmt.Fprintf(&b, "server:  %s; %s\n", what, sv.Origin)
+		if len(sv.Nodes) > 0 {
+			fmt.Fprintf(&b, "nodes:   %s\n", strings.Join(sv.Nodes, " "))
+		} else {
+			fmt.Fprintf(&b, "url:     %s\n", sv.URL)
+		}
+	}
+	if sv.Clients != "" {
+		fmt.Fprintf(&b, "clients: %s\n", sv.Clients)
+	}
+	if sv.CPU != "" {
+		fmt.Fprintf(&b, "server CPU: %s\n", sv.CPU)
+	}
+	if sizes := sizesLine(r.Settings); sizes != "" {
+		fmt.Fprintf(&b, "sizes:   %s\n", sizes)
+	}
+	if r.Skipped != "" {
+		_, err := io.WriteString(w, b.String())
+		return wrapWrite(err)
+	}
+	fmt.Fprintf(&b, "host:    %d CPUs, %s, %s; wall time %.1f s\n", r.Host.CPUs, r.Host.OS, r.Host.GoVersion, r.WallSeconds)
 	if r.Host.LoadStart != "" {
-		fmt.Fprintf(&b, "load:   %s at start, %s at end (1, 5, 15 min; other work skews every figure)\n", r.Host.LoadStart, r.Host.LoadEnd)
+		fmt.Fprintf(&b, "load:    %s at start, %s at end (1, 5, 15 min; other work skews every figure)\n", r.Host.LoadStart, r.Host.LoadEnd)
+	}
+	if r.Error != "" {
+		fmt.Fprintf(&b, "\nthe run could not start: %s\n", r.Error)
+		_, err := io.WriteString(w, b.String())
+		return wrapWrite(err)
 	}
 	b.WriteString("\n")
 	header := []string{"SECTION", "METRIC", "VALUE", "TARGET", "MET"}
@@ -176,10 +254,29 @@ func (r *Report) WriteTable(w io.Writer) error {
 			b.WriteString("* " + n + "\n")
 		}
 	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
+	_, err := io.WriteString(w, b.String())
+	return wrapWrite(err)
+}
+
+func wrapWrite(err error) error {
+	if err != nil {
 		return fmt.Errorf("writing report: %w", err)
 	}
 	return nil
+}
+
+// sizesLine is the settings that size the sections, as the table's header
+// shows them; the cluster's are scaled (Config.ClusterScale).
+func sizesLine(set map[string]any) string {
+	if set == nil {
+		return ""
+	}
+	line := fmt.Sprintf("--jobs %v, --workers %v, --contention-jobs %v, --backlog-small %v, --backlog-large %v",
+		set["jobs"], set["workers"], set["contention_jobs"], set["backlog_small"], set["backlog_large"])
+	if note, ok := set["scaled"].(string); ok && note != "" {
+		line += " (" + note + ")"
+	}
+	return line
 }
 
 func metText(met *bool) string {

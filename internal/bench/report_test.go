@@ -12,9 +12,11 @@ func sampleReport() *Report {
 	r := &Report{
 		Started:     time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 		WallSeconds: 12.34,
-		Server:      ServerInfo{URL: "http://127.0.0.1:5984", Vendor: "couchdb", Version: "3.4.2", Origin: "--url"},
-		Host:        HostInfo{CPUs: 2, GoVersion: "go1.26", OS: "linux/amd64"},
-		Notes:       []string{"a note"},
+		Server: ServerInfo{Kind: "url", URL: "http://127.0.0.1:5984", Vendor: "couchdb", Version: "3.4.2", Origin: "--url",
+			Clients: "queue clients, ceiling writers and housekeeping: http://127.0.0.1:5984"},
+		Settings: map[string]any{"jobs": 5000, "workers": 16, "contention_jobs": 400, "backlog_small": 1000, "backlog_large": 20000},
+		Host:     HostInfo{CPUs: 2, GoVersion: "go1.26", OS: "linux/amd64"},
+		Notes:    []string{"a note"},
 	}
 	s1 := &Section{ID: 1, Name: "server ceiling"}
 	s1.add(numRow("single-doc writes/s, 1 client", 1234.4, "docs/s", 0))
@@ -35,9 +37,12 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	want := `couchq-bench  2026-01-02T03:04:05Z
-server: couchdb 3.4.2 at http://127.0.0.1:5984 (--url)
-host:   2 CPUs, linux/amd64, go1.26; wall time 12.3 s
+	want := `couchq-bench  2026-01-02T03:04:05Z  [url]
+server:  Apache CouchDB 3.4.2; --url
+url:     http://127.0.0.1:5984
+clients: queue clients, ceiling writers and housekeeping: http://127.0.0.1:5984
+sizes:   --jobs 5000, --workers 16, --contention-jobs 400, --backlog-small 1000, --backlog-large 20000
+host:    2 CPUs, linux/amd64, go1.26; wall time 12.3 s
 
 SECTION                 METRIC                                   VALUE  TARGET    MET
 1 server ceiling        single-doc writes/s, 1 client     1,234 docs/s
@@ -60,15 +65,54 @@ section 4 (claim contention) failed: boom
 	}
 }
 
-func TestWriteJSONRoundTrips(t *testing.T) {
+// A cluster's table says what it is, where the clients went, what the CPU
+// figures add up and that its sizes are scaled; a skipped server says why,
+// and nothing else.
+func TestWriteTablesPerServer(t *testing.T) {
+	cluster := sampleReport()
+	cluster.Server = ServerInfo{Kind: ServerCluster, URL: "http://127.0.0.1:1", Vendor: "couchdb", Version: "3.5.0",
+		Nodes:    []string{"http://127.0.0.1:1", "http://127.0.0.2:2", "http://127.0.0.3:3"},
+		Origin:   "3-node cluster started by the bench from /opt/couchdb (the default location)",
+		Topology: "3-node cluster, q=2, n=3", Clients: "queue clients: the node list with failover", CPU: "the 3 nodes summed"}
+	cluster.Settings = settings(Config{Jobs: 2000, Workers: 16, ContentionJobs: 160, BacklogSmall: 1000, BacklogLarge: 8000, ClusterScale: 0.4}, ServerCluster)
+	skipped := &Report{Started: cluster.Started, Server: ServerInfo{Kind: ServerCouchDB}, Skipped: "no Apache CouchDB release at /x"}
 	var buf bytes.Buffer
-	if err := sampleReport().WriteJSON(&buf); err != nil {
+	if err := WriteTables(&buf, []*Report{cluster, skipped}); err != nil {
 		t.Fatal(err)
 	}
-	var back Report
-	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+	out := buf.String()
+	for _, want := range []string{
+		"couchq-bench  2026-01-02T03:04:05Z  [cluster]\n",
+		"server:  Apache CouchDB 3.5.0, 3-node cluster, q=2, n=3; 3-node cluster started by the bench from /opt/couchdb (the default location)\n",
+		"nodes:   http://127.0.0.1:1 http://127.0.0.2:2 http://127.0.0.3:3\n",
+		"clients: queue clients: the node list with failover\n",
+		"server CPU: the 3 nodes summed\n",
+		"sizes:   --jobs 2000, --workers 16, --contention-jobs 160, --backlog-small 1000, --backlog-large 8000 (the cluster's: --jobs, --contention-jobs and --backlog-large scaled by --cluster-scale 0.4)\n",
+		"* a note\n\ncouchq-bench  2026-01-02T03:04:05Z  [couchdb]\nserver:  couchdb: skipped: no Apache CouchDB release at /x\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tables lack %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "SECTION") != 1 {
+		t.Errorf("want one table (the skipped server has none):\n%s", out)
+	}
+}
+
+func TestWriteJSONRoundTrips(t *testing.T) {
+	var buf bytes.Buffer
+	skipped := &Report{Server: ServerInfo{Kind: ServerCluster}, Skipped: "no release"}
+	if err := WriteJSON(&buf, []*Report{sampleReport(), skipped}); err != nil {
+		t.Fatal(err)
+	}
+	var all []Report
+	if err := json.Unmarshal(buf.Bytes(), &all); err != nil {
 		t.Fatalf("decoding %s: %v", buf.String(), err)
 	}
+	if len(all) != 2 || all[0].Server.Kind != "url" || all[1].Server.Kind != ServerCluster || all[1].Skipped != "no release" {
+		t.Fatalf("reports = %+v", all)
+	}
+	back := all[0]
 	got := back.Sections[1].Rows[0]
 	if got.Value != 180 || got.Unit != "ms" || got.Met == nil || !*got.Met || got.Target != "< 250 ms" {
 		t.Fatalf("row = %+v", got)

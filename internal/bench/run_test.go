@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"math"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/localserver"
 )
 
 var srv *couchtest.Server
@@ -40,10 +44,14 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 	if err := checkLoopback(context.Background(), u.Hostname()); err != nil {
 		couchtest.Skip(t, "the bench only runs against loopback servers: "+err.Error())
 	}
-	rep, err := Run(context.Background(), tiny())
+	reps, err := Run(context.Background(), tiny())
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	if len(reps) != 1 || reps[0].Server.Kind != serverURL || reps[0].Server.Origin != "test harness" {
+		t.Fatalf("want one report, of the URL's server: %+v", reps)
+	}
+	rep := reps[0]
 	var ids []int
 	for _, s := range rep.Sections {
 		ids = append(ids, s.ID)
@@ -73,6 +81,7 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 			t.Errorf("no judged %q row", key)
 		}
 	}
+	checkCeilingAndThroughputRows(t, rep, true)
 	// Every database the bench made is gone.
 	dbs, err := srv.Client(t).AllDBs(context.Background())
 	if err != nil {
@@ -89,11 +98,84 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 	if err := rep.WriteTable(&table); err != nil {
 		t.Fatal(err)
 	}
-	if err := rep.WriteJSON(&js); err != nil || !json.Valid(js.Bytes()) {
+	if err := WriteJSON(&js, reps); err != nil || !json.Valid(js.Bytes()) {
 		t.Fatalf("JSON report: %v", err)
 	}
 	t.Logf("\n%s", table.String())
 }
+
+// rowsByMetric indexes a report's rows by "section/metric".
+func rowsByMetric(rep *Report) map[string]Row {
+	m := map[string]Row{}
+	for _, s := range rep.Sections {
+		for _, r := range s.Rows {
+			m[fmt.Sprintf("%d/%s", s.ID, r.Metric)] = r
+		}
+	}
+	return m
+}
+
+// checkCeilingAndThroughputRows checks sections 1 and 2's yardsticks: the
+// bare and design-doc bulk rates, the limits derived from them, and the
+// throughput's shares of both limits, traffic and queue waits.
+func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool) {
+	t.Helper()
+	rows := rowsByMetric(rep)
+	get := func(metric string) Row {
+		t.Helper()
+		r, ok := rows[metric]
+		if !ok {
+			t.Errorf("%s: no row %q", rep.Server.Kind, metric)
+		}
+		return r
+	}
+	put1 := get("1/single-doc writes/s, 1 client (with couchq's design doc)").Value
+	putC := get("1/single-doc writes/s, 2 clients (with couchq's design doc)").Value
+	bare := get("1/_bulk_docs docs/s, batch 100, 1 client, bare database (no design doc)").Value
+	design := get("1/_bulk_docs docs/s, batch 100, 1 client, with couchq's design doc").Value
+	lost := get("1/  bulk rate lost to the design doc (validate_doc_update, views)").Value
+	limit := get("1/physical limit: bulk (bare) / 3").Value
+	putLimit := get("1/single-doc limit: best single-doc rate / 3").Value
+	if bare <= 0 || design <= 0 || put1 <= 0 || putC <= 0 {
+		t.Errorf("%s: ceiling rates: bulk bare %g, bulk design %g, put %g / %g", rep.Server.Kind, bare, design, put1, putC)
+	}
+	if !near(limit, bare/3) || !near(putLimit, max(put1, putC)/3) || !near(lost, 100*(1-design/bare)) {
+		t.Errorf("%s: limits %g (want bulk bare %g / 3), %g (want best put %g / 3), lost %g%% (bulk design %g)",
+			rep.Server.Kind, limit, bare, putLimit, max(put1, putC), lost, design)
+	}
+	var tput Row
+	for _, r := range rep.Sections[1].Rows {
+		if strings.HasPrefix(r.Metric, "throughput, ") {
+			tput = r
+		}
+	}
+	if tput.Met == nil || !strings.Contains(tput.Target, fmt.Sprintf("of %.0f jobs/s (bulk/3)", limit)) {
+		t.Errorf("%s: throughput row judged against %q, want bulk/3 = %.0f", rep.Server.Kind, tput.Target, limit)
+	}
+	if share := get("2/share of the physical limit (bulk, bare / 3)").Value; !near(share, 100*tput.Value/limit) {
+		t.Errorf("%s: share of bulk/3 %g%%, want %g / %g", rep.Server.Kind, share, tput.Value, limit)
+	}
+	if share := get("2/share of the single-doc limit (best single-doc rate / 3)").Value; !near(share, 100*tput.Value/putLimit) {
+		t.Errorf("%s: share of single-doc/3 %g%%, want %g / %g", rep.Server.Kind, share, tput.Value, putLimit)
+	}
+	p50 := get("2/enqueue -> handler start p50 (backlog enqueued before the workers started)").Value
+	p99 := get("2/enqueue -> handler start p99").Value
+	if p50 <= 0 || p99 < p50 {
+		t.Errorf("%s: enqueue -> start p50 %g ms, p99 %g ms", rep.Server.Kind, p50, p99)
+	}
+	if instrumented {
+		for _, m := range []string{"2/bytes sent per job (on the wire: HTTP headers and bodies)",
+			"2/bytes received per job (on the wire: HTTP headers and bodies)", "2/HTTP requests per job"} {
+			// A job's claim and outcome at least are written: some bytes each way.
+			if v := get(m).Value; v <= 0 {
+				t.Errorf("%s: %s = %g", rep.Server.Kind, m, v)
+			}
+		}
+	}
+}
+
+// near is a == b within rounding of the printed figures' inputs.
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*max(math.Abs(a), math.Abs(b), 1) }
 
 func TestRunRefusesRemoteServers(t *testing.T) {
 	cfg := tiny()
@@ -101,6 +183,12 @@ func TestRunRefusesRemoteServers(t *testing.T) {
 	_, err := Run(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("Run against a remote server: err = %v, want a loopback refusal", err)
+	}
+	// Every node of a list is checked, not the first alone.
+	cfg.URL = "http://127.0.0.1:1,http://192.0.2.1:5984"
+	reps, err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "192.0.2.1 is not a loopback address") || reps != nil {
+		t.Fatalf("Run against a node list with a remote node: %v, %v", reps, err)
 	}
 }
 
@@ -118,10 +206,11 @@ func TestRunWithWorkerProcesses(t *testing.T) {
 	cfg := tiny()
 	cfg.Sections = []int{SectionThroughput, SectionMemory}
 	cfg.Jobs, cfg.Instances, cfg.Procs = 30, 1, 2
-	rep, err := Run(context.Background(), cfg)
+	reps, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	rep := reps[0]
 	var found []string
 	for _, s := range rep.Sections {
 		for _, r := range s.Rows {
@@ -138,4 +227,90 @@ func TestRunWithWorkerProcesses(t *testing.T) {
 	var table bytes.Buffer
 	_ = rep.WriteTable(&table)
 	t.Logf("\n%s", table.String())
+}
+
+// The servers the bench starts itself, each measured in turn: what each
+// report says about its server, and the figures only a local server has
+// (its CPU, couchjs's share on Apache CouchDB, its memory).
+func TestRunOnLocalServers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a CouchDB node, a 3-node cluster and PouchDB Server")
+	}
+	cfg := tiny()
+	cfg.URL, cfg.User, cfg.Password, cfg.URLOrigin = "", "", "", ""
+	cfg.Sections = []int{SectionCeiling, SectionThroughput, SectionMemory}
+	cfg.Jobs, cfg.ClusterScale = 40, 0.5
+	cfg.Servers = LocalServers()
+	if _, err := localserver.FindCouchDB(os.Getenv); err != nil {
+		t.Logf("only PouchDB Server: %v", err)
+		cfg.Servers = []string{ServerPouchDB}
+	}
+	cfg.CouchDBHome = os.Getenv(localserver.CouchDBHomeEnv)
+	reps, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var kinds []string
+	for _, rep := range reps {
+		kinds = append(kinds, rep.Server.Kind)
+	}
+	if !slices.Equal(kinds, cfg.Servers) {
+		t.Fatalf("reports for %v, want %v", kinds, cfg.Servers)
+	}
+	for _, rep := range reps {
+		sv := rep.Server
+		var table bytes.Buffer
+		_ = rep.WriteTable(&table)
+		t.Logf("\n%s", table.String())
+		if rep.Skipped != "" || rep.Error != "" || len(rep.Sections) != 3 {
+			t.Errorf("%s: skipped %q, error %q, %d sections", sv.Kind, rep.Skipped, rep.Error, len(rep.Sections))
+			continue
+		}
+		for _, s := range rep.Sections {
+			if s.Error != "" {
+				t.Errorf("%s: section %d: %s", sv.Kind, s.ID, s.Error)
+			}
+		}
+		checkCeilingAndThroughputRows(t, rep, true)
+		rows := rowsByMetric(rep)
+		if r := rows["2/CPU per job, server processes"]; r.Value <= 0 {
+			t.Errorf("%s: no server CPU per job (%+v); server CPU: %q", sv.Kind, r, sv.CPU)
+		}
+		jobs := "40"
+		switch sv.Kind {
+		case ServerCouchDB:
+			if sv.Vendor != "couchdb" || sv.Topology != "single node, q=2, n=1" || !strings.Contains(sv.Origin, "started by the bench from") {
+				t.Errorf("couchdb: %+v", sv)
+			}
+		case ServerCluster:
+			if sv.Vendor != "couchdb" || sv.Topology != "3-node cluster, q=2, n=3" || len(sv.Nodes) != 3 ||
+				!strings.Contains(sv.Clients, "failover") || !strings.Contains(sv.CPU, "3 nodes summed") {
+				t.Errorf("cluster: %+v", sv)
+			}
+			if r := rows["6/peak RSS of the local server (VmHWM, the 3 nodes' summed)"]; r.Value <= 0 {
+				t.Errorf("cluster: no summed peak RSS: %+v", r)
+			}
+			jobs = "20" // 40 scaled by 0.5
+			if !strings.Contains(table.String(), "--cluster-scale 0.5") {
+				t.Errorf("cluster: the table does not say its sizes are scaled")
+			}
+		case ServerPouchDB:
+			if sv.Vendor != "pouchdb" || sv.Topology != "" {
+				t.Errorf("pouchdb: %+v", sv)
+			}
+		}
+		if _, ok := rows["2/throughput, 4 goroutines over 2 workers, first claim -> last done"]; !ok {
+			t.Errorf("%s: no throughput row", sv.Kind)
+		}
+		if !strings.Contains(table.String(), "--jobs "+jobs+",") {
+			t.Errorf("%s: sizes are not --jobs %s", sv.Kind, jobs)
+		}
+		// validate_doc_update runs in couchjs on Apache CouchDB: its CPU is
+		// part of the server's, and shown.
+		if sv.Vendor == "couchdb" {
+			if r := rows["2/  of which couchjs (JavaScript: validate_doc_update, views)"]; r.Value <= 0 {
+				t.Errorf("%s: no couchjs CPU: %+v", sv.Kind, r)
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,15 +17,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
-	"github.com/couchq/couchq/internal/localserver"
 )
 
 // target is the server a run measures: where it is, what it is, and the
 // clients the sections use.
 type target struct {
-	base           string // no credentials
+	base           string // node 1, no credentials
 	user, password string
 	info           ServerInfo
+	// nodes are every node's URL for a cluster the bench started (the
+	// queue clients fail over between them), else the server's URL alone.
+	nodes []string
 	// srv is what couchq.Connect returned; queue clients come from queue.
 	srv *couchq.Server
 	// queue opens the couchq clients the sections measure: srv itself, or
@@ -37,86 +40,102 @@ type target struct {
 	raw   *http.Client
 	stats *httpStats
 	stop  func(context.Context) error // stops a local server; nil otherwise
-	// serverPID is the local server's process, 0 when unknown (a --url
-	// server, or no /proc).
-	serverPID int
+	// serverPIDs are the local server's processes (one per node), whose
+	// CPU, with their descendants', counts as the server's; none when
+	// unknown (a --url server, or no /proc).
+	serverPIDs []int
 }
 
-// connect reaches the configured server, or starts a local PouchDB Server
-// when none is configured.
-func connect(ctx context.Context, cfg Config, log zerolog.Logger) (*target, error) {
-	t := &target{stats: &httpStats{}}
-	rawURL := cfg.URL
-	origin := cfg.URLOrigin
-	if rawURL == "" {
-		dir, err := os.MkdirTemp("", "couchq-bench-*")
-		if err != nil {
-			return nil, fmt.Errorf("creating a data directory for PouchDB Server: %w", err)
+// connect starts the planned local server, or reaches the configured one.
+func connect(ctx context.Context, cfg Config, ps plannedServer, log zerolog.Logger) (*target, error) {
+	t := &target{stats: &httpStats{}, info: ServerInfo{Kind: ps.kind}}
+	var err error
+	switch ps.kind {
+	case serverURL:
+		t.user, t.password = cfg.User, cfg.Password
+		t.nodes, t.info.Origin = couchq.SplitNodeURLs(cfg.URL), cfg.URLOrigin
+		if len(t.nodes) == 0 {
+			err = fmt.Errorf("server URL %q: no URL in it", couchq.Redact(cfg.URL))
 		}
-		log.Info().Str("data_dir", dir).Msg("starting a local PouchDB Server")
-		p, err := localserver.Start(ctx, localserver.Options{DataDir: dir, Logger: log})
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("starting a local PouchDB Server: %w", err)
-		}
-		t.stop = func(ctx context.Context) error {
-			err := p.Stop(ctx)
-			return errors.Join(err, os.RemoveAll(dir))
-		}
-		rawURL, origin = p.URL(), "local PouchDB Server started by the bench"
-		if pid, err := findServerPID(p.DataDir()); err == nil {
-			t.serverPID = pid
-		} else {
-			log.Info().Err(err).Msg("no CPU and memory figures for the server")
-		}
+	case ServerCouchDB, ServerCluster:
+		err = t.startCouchDB(ctx, ps, log)
+	case ServerPouchDB:
+		err = t.startPouchDB(ctx, log)
+	default:
+		err = fmt.Errorf("unknown server %q", ps.kind)
 	}
-	if err := t.setup(ctx, cfg, rawURL, origin); err != nil {
+	if err == nil {
+		err = t.setup(ctx, cfg)
+	}
+	if err != nil {
 		_ = t.close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return t, nil
 }
 
-func (t *target) setup(ctx context.Context, cfg Config, rawURL, origin string) error {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("server URL %s: want http(s)://host:port", couchq.Redact(rawURL))
-	}
-	t.user, t.password = cfg.User, cfg.Password
-	if u.User != nil {
-		// As couchq.Dial: credentials in the URL fill in what is not given.
-		if t.user == "" {
-			t.user = u.User.Username()
+// setup checks t.nodes and connects the clients: housekeeping and the
+// ceiling's writers to node 1, the queue clients to every node (with
+// failover when there are several).
+func (t *target) setup(ctx context.Context, cfg Config) error {
+	for i, raw := range t.nodes {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return fmt.Errorf("server URL %s: want http(s)://host:port", couchq.Redact(raw))
 		}
-		if pw, ok := u.User.Password(); ok && t.password == "" {
-			t.password = pw
+		if u.User != nil {
+			// As couchq.Dial: credentials in the URL fill in what is not given.
+			if t.user == "" {
+				t.user = u.User.Username()
+			}
+			if pw, ok := u.User.Password(); ok && t.password == "" {
+				t.password = pw
+			}
+			u.User = nil
 		}
-		u.User = nil
+		t.nodes[i] = strings.TrimRight(u.String(), "/")
+		if err := checkLoopback(ctx, u.Hostname()); err != nil {
+			return fmt.Errorf("server %s: %w", t.nodes[i], err)
+		}
 	}
-	t.base = strings.TrimRight(u.String(), "/")
-	if err := checkLoopback(ctx, u.Hostname()); err != nil {
-		return fmt.Errorf("server %s: %w", t.base, err)
-	}
+	t.base = t.nodes[0]
+	var err error
 	t.srv, err = couchq.Connect(ctx, t.base, t.user, t.password)
 	if err != nil {
 		return err
 	}
-	t.info = ServerInfo{URL: t.base, Vendor: t.srv.Caps.Vendor, Version: t.srv.Caps.Version, Origin: origin}
+	t.info.URL, t.info.Vendor, t.info.Version = t.base, t.srv.Caps.Vendor, t.srv.Caps.Version
+	switch {
+	case len(t.nodes) > 1:
+		t.info.Nodes = t.nodes
+		t.info.Clients = fmt.Sprintf("queue clients: the node list with failover (couchq.Dial with %d comma-separated URLs; "+
+			"every request goes to node 1 while it answers); ceiling writers and housekeeping: node 1", len(t.nodes))
+	default:
+		t.info.Clients = "queue clients, ceiling writers and housekeeping: " + t.base
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = max(cfg.Clients, 64)
 	t.raw = &http.Client{Transport: tr}
 	t.queue = t.srv
-	if cfg.Instrument {
-		// couchq's own HTTP client, counted: the workers see exactly what
-		// couchq.Connect gives them, _selector feed included.
-		counted := &http.Client{Transport: newCountingTransport(t.stats, cfg.ClientIdleConns)}
-		if t.queue, err = couchq.ConnectHTTP(ctx, t.base, t.user, t.password, counted); err != nil {
+	if cfg.Instrument || len(t.nodes) > 1 {
+		// couchq's own HTTP client (counted when instrumented): the workers
+		// see exactly what couchq.Connect gives them, _selector feed and
+		// failover included.
+		hc := couchq.NewHTTPClient()
+		if cfg.Instrument {
+			hc = &http.Client{Transport: newCountingTransport(t.stats, cfg.ClientIdleConns)}
+		}
+		if t.queue, err = couchq.ConnectHTTP(ctx, t.queueURL(), t.user, t.password, hc); err != nil {
 			return err
 		}
 		t.kivik = t.queue.Client
 	}
 	return nil
 }
+
+// queueURL is what the queue clients (and --procs workers) dial: the
+// comma-separated node list, or the one URL.
+func (t *target) queueURL() string { return strings.Join(t.nodes, ",") }
 
 // close releases the clients and stops a local server.
 func (t *target) close(ctx context.Context) error {
@@ -169,6 +188,15 @@ func (t *target) newDB(ctx context.Context, section string, log zerolog.Logger) 
 	return name, nil
 }
 
+// newBareDB creates a fresh database with nothing in it.
+func (t *target) newBareDB(ctx context.Context, section string) (string, error) {
+	name := "couchq_bench_" + section + "_" + randomHex(4)
+	if err := t.srv.Client.CreateDB(ctx, name); err != nil {
+		return "", fmt.Errorf("creating database %s: %w", name, err)
+	}
+	return name, nil
+}
+
 // dropDB deletes a database the bench created.
 func (t *target) dropDB(ctx context.Context, name string) error {
 	if err := t.srv.Client.DestroyDB(ctx, name); err != nil && kivik.HTTPStatus(err) != http.StatusNotFound {
@@ -182,10 +210,23 @@ func (t *target) open(ctx context.Context, db string) (*couchq.Client, error) {
 	return t.queue.Open(ctx, db, couchq.Config{})
 }
 
+// treeUse is the CPU time of a process and its descendants (treeCPU).
+type treeUse struct {
+	// total is every live process's time plus that of the children they
+	// waited for: a server's couchjs processes that ended still count.
+	total time.Duration
+	// js is each live couchjs process's own time, by process id.
+	js map[int]time.Duration
+}
+
 // cpuUse is CPU time used so far by the bench process and the server.
 type cpuUse struct {
-	bench, server time.Duration
-	ok, serverOK  bool
+	bench time.Duration
+	// server sums the server's process trees; js is what each live
+	// couchjs process in them has used, by process id.
+	server       time.Duration
+	js           map[int]time.Duration
+	ok, serverOK bool
 }
 
 func (t *target) cpu() cpuUse {
@@ -193,11 +234,29 @@ func (t *target) cpu() cpuUse {
 	var err error
 	u.bench, err = processCPU(os.Getpid())
 	u.ok = err == nil
-	if t.serverPID != 0 {
-		u.server, err = processCPU(t.serverPID)
-		u.serverOK = err == nil
+	u.serverOK = len(t.serverPIDs) > 0
+	u.js = map[int]time.Duration{}
+	for _, pid := range t.serverPIDs {
+		g, err := treeCPU(pid)
+		if err != nil {
+			u.serverOK = false
+			break
+		}
+		u.server += g.total
+		maps.Copy(u.js, g.js)
 	}
 	return u
+}
+
+// jsSince is the CPU the couchjs processes used since before: a process
+// that ended in between is not counted (its time went to its parent's
+// children's times, which the server's total has).
+func (u cpuUse) jsSince(before cpuUse) time.Duration {
+	var d time.Duration
+	for pid, t := range u.js {
+		d += t - before.js[pid]
+	}
+	return d
 }
 
 // cpuRows adds CPU time per job between two readings.
@@ -210,14 +269,19 @@ func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) {
 		s.add(durRow(prefix+"CPU per job, bench process (queue clients + workers)", per(after.bench-before.bench)))
 	}
 	if before.serverOK && after.serverOK {
-		s.add(durRow(prefix+"CPU per job, server process", per(after.server-before.server)))
+		s.add(durRow(prefix+"CPU per job, server processes", per(after.server-before.server)))
+		if len(after.js) > 0 {
+			s.add(durRow(prefix+"  of which couchjs (JavaScript: validate_doc_update, views)", per(after.jsSince(before))))
+		}
 	}
 }
 
-// httpStats counts the queue clients' HTTP traffic by kind of request.
+// httpStats counts the queue clients' HTTP traffic by kind of request,
+// and the bytes on their connections.
 type httpStats struct {
-	dials    atomic.Int64
-	requests [numKinds]atomic.Int64
+	dials          atomic.Int64
+	sent, received atomic.Int64
+	requests       [numKinds]atomic.Int64
 }
 
 // The kinds of request told apart.
@@ -239,12 +303,42 @@ var kindNames = [numKinds]string{
 	"job PUT/DELETE", "job GET", "worker registry", "other",
 }
 
-// snapshot returns the counters: requests by kind and TCP connections opened.
-func (s *httpStats) snapshot() (reqs [numKinds]int64, dials int64) {
-	for i := range reqs {
-		reqs[i] = s.requests[i].Load()
+// traffic is the counters of httpStats at one moment, or the difference
+// between two moments.
+type traffic struct {
+	reqs  [numKinds]int64 // requests by kind
+	dials int64           // TCP connections opened
+	// sent and received are bytes on the connections: HTTP headers and
+	// bodies as they went over the wire.
+	sent, received int64
+}
+
+// snapshot returns the counters.
+func (s *httpStats) snapshot() traffic {
+	var t traffic
+	for i := range t.reqs {
+		t.reqs[i] = s.requests[i].Load()
 	}
-	return reqs, s.dials.Load()
+	t.dials, t.sent, t.received = s.dials.Load(), s.sent.Load(), s.received.Load()
+	return t
+}
+
+// since is the traffic between an earlier snapshot and this one.
+func (t traffic) since(before traffic) traffic {
+	d := traffic{dials: t.dials - before.dials, sent: t.sent - before.sent, received: t.received - before.received}
+	for k := range d.reqs {
+		d.reqs[k] = t.reqs[k] - before.reqs[k]
+	}
+	return d
+}
+
+// requests is every request, whatever its kind.
+func (t traffic) requests() int64 {
+	var n int64
+	for _, r := range t.reqs {
+		n += r
+	}
+	return n
 }
 
 type countingTransport struct {
@@ -262,10 +356,33 @@ func newCountingTransport(stats *httpStats, idle int) http.RoundTripper {
 	}
 	dial := tr.DialContext
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
 		stats.dials.Add(1)
-		return dial(ctx, network, addr)
+		return &countingConn{Conn: conn, stats: stats}, nil
 	}
 	return &countingTransport{next: tr, stats: stats}
+}
+
+// countingConn counts the bytes a connection carries: what a job costs
+// the network, headers included, which body sizes alone would miss.
+type countingConn struct {
+	net.Conn
+	stats *httpStats
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.stats.received.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.stats.sent.Add(int64(n))
+	return n, err
 }
 
 func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {

@@ -116,7 +116,7 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 
 	n := max(int(cfg.Rate*cfg.Duration.Seconds()), 1)
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
-	reqs0, dials0 := b.t.stats.snapshot()
+	traffic0 := b.t.stats.snapshot()
 	q0 := p.stats().Queries
 	cpu0 := b.t.cpu()
 	ids := make([]string, 0, n)
@@ -145,7 +145,7 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 	}
 	enqueueSpan := time.Since(began)
 	rec.waitFor(ctx, len(ids)+1, lateGrace)
-	reqs1, dials1 := b.t.stats.snapshot()
+	tr := b.t.stats.snapshot().since(traffic0)
 	cpu1 := b.t.cpu()
 	queries := p.stats().Queries - q0
 
@@ -173,7 +173,7 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 		s.add(numRow(fmt.Sprintf("jobs not started within %s", lateGrace), float64(missing), "", 0))
 	}
 	s.add(numRow("due-view queries per job", ratio(float64(queries), float64(len(ids))), "", 2))
-	b.requestRows(s, reqs0, reqs1, dials1-dials0, len(ids))
+	b.requestRows(s, tr, len(ids))
 	cpuRows(s, "", cpu0, cpu1, len(ids))
 	return nil
 }

@@ -221,6 +221,26 @@ func (c *CouchDB) Nodes() int { return len(c.nodes) }
 // NodeName is node i's Erlang node name (as _membership lists it).
 func (c *CouchDB) NodeName(i int) string { return c.nodes[i-1].name }
 
+// Shards are the shard count (q) and replica count (n) of new databases, as the nodes were
+// configured: a benchmark's report says what it measured.
+func (c *CouchDB) Shards() (q, n int) { return c.opts.Q, min(c.opts.Nodes, 3) }
+
+// NodePIDs are the running nodes' process ids, node 1 first, 0 for a stopped node. Each is the
+// node's Erlang VM (bin/couchdb execs it); the node's couchjs processes are its descendants
+// (started through erl_child_setup, each in a session of its own), so a benchmark reads what
+// the node costs in CPU from this process's tree.
+func (c *CouchDB) NodePIDs() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pids := make([]int, len(c.nodes))
+	for i, n := range c.nodes {
+		if n.proc != nil {
+			pids[i] = n.proc.cmd.Process.Pid
+		}
+	}
+	return pids
+}
+
 // Credentials are the admin's user name and password.
 func (c *CouchDB) Credentials() (user, password string) { return c.user, c.password }
 
