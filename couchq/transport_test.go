@@ -11,13 +11,16 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	kivik "github.com/go-kivik/kivik/v4"
 )
 
-// refuseFromHeaders serves like CouchDB answering a user who is not a
-// member of the database: 403 as soon as the headers are read, then the
-// connection closed without reading the body.
+// refuseFromHeaders serves like CouchDB 3.5 answering a user who is not a
+// member of the database: 403 with "Connection: close" as soon as the
+// headers are read, then the connection closed without reading the body.
+// (A server that closes without "Connection: close" would make any client
+// race to reuse the connection.)
 func refuseFromHeaders(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -41,8 +44,12 @@ func refuseFromHeaders(t *testing.T) string {
 					}
 				}
 				const body = `{"error":"forbidden","reason":"You are not allowed to access this db."}`
-				_, _ = io.WriteString(conn, "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: "+
+				_, _ = io.WriteString(conn, "HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: "+
 					itoa(len(body))+"\r\n\r\n"+body)
+				// Close a moment later, as CouchDB does: by then a body the
+				// client sent regardless sits unread, the close resets the
+				// connection and the client loses the 403 it had not read.
+				time.Sleep(50 * time.Millisecond)
 			}()
 		}
 	}()
