@@ -143,8 +143,22 @@ func (c *Client) now() time.Time { return c.cfg.Now() }
 func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }
 
 // Init creates the database when it does not exist and installs or upgrades
-// the design document. Safe to run from many processes at once.
+// the design document, keeping the stored document's validation choice (on
+// for a new database). Safe to run from many processes at once.
 func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.Logger) (designdocs.Outcome, error) {
+	return InitWith(ctx, client, dbName, InitOptions{}, log)
+}
+
+// InitOptions are what an admin chooses at couchq init.
+type InitOptions struct {
+	// Validation turns the design document's validate_doc_update on or off;
+	// the zero value keeps what the database has. See designdocs.Validation
+	// for what each costs and guards.
+	Validation designdocs.Validation
+}
+
+// InitWith is Init with options.
+func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts InitOptions, log zerolog.Logger) (designdocs.Outcome, error) {
 	exists, err := client.DBExists(ctx, dbName)
 	if err != nil {
 		return "", fmt.Errorf("checking database %s: %w", dbName, err)
@@ -158,7 +172,7 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 	if err != nil {
 		return "", fmt.Errorf("building design document: %w", err)
 	}
-	return designdocs.Install(ctx, client.DB(dbName), want, log)
+	return designdocs.Install(ctx, client.DB(dbName), want, opts.Validation, log)
 }
 
 // Dial connects to the CouchDB server at rawURL. Credentials may be in the

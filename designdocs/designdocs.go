@@ -37,7 +37,41 @@ const Name = "couchq"
 // releases. Raise it whenever the views change meaning, so that a newer
 // couchq upgrades an older document and an older couchq (still running
 // during a rolling deploy) leaves the newer one alone.
-const SchemaVersion = 1
+//
+// Schema 2 records whether validation is on (Meta.Validation), so that a
+// couchq of schema 1, which would put validation back, leaves it alone.
+const SchemaVersion = 2
+
+// Validation says whether a design document carries validate_doc_update.
+//
+// With it on (the default) CouchDB refuses, on every write, a WorkItem no
+// worker could run and enforces the roles of couchq init
+// --workers/--producers. It runs in CouchDB's JavaScript server for every
+// document written, which costs most of the server's write capacity (see
+// the README's Performance section). With it off, malformed WorkItems are
+// stored and workers quarantine them as they meet them (marked failed
+// with the reason), and any member of the database may write anything.
+type Validation string
+
+const (
+	// ValidationKept keeps what the database's design document has: on
+	// for a database that has none yet. Workers install with it, so they
+	// never undo an admin's choice.
+	ValidationKept Validation = ""
+	// ValidationOn installs validate_doc_update.
+	ValidationOn Validation = "on"
+	// ValidationOff installs the design document without it.
+	ValidationOff Validation = "off"
+)
+
+// ParseValidation reads "on" or "off".
+func ParseValidation(s string) (Validation, error) {
+	switch v := Validation(s); v {
+	case ValidationOn, ValidationOff:
+		return v, nil
+	}
+	return "", fmt.Errorf("validation must be on or off, not %q", s)
+}
 
 // Source returns the embedded design document tree (rooted at couchq/).
 func Source() fs.FS {
@@ -62,6 +96,9 @@ type Meta struct {
 	// Hash is a digest of the functions, so that unchanged content is
 	// recognised without comparing every function.
 	Hash string `json:"hash"`
+	// Validation is whether validate_doc_update is installed (on or off;
+	// empty in documents from before schema 2, which always had it).
+	Validation Validation `json:"validation,omitempty"`
 }
 
 // Doc is the design document as couchq writes it.
@@ -118,9 +155,29 @@ func Build(fsys fs.FS, schema int) (*Doc, error) {
 			return nil, fmt.Errorf("design document tree: view %q has no map.js", name)
 		}
 	}
-	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash()}
+	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash(), Validation: ValidationOn}
 	return doc, nil
 }
+
+// WithValidation returns a copy of d with validate_doc_update on or off
+// (see Validation); ValidationKept returns d itself. Turning it back on
+// needs the function, so only a document built with it can.
+func (d *Doc) WithValidation(v Validation) *Doc {
+	if v == ValidationKept || v == d.Couchq.Validation {
+		return d
+	}
+	c := *d
+	if v == ValidationOff {
+		c.ValidateDocUpdate = ""
+	}
+	c.Couchq.Validation = v
+	c.Couchq.Hash = c.contentHash()
+	return &c
+}
+
+// Validating reports whether a stored design document validates writes:
+// every one but those couchq init --validation off wrote.
+func (d *Doc) Validating() bool { return d.Couchq.Validation != ValidationOff }
 
 // Default is the design document embedded in this build of couchq.
 func Default() (*Doc, error) {

@@ -41,13 +41,20 @@ const installAttempts = 10
 // Install makes db carry want, idempotently: unchanged content is not
 // rewritten, a design document from a newer schema is kept, and concurrent
 // installers all succeed because a 409 is answered by reading again.
-func Install(ctx context.Context, db *kivik.DB, want *Doc, log zerolog.Logger) (Outcome, error) {
+// validation turns validate_doc_update on or off, or (ValidationKept) keeps
+// the stored document's choice.
+func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation, log zerolog.Logger) (Outcome, error) {
 	for range installAttempts {
 		have, err := fetch(ctx, db)
 		if err != nil {
 			return "", err
 		}
 		outcome := Created
+		v := validation
+		if v == ValidationKept && have != nil && !have.Validating() {
+			v = ValidationOff
+		}
+		want := want.WithValidation(v)
 		doc := *want
 		doc.Rev = ""
 		if have != nil {
@@ -72,7 +79,7 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, log zerolog.Logger) (
 			return "", fmt.Errorf("writing design document %s: %w", ID, err)
 		}
 		log.Info().Str("outcome", string(outcome)).Int("schema", want.Couchq.Schema).Str("hash", want.Couchq.Hash).
-			Msg("installed design document")
+			Str("validation", string(want.Couchq.Validation)).Msg("installed design document")
 		return outcome, nil
 	}
 	return "", fmt.Errorf("installing design document %s: still conflicting after %d attempts", ID, installAttempts)
@@ -107,6 +114,9 @@ func Exists(ctx context.Context, db *kivik.DB) (bool, error) {
 	}
 	return true, nil
 }
+
+// Stored reads db's couchq design document, nil when there is none.
+func Stored(ctx context.Context, db *kivik.DB) (*Doc, error) { return fetch(ctx, db) }
 
 // fetch reads the stored design document, nil when there is none.
 func fetch(ctx context.Context, db *kivik.DB) (*Doc, error) {

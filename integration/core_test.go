@@ -232,10 +232,10 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o, err := designdocs.Install(ctx, db, newer, tb.log); err != nil || o != designdocs.Upgraded {
+	if o, err := designdocs.Install(ctx, db, newer, designdocs.ValidationKept, tb.log); err != nil || o != designdocs.Upgraded {
 		t.Fatalf("upgrade: %v %v", o, err)
 	}
-	if o, err := designdocs.Install(ctx, db, newer, tb.log); err != nil || o != designdocs.Unchanged {
+	if o, err := designdocs.Install(ctx, db, newer, designdocs.ValidationKept, tb.log); err != nil || o != designdocs.Unchanged {
 		t.Fatalf("re-install: %v %v", o, err)
 	}
 	// This build's (older) document must not replace the newer one.

@@ -167,7 +167,7 @@ func (d *demo) initDB(ctx context.Context) error {
 			return serverError(d.conn.url, fmt.Errorf("deleting the previous demo database %s: %w", d.conn.db, err))
 		}
 	}
-	res, err := initDB(ctx, d.client, d.conn, d.log)
+	res, err := initDB(ctx, d.client, d.conn, couchq.InitOptions{}, d.log)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/couchq/couchq/opshttp"
 )
 
-const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [flags]
+const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation on|off] [flags]
 
 Creates the database when it does not exist and installs the design
 document (views, changes filter, validation), upgrading an older one.
@@ -24,6 +24,10 @@ database admin: only admins may write design documents and _security.
 	                   finish, cancel, retry, pause and sweep jobs
 	--producers LIST   users and roles that enqueue: they may create jobs
 	                   and edit jobs nobody holds, nothing else
+	--validation on|off
+	                   whether the design document's validate_doc_update
+	                   checks every write (default: keep the database's
+	                   choice; on for a new database)
 
 A LIST is comma-separated user names and role:NAME roles, e.g.
 --workers role:couchq-workers,ci-bot. Either flag sets the database's
@@ -32,6 +36,13 @@ added by hand; admins are untouched), so nobody else can read or write it,
 and the design document's validation enforces the two roles. Running init
 again with the flags replaces both lists; without them, _security is left
 as it is.
+
+Validation costs most of CouchDB's write capacity: every document written
+goes through CouchDB's JavaScript server. --validation off is for
+high-volume queues whose writers are trusted: malformed jobs are then
+stored and workers quarantine them (failed, with the reason) when they
+meet them, and roles are not enforced, so it cannot go with --workers or
+--producers. Workers never change the choice.
 `
 
 // initResult is what init did, as printed with --json.
@@ -41,6 +52,8 @@ type initResult struct {
 	DBCreated bool               `json:"database_created"`
 	DesignDoc designdocs.Outcome `json:"design_doc"`
 	Schema    int                `json:"schema"`
+	// Validation is whether the design document validates writes: on or off.
+	Validation designdocs.Validation `json:"validation"`
 	// Security is the database's _security after --workers/--producers.
 	Security *couchq.SecurityObject `json:"security,omitempty"`
 }
@@ -48,15 +61,22 @@ type initResult struct {
 func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("init", initUsage)
 	conn := addConnFlags(fs)
-	var workers, producers string
+	var workers, producers, validation string
 	fs.StringVar(&workers, "workers", "", "users and roles that run workers")
 	fs.StringVar(&producers, "producers", "", "users and roles that enqueue")
+	fs.StringVar(&validation, "validation", "", "on or off")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q", rest[0])
+	}
+	var opts couchq.InitOptions
+	if validation != "" {
+		if opts.Validation, err = designdocs.ParseValidation(validation); err != nil {
+			return usageErrorf("invalid --validation: %v", err)
+		}
 	}
 	var roles couchq.Roles
 	if roles.Workers, err = couchq.ParseAccess(workers); err != nil {
@@ -69,6 +89,9 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	if setRoles && roles.Workers.Empty() && roles.Producers.Empty() {
 		return usageErrorf("--workers and --producers name nobody: give user names or role:NAME")
 	}
+	if setRoles && opts.Validation == designdocs.ValidationOff {
+		return usageErrorf("--validation off cannot go with --workers/--producers: validation is what enforces the roles")
+	}
 	if err := conn.resolve(m); err != nil {
 		return err
 	}
@@ -78,9 +101,12 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		return err
 	}
 	defer client.Close()
-	res, err := initDB(ctx, client, conn, log)
+	res, err := initDB(ctx, client, conn, opts, log)
 	if err != nil {
 		return err
+	}
+	if setRoles && res.Validation == designdocs.ValidationOff {
+		return fmt.Errorf("not setting --workers/--producers on %s: its design document has validation off, which would leave the roles unenforced; add --validation on", conn.db)
 	}
 	if setRoles {
 		sec, err := m.setRoles(ctx, conn, roles, log)
@@ -98,7 +124,7 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 }
 
 // initDB runs couchq.Init and reports whether it had to create the database.
-func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, log zerolog.Logger) (*initResult, error) {
+func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, opts couchq.InitOptions, log zerolog.Logger) (*initResult, error) {
 	res := &initResult{URL: conn.url, Database: conn.db, Schema: designdocs.SchemaVersion}
 	// Asked separately only to report it: Init itself copes with a
 	// database created concurrently.
@@ -106,12 +132,25 @@ func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, log zero
 	if err != nil {
 		return nil, serverError(conn.url, fmt.Errorf("checking database %s: %w", conn.db, err))
 	}
-	outcome, err := couchq.Init(ctx, client, conn.db, log)
+	outcome, err := couchq.InitWith(ctx, client, conn.db, opts, log)
 	if err != nil {
 		return nil, serverError(conn.url, err)
 	}
 	res.DBCreated = !exists
 	res.DesignDoc = outcome
+	// Read back rather than assumed: a newer couchq's document may have
+	// been kept as it is.
+	stored, err := designdocs.Stored(ctx, client.DB(conn.db))
+	if err != nil || stored == nil {
+		if err == nil {
+			err = fmt.Errorf("design document %s vanished", designdocs.ID)
+		}
+		return nil, serverError(conn.url, err)
+	}
+	res.Validation = designdocs.ValidationOn
+	if !stored.Validating() {
+		res.Validation = designdocs.ValidationOff
+	}
 	return res, nil
 }
 
@@ -138,8 +177,13 @@ func printInit(w io.Writer, res *initResult, asJSON bool) error {
 	default:
 		dd = fmt.Sprintf("design document %s: %s", designdocs.ID, res.DesignDoc)
 	}
-	if _, err := fmt.Fprintf(w, "%s on %s; %s\n", db, res.URL, dd); err != nil {
+	if _, err := fmt.Fprintf(w, "%s on %s; %s; validation %s\n", db, res.URL, dd, res.Validation); err != nil {
 		return err
+	}
+	if res.Validation == designdocs.ValidationOff {
+		if _, err := fmt.Fprintln(w, "validation is off: CouchDB stores malformed jobs (workers mark them failed with the reason) and any member may write any document"); err != nil {
+			return err
+		}
 	}
 	if sec := res.Security; sec != nil && sec.Couchq != nil {
 		_, err := fmt.Fprintf(w, "workers: %s; producers: %s; members now: %s (admins unchanged: %s)\n",

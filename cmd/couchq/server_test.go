@@ -41,6 +41,34 @@ func TestInitIsIdempotent(t *testing.T) {
 	}
 }
 
+// couchq init --validation off installs the design document without
+// validate_doc_update and says what that means; init without the flag
+// keeps the choice; roles refuse to go with it.
+func TestInitValidationSwitch(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	r := c.run(t, "init", "--validation", "off")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "validation off") || !strings.Contains(r.stdout, "workers mark them failed") {
+		t.Errorf("init --validation off: %q", r.stdout)
+	}
+	r = c.run(t, "init", "--json")
+	expect(t, r, exitOK)
+	var res initResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "off" || res.DesignDoc != "unchanged" {
+		t.Errorf("init after --validation off: %v %+v", err, res)
+	}
+	// Roles need validation: refused before anything is written.
+	expect(t, c.run(t, "init", "--validation", "off", "--workers", "someone"), exitUsage, "validation is what enforces the roles")
+	expect(t, c.run(t, "init", "--workers", "someone"), exitFailure, "validation off", "--validation on")
+	expect(t, c.run(t, "init", "--validation", "maybe"), exitUsage, `validation must be on or off, not "maybe"`)
+	r = c.run(t, "init", "--validation", "on", "--json")
+	expect(t, r, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" || res.DesignDoc != "upgraded" {
+		t.Errorf("init --validation on: %v %+v", err, res)
+	}
+}
+
 func TestCommandsNeedInit(t *testing.T) {
 	t.Parallel()
 	c := online(t)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
 )
 
 const warnLevel = zerolog.WarnLevel
@@ -160,9 +162,15 @@ func (b *run) section(ctx context.Context, s *Section) error {
 	return fmt.Errorf("unknown section %d", s.ID)
 }
 
-// newDB creates a fresh database for s and remembers it for dropAll.
+// newDB creates a fresh database for s with the design document, its
+// validation as configured, and remembers it for dropAll.
 func (b *run) newDB(ctx context.Context, s *Section, what string) (string, error) {
-	name, err := b.t.newDB(ctx, what, b.log)
+	return b.newDBValidation(ctx, s, what, b.cfg.Validation)
+}
+
+// newDBValidation is newDB with validation on or off.
+func (b *run) newDBValidation(ctx context.Context, s *Section, what string, validation designdocs.Validation) (string, error) {
+	name, err := b.t.newDB(ctx, what, validation, b.log)
 	if err != nil {
 		return "", err
 	}
@@ -256,6 +264,7 @@ func settings(c Config, kind string) map[string]any {
 		"instrument":             c.Instrument,
 		"client_idle_conns":      c.ClientIdleConns,
 		"cluster_scale":          c.ClusterScale,
+		"validation":             string(c.Validation),
 	}
 	if scaled != "" {
 		set["scaled"] = scaled

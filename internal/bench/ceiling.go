@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 )
 
 // warmUpTime is spent writing before the ceiling is timed.
@@ -24,9 +25,9 @@ const maxCeilingWrites = 1_000_000
 // ceilingResult is what section 1 found; section 2 compares against it.
 type ceilingResult struct {
 	// documents per second: single-document writes (with couchq's design
-	// document), and _bulk_docs into a bare database and into one with
-	// the design document.
-	put1, putC, bulkBare, bulkDesign float64
+	// document), and _bulk_docs into a bare database, into one with the
+	// design document and into one with it but validation off.
+	put1, putC, bulkBare, bulkDesign, bulkNoValidation float64
 }
 
 // bulkBatch is the documents per _bulk_docs request of the ceiling.
@@ -52,7 +53,11 @@ func (r ceilingResult) putLimit() float64 { return max(r.put1, r.putC) / 3 }
 // physical limit) and into one with the design document, so that what
 // couchq's validation and views cost the server shows as its own line.
 func (b *run) runCeiling(ctx context.Context, s *Section) error {
-	db, err := b.newDB(ctx, s, "ceiling")
+	db, err := b.newDBValidation(ctx, s, "ceiling", designdocs.ValidationOn)
+	if err != nil {
+		return err
+	}
+	novdu, err := b.newDBValidation(ctx, s, "ceilingnovdu", designdocs.ValidationOff)
 	if err != nil {
 		return err
 	}
@@ -94,12 +99,22 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
+	wn := &docWriter{t: b.t, db: novdu}
+	if _, err := wn.bulk(ctx, bulkBatch, warmUpTime); err != nil {
+		return err
+	}
+	bulkNoValidation, err := wn.bulk(ctx, bulkBatch, b.cfg.CeilingTime)
+	if err != nil {
+		return err
+	}
 	s.add(numRow("single-doc writes/s, 1 client (with couchq's design doc)", put1, "docs/s", 0))
 	s.add(numRow(fmt.Sprintf("single-doc writes/s, %d clients (with couchq's design doc)", b.cfg.Clients), putC, "docs/s", 0))
 	s.add(numRow(fmt.Sprintf("_bulk_docs docs/s, batch %d, 1 client, bare database (no design doc)", bulkBatch), bulkBare, "docs/s", 0))
 	s.add(numRow(fmt.Sprintf("_bulk_docs docs/s, batch %d, 1 client, with couchq's design doc", bulkBatch), bulkDesign, "docs/s", 0))
 	s.add(numRow("  bulk rate lost to the design doc (validate_doc_update, views)", 100*(1-ratio(bulkDesign, bulkBare)), "%", 1))
-	b.ceiling = &ceilingResult{put1: put1, putC: putC, bulkBare: bulkBare, bulkDesign: bulkDesign}
+	s.add(numRow(fmt.Sprintf("_bulk_docs docs/s, batch %d, 1 client, design doc with validation off", bulkBatch), bulkNoValidation, "docs/s", 0))
+	s.add(numRow("  bulk rate lost to the design doc without validation (views)", 100*(1-ratio(bulkNoValidation, bulkBare)), "%", 1))
+	b.ceiling = &ceilingResult{put1: put1, putC: putC, bulkBare: bulkBare, bulkDesign: bulkDesign, bulkNoValidation: bulkNoValidation}
 	s.add(numRow("physical limit: bulk (bare) / 3", b.ceiling.jobsLimit(), "jobs/s", 0))
 	s.add(numRow("single-doc limit: best single-doc rate / 3", b.ceiling.putLimit(), "jobs/s", 0))
 	return nil

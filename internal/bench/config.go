@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/localserver"
 )
 
@@ -98,6 +99,10 @@ type Config struct {
 	// BacklogSmall and BacklogLarge are the due-job counts compared by the
 	// backlog section, with Claims timed claims each.
 	BacklogSmall, BacklogLarge, Claims int
+	// Validation is the design document's validate_doc_update in the
+	// queue's databases (sections 2 to 7): on (the default) or off, as
+	// couchq init --validation sets it. Section 1 measures both.
+	Validation designdocs.Validation
 	// Keep leaves the databases in place.
 	Keep bool
 	// Instrument counts the HTTP requests and TCP connections the queue
@@ -179,6 +184,9 @@ func (c Config) WithDefaults() Config {
 		c.ClusterScale = ClusterScaleDefault
 	}
 	setDur(&c.Timeout, TimeoutDefault)
+	if c.Validation == designdocs.ValidationKept {
+		c.Validation = designdocs.ValidationOn
+	}
 	return c
 }
 
@@ -313,6 +321,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.BacklogLarge, "backlog-large", BacklogLargeDefault, "section 5: large backlog of due jobs")
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "section 5: timed claims per backlog")
 	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --contention-jobs and --backlog-large, as a share of the given ones")
+	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")
 	fs.IntVar(&c.ClientIdleConns, "client-idle-conns", 0, "experiment: idle connections per host of the instrumented queue clients (0: couchq's own)")
@@ -331,6 +340,9 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	}
 	if c.ContentionWorkers, err = parseInts(*contention); err != nil {
 		return c, o, fmt.Errorf("--contention-workers: %w", err)
+	}
+	if c.Validation, err = designdocs.ParseValidation(*validation); err != nil {
+		return c, o, fmt.Errorf("--validation: %w", err)
 	}
 	if *servers != "" {
 		if c.Servers, err = parseNames(*servers); err != nil {

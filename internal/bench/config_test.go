@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/couchq/couchq/designdocs"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -23,8 +25,11 @@ func TestParseArgsDefaults(t *testing.T) {
 	if !slices.Equal(c.Sections, AllSections()) || !slices.Equal(c.ContentionWorkers, ContentionWorkersDefault()) {
 		t.Fatalf("sections %v, contention %v", c.Sections, c.ContentionWorkers)
 	}
-	if c.Jobs != JobsDefault || c.Workers != WorkersDefault || c.Clients != ClientsDefault {
+	if c.Jobs != JobsDefault || c.Workers != WorkersDefault || c.Clients != ClientsDefault || c.Validation != designdocs.ValidationOn {
 		t.Fatalf("defaults: %+v", c)
+	}
+	if c, _, err := ParseArgs([]string{"--validation", "off"}, env(nil), io.Discard); err != nil || c.Validation != designdocs.ValidationOff {
+		t.Fatalf("--validation off: %v %q", err, c.Validation)
 	}
 	// No --servers: every local server available.
 	if c.Servers != nil || c.CouchDBHome != "" || c.ClusterScale != ClusterScaleDefault {
@@ -96,6 +101,7 @@ func TestParseArgsRejects(t *testing.T) {
 		{"--servers", "couchdb", "--url", "http://127.0.0.1:5984"},
 		{"--cluster-scale", "0"},
 		{"--cluster-scale", "1.5"},
+		{"--validation", "sometimes"},
 		{"extra"},
 	} {
 		if _, _, err := ParseArgs(args, env(nil), io.Discard); err == nil {

@@ -273,6 +273,9 @@ func sizesLine(set map[string]any) string {
 	}
 	line := fmt.Sprintf("--jobs %v, --workers %v, --contention-jobs %v, --backlog-small %v, --backlog-large %v",
 		set["jobs"], set["workers"], set["contention_jobs"], set["backlog_small"], set["backlog_large"])
+	if v, ok := set["validation"].(string); ok && v != "" {
+		line += ", --validation " + v
+	}
 	if note, ok := set["scaled"].(string); ok && note != "" {
 		line += " (" + note + ")"
 	}

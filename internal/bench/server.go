@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 )
 
 // target is the server a run measures: where it is, what it is, and the
@@ -179,10 +180,11 @@ func checkLoopback(ctx context.Context, host string) error {
 	return nil
 }
 
-// newDB creates a fresh database with couchq's design document.
-func (t *target) newDB(ctx context.Context, section string, log zerolog.Logger) (string, error) {
+// newDB creates a fresh database with couchq's design document, its
+// validation on or off.
+func (t *target) newDB(ctx context.Context, section string, validation designdocs.Validation, log zerolog.Logger) (string, error) {
 	name := "couchq_bench_" + section + "_" + randomHex(4)
-	if _, err := couchq.Init(ctx, t.srv.Client, name, log); err != nil {
+	if _, err := couchq.InitWith(ctx, t.srv.Client, name, couchq.InitOptions{Validation: validation}, log); err != nil {
 		return "", fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return name, nil

@@ -1,0 +1,158 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/worker"
+)
+
+// validationTarget is a database and the ways in of TestValidationSwitch:
+// on a cluster each goes through a different node.
+type validationTarget struct {
+	ctx      context.Context
+	admin    *kivik.Client     // installs the design document
+	db       string            // the database
+	byHand   *couchtest.Server // where an application writes raw documents
+	producer *couchq.Client    // enqueues
+	worker   *couchq.Client    // runs the worker
+	lease    time.Duration
+	log      zerolog.Logger
+}
+
+// With validation switched off at init, CouchDB stores a malformed job (it
+// refused it before) and a worker quarantines it while good jobs run; an
+// install that keeps the choice (every worker's) leaves it off; switching
+// it on again brings the refusals back.
+func TestValidationSwitch(t *testing.T) {
+	t.Run("single", func(t *testing.T) {
+		tb := setupWithout(t, couchq.Config{})
+		testValidationSwitch(t, validationTarget{ctx: tb.ctx, admin: tb.kivik, db: tb.db.Name(), byHand: server,
+			producer: tb.client, worker: tb.client, lease: tb.lease, log: tb.log})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cb := setupCluster(t, couchq.Config{})
+		testValidationSwitch(t, validationTarget{ctx: cb.ctx, admin: cb.cl.Node(1).Client(t), db: cb.dbName, byHand: cb.cl.Node(2),
+			producer: cb.clients[0], worker: cb.clients[2], lease: 15 * time.Second, log: cb.log})
+	})
+}
+
+func testValidationSwitch(t *testing.T, vt validationTarget) {
+	initWith := func(v designdocs.Validation) designdocs.Outcome {
+		t.Helper()
+		o, err := couchq.InitWith(vt.ctx, vt.admin, vt.db, couchq.InitOptions{Validation: v}, vt.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	stored := func() *designdocs.Doc {
+		t.Helper()
+		d, err := designdocs.Stored(vt.ctx, vt.admin.DB(vt.db))
+		if err != nil || d == nil {
+			t.Fatalf("stored design document: %v %v", d, err)
+		}
+		return d
+	}
+	// putByHand writes a malformed job under a new id until the server
+	// answers want: on a cluster the design document reaches every copy
+	// of every shard a moment after it was written.
+	n := 0
+	putByHand := func(want int) (id, body string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			n++
+			id = "bad-" + string(rune('a'+n))
+			code, body := vt.rawPut(t, id, `{"type":"WorkItem","worker":"mail","date":"tomorrow"}`)
+			if code == want || want == http.StatusCreated && code == http.StatusAccepted {
+				return id, body
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("malformed job by hand: %d %s, want %d", code, body, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	if o := initWith(designdocs.ValidationOff); o != designdocs.Upgraded && o != designdocs.Created {
+		t.Fatalf("init --validation off: %s", o)
+	}
+	if d := stored(); d.ValidateDocUpdate != "" || d.Validating() || d.Couchq.Validation != designdocs.ValidationOff {
+		t.Fatalf("design document still validates: %+v", d.Couchq)
+	}
+	bad, _ := putByHand(http.StatusCreated)
+	// A worker starting (or couchq init without the flag) keeps it off.
+	if o := initWith(designdocs.ValidationKept); o != designdocs.Unchanged {
+		t.Fatalf("install keeping the choice: %s, want unchanged", o)
+	}
+	if stored().Validating() {
+		t.Fatal("an install keeping the choice turned validation back on")
+	}
+
+	ran := make(chan string, 4)
+	w, err := worker.New(vt.worker, worker.Config{
+		Handlers: map[string]worker.Handler{"mail": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			ran <- job.ID
+			return nil
+		})},
+		LeaseDuration: vt.lease, SweepInterval: 200 * time.Millisecond, FeedTimeout: 2 * time.Second,
+		FallbackPoll: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: vt.log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(vt.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	good, err := vt.producer.Enqueue(vt.ctx, couchq.NewJob{Worker: "mail"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStored(t, vt.producer, good.ID, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusDone })
+	q := waitStored(t, vt.producer, bad, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusFailed })
+	if !strings.Contains(q.LastError, "date") {
+		t.Errorf("quarantined job's error %q does not name the bad field", q.LastError)
+	}
+	if got := <-ran; got != good.ID || len(ran) != 0 {
+		t.Errorf("handler ran for %s (and %d more), want only %s", got, len(ran), good.ID)
+	}
+
+	if o := initWith(designdocs.ValidationOn); o != designdocs.Upgraded {
+		t.Fatalf("init --validation on: %s, want upgraded", o)
+	}
+	if d := stored(); !d.Validating() || d.ValidateDocUpdate == "" {
+		t.Fatalf("validation not back on: %+v", d.Couchq)
+	}
+	if _, body := putByHand(http.StatusForbidden); !strings.Contains(body, "date must be a number") {
+		t.Fatalf("malformed job with validation on: %s", body)
+	}
+}
+
+// rawPut writes a document as an application would, with no couchq code.
+func (vt validationTarget) rawPut(t *testing.T, id, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(vt.ctx, http.MethodPut, vt.byHand.DBURL(vt.db)+"/"+id, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
