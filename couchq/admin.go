@@ -208,7 +208,7 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 // finishedBefore lists jobs of typ in status finished before cutoff, as
 // deletions at the revision the view saw.
 func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, cutoff float64) ([]any, error) {
-	rows := c.db.Query(ctx, designdocs.ID, "_view/by_status", kivik.Params(map[string]any{
+	rows := c.db.Query(ctx, designdocs.OpsID, "_view/by_status", kivik.Params(map[string]any{
 		"startkey": []any{string(status), typ},
 		"endkey":   []any{string(status), typ, cutoff},
 		"limit":    purgeBatch,

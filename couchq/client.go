@@ -168,11 +168,31 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 			return "", fmt.Errorf("creating database %s: %w", dbName, err)
 		}
 	}
-	want, err := designdocs.Default()
+	claim, err := designdocs.Default()
 	if err != nil {
 		return "", fmt.Errorf("building design document: %w", err)
 	}
-	return designdocs.Install(ctx, client.DB(dbName), want, opts.Validation, log)
+	ops, err := designdocs.DefaultOps()
+	if err != nil {
+		return "", fmt.Errorf("building design document: %w", err)
+	}
+	db := client.DB(dbName)
+	outcome, err := designdocs.Install(ctx, db, claim, opts.Validation, log)
+	if err != nil {
+		return "", err
+	}
+	opsOutcome, err := designdocs.Install(ctx, db, ops, designdocs.ValidationKept, log)
+	if err != nil {
+		return "", err
+	}
+	// One outcome for both: the claim document's, unless only the ops
+	// document's content changed. Its creation beside an unchanged claim
+	// document is not reported: concurrent installers of a new database
+	// race for it, and exactly one of them reports "created".
+	if outcome == designdocs.Unchanged && opsOutcome == designdocs.Upgraded {
+		outcome = designdocs.Upgraded
+	}
+	return outcome, nil
 }
 
 // Dial connects to the CouchDB server at rawURL. Credentials may be in the

@@ -132,7 +132,7 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 	if view == "status" {
 		params["reduce"] = false // by_status has no reduce to turn off
 	}
-	rows := c.db.Query(ctx, designdocs.ID, "_view/"+view, kivik.Params(params))
+	rows := c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, kivik.Params(params))
 	return c.scan(rows, "listing jobs")
 }
 

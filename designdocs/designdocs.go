@@ -1,8 +1,19 @@
-// Package designdocs holds couchq's CouchDB design document and installs it.
+// Package designdocs holds couchq's CouchDB design documents and installs them.
+//
+// There are two. _design/couchq (tree couchq/) holds what workers need on
+// every claim: the claim views, the changes filter and validate_doc_update.
+// _design/couchq-ops (tree couchq-ops/) holds the views people and couchq's
+// ops commands read (status, events, timings…), with autoupdate off. All
+// views of one design document share one index, brought up to date before
+// any of its views answers: kept together, every claim would first run
+// every ops view's map over every changed job, and CouchDB would index ops
+// views in the background while workers claim. Apart, ops views are
+// indexed only when read, once per document however many revisions it went
+// through in between (claimed, then done).
 //
 // Every function the server runs (maps, reduces, the changes filter,
-// validate_doc_update) is a real JavaScript file under couchq/, embedded into
-// the binary. The layout of that tree is the layout of the design document:
+// validate_doc_update) is a real JavaScript file, embedded into the binary.
+// The layout of a tree is the layout of its design document:
 //
 //	couchq/views/NAME/map.js      a view's map function
 //	couchq/views/NAME/reduce.js   a custom reduce function, or
@@ -23,15 +34,27 @@ import (
 	"strings"
 )
 
-//go:embed couchq
+//go:embed couchq couchq-ops
 var embedded embed.FS
 
-// ID is the design document's id in every couchq database.
+// ID is the claim design document's id in every couchq database.
 const ID = "_design/couchq"
 
-// Name is the design document's name as used in view and filter paths
-// (couchq/_view/due, filter=couchq/work).
+// Name is the claim design document's name as used in view and filter
+// paths (couchq/_view/due, filter=couchq/work).
 const Name = "couchq"
+
+// OpsID is the ops design document's id.
+const OpsID = "_design/couchq-ops"
+
+// DocFor is the id of the design document that holds view.
+func DocFor(view string) string {
+	switch view {
+	case "activity", "attempt_times", "by_status", "depth", "events", "failed", "status", "timings", "workers":
+		return OpsID
+	}
+	return ID
+}
 
 // SchemaVersion orders design documents written by different couchq
 // releases. Raise it whenever the views change meaning, so that a newer
@@ -73,11 +96,16 @@ func ParseValidation(s string) (Validation, error) {
 	return "", fmt.Errorf("validation must be on or off, not %q", s)
 }
 
-// Source returns the embedded design document tree (rooted at couchq/).
-func Source() fs.FS {
-	sub, err := fs.Sub(embedded, "couchq")
+// Source returns the embedded claim design document tree (rooted at couchq/).
+func Source() fs.FS { return subtree("couchq") }
+
+// OpsSource returns the embedded ops design document tree (couchq-ops/).
+func OpsSource() fs.FS { return subtree("couchq-ops") }
+
+func subtree(dir string) fs.FS {
+	sub, err := fs.Sub(embedded, dir)
 	if err != nil {
-		// fs.Sub only fails on an invalid path; "couchq" is a constant.
+		// fs.Sub only fails on an invalid path; dir is a constant.
 		panic(err)
 	}
 	return sub
@@ -109,13 +137,25 @@ type Doc struct {
 	Views             map[string]View   `json:"views"`
 	Filters           map[string]string `json:"filters,omitempty"`
 	ValidateDocUpdate string            `json:"validate_doc_update,omitempty"`
-	Couchq            Meta              `json:"couchq"`
+	// Autoupdate false keeps CouchDB from indexing the views in the
+	// background (the ops document): they are indexed when read.
+	Autoupdate *bool `json:"autoupdate,omitempty"`
+	Couchq     Meta  `json:"couchq"`
 }
 
-// Build reads a design document tree (see the package comment) into a Doc
-// stamped with schema and the content hash.
-func Build(fsys fs.FS, schema int) (*Doc, error) {
-	doc := &Doc{ID: ID, Language: "javascript", Views: map[string]View{}, Filters: map[string]string{}}
+// Build reads the claim design document's tree (see the package comment)
+// into a Doc stamped with schema and the content hash.
+func Build(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, ID, schema) }
+
+// BuildOps reads the ops design document's tree: its views are indexed
+// only when read (autoupdate false).
+func BuildOps(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, OpsID, schema) }
+
+func build(fsys fs.FS, id string, schema int) (*Doc, error) {
+	doc := &Doc{ID: id, Language: "javascript", Views: map[string]View{}, Filters: map[string]string{}}
+	if id == OpsID {
+		doc.Autoupdate = new(bool)
+	}
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -155,7 +195,10 @@ func Build(fsys fs.FS, schema int) (*Doc, error) {
 			return nil, fmt.Errorf("design document tree: view %q has no map.js", name)
 		}
 	}
-	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash(), Validation: ValidationOn}
+	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash()}
+	if doc.ValidateDocUpdate != "" {
+		doc.Couchq.Validation = ValidationOn
+	}
 	return doc, nil
 }
 
@@ -179,9 +222,14 @@ func (d *Doc) WithValidation(v Validation) *Doc {
 // every one but those couchq init --validation off wrote.
 func (d *Doc) Validating() bool { return d.Couchq.Validation != ValidationOff }
 
-// Default is the design document embedded in this build of couchq.
+// Default is the claim design document embedded in this build of couchq.
 func Default() (*Doc, error) {
 	return Build(Source(), SchemaVersion)
+}
+
+// DefaultOps is the ops design document embedded in this build of couchq.
+func DefaultOps() (*Doc, error) {
+	return BuildOps(OpsSource(), SchemaVersion)
 }
 
 // contentHash digests everything the server runs, in a stable order.
@@ -192,6 +240,9 @@ func (d *Doc) contentHash() string {
 	}
 	write("language", "", d.Language)
 	write("validate", "", d.ValidateDocUpdate)
+	if d.Autoupdate != nil {
+		write("autoupdate", "", fmt.Sprint(*d.Autoupdate))
+	}
 	for _, name := range sortedKeys(d.Views) {
 		write("map", name, d.Views[name].Map)
 		write("reduce", name, d.Views[name].Reduce)

@@ -13,19 +13,67 @@ func TestBuildReadsTheTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"due", "leases", "status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "conflicts", "due_priority", "activity", "depth"} {
-		if doc.Views[v].Map == "" {
-			t.Errorf("view %s has no map", v)
+	ops, err := DefaultOps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"due", "leases", "conflicts", "due_priority", "free_slots", "held"} {
+		if doc.Views[v].Map == "" || ops.Views[v].Map != "" {
+			t.Errorf("claim view %s is not (only) in %s", v, ID)
 		}
 	}
-	if doc.Views["status"].Reduce != "_count" || doc.Views["timings"].Reduce != "_stats" || doc.Views["depth"].Reduce != "_sum" {
-		t.Errorf("built-in reduces: status %q timings %q", doc.Views["status"].Reduce, doc.Views["timings"].Reduce)
+	for _, v := range []string{"status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "activity", "depth"} {
+		if ops.Views[v].Map == "" || doc.Views[v].Map != "" {
+			t.Errorf("ops view %s is not (only) in %s", v, OpsID)
+		}
 	}
-	if doc.ValidateDocUpdate == "" || doc.Filters["work"] == "" {
+	if ops.Views["status"].Reduce != "_count" || ops.Views["timings"].Reduce != "_stats" || ops.Views["depth"].Reduce != "_sum" {
+		t.Errorf("built-in reduces: status %q timings %q", ops.Views["status"].Reduce, ops.Views["timings"].Reduce)
+	}
+	if doc.ValidateDocUpdate == "" || doc.Filters["work"] == "" || doc.Couchq.Validation != ValidationOn {
 		t.Error("validate_doc_update or the work filter is missing")
 	}
-	if doc.Couchq.Schema != SchemaVersion || doc.Couchq.Hash != doc.contentHash() {
-		t.Errorf("meta %+v", doc.Couchq)
+	if doc.Autoupdate != nil || ops.Autoupdate == nil || *ops.Autoupdate {
+		t.Errorf("autoupdate: claim %v, ops %v; want the ops document's views indexed only when read", doc.Autoupdate, ops.Autoupdate)
+	}
+	if ops.ValidateDocUpdate != "" || len(ops.Filters) != 0 || ops.Couchq.Validation != ValidationKept {
+		t.Errorf("the ops document has more than views: %+v", ops.Couchq)
+	}
+	for _, d := range []*Doc{doc, ops} {
+		if d.Couchq.Schema != SchemaVersion || d.Couchq.Hash != d.contentHash() {
+			t.Errorf("%s: meta %+v", d.ID, d.Couchq)
+		}
+	}
+}
+
+// DocFor, which the queries use, names the document each view is in.
+func TestDocForFollowsTheTrees(t *testing.T) {
+	for _, d := range []func() (*Doc, error){Default, DefaultOps} {
+		doc, err := d()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v := range doc.Views {
+			if got := DocFor(v); got != doc.ID {
+				t.Errorf("DocFor(%q) = %s, but the view is in %s", v, got, doc.ID)
+			}
+		}
+	}
+}
+
+// Validation off drops the function and changes the hash; kept returns
+// the document itself.
+func TestWithValidation(t *testing.T) {
+	doc, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := doc.WithValidation(ValidationOff)
+	if off.ValidateDocUpdate != "" || off.Validating() || off.Couchq.Hash == doc.Couchq.Hash || off.Couchq.Hash != off.contentHash() {
+		t.Errorf("validation off: %+v", off.Couchq)
+	}
+	if doc.ValidateDocUpdate == "" || doc.WithValidation(ValidationKept) != doc || doc.WithValidation(ValidationOn) != doc {
+		t.Error("the original changed, or kept/on copied it")
 	}
 }
 

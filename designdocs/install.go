@@ -45,7 +45,7 @@ const installAttempts = 10
 // the stored document's choice.
 func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation, log zerolog.Logger) (Outcome, error) {
 	for range installAttempts {
-		have, err := fetch(ctx, db)
+		have, err := fetch(ctx, db, want.ID)
 		if err != nil {
 			return "", err
 		}
@@ -69,20 +69,20 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation
 			outcome = Upgraded
 			doc.Rev = have.Rev
 		}
-		if _, err := db.Put(ctx, ID, &doc); err != nil {
+		if _, err := db.Put(ctx, want.ID, &doc); err != nil {
 			switch kivik.HTTPStatus(err) {
 			case http.StatusConflict:
 				continue // another installer won this round: compare again
 			case http.StatusUnauthorized, http.StatusForbidden:
 				return needsAdmin(have, want, err, log)
 			}
-			return "", fmt.Errorf("writing design document %s: %w", ID, err)
+			return "", fmt.Errorf("writing design document %s: %w", want.ID, err)
 		}
-		log.Info().Str("outcome", string(outcome)).Int("schema", want.Couchq.Schema).Str("hash", want.Couchq.Hash).
+		log.Info().Str("design_doc", want.ID).Str("outcome", string(outcome)).Int("schema", want.Couchq.Schema).Str("hash", want.Couchq.Hash).
 			Str("validation", string(want.Couchq.Validation)).Msg("installed design document")
 		return outcome, nil
 	}
-	return "", fmt.Errorf("installing design document %s: still conflicting after %d attempts", ID, installAttempts)
+	return "", fmt.Errorf("installing design document %s: still conflicting after %d attempts", want.ID, installAttempts)
 }
 
 // needsAdmin is Install's answer when the caller may not write the design
@@ -90,14 +90,14 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation
 func needsAdmin(have, want *Doc, err error, log zerolog.Logger) (Outcome, error) {
 	switch {
 	case have == nil:
-		return "", fmt.Errorf("%w: the database has no couchq design document (%s), and only an admin may install it: %w", ErrNeedsAdmin, ID, err)
+		return "", fmt.Errorf("%w: the database has no couchq design document (%s), and only an admin may install it: %w", ErrNeedsAdmin, want.ID, err)
 	case have.Couchq.Schema < want.Couchq.Schema:
 		return "", fmt.Errorf("%w: the database's design document %s is out of date (schema %d, this couchq needs %d), and only an admin may upgrade it: %w",
-			ErrNeedsAdmin, ID, have.Couchq.Schema, want.Couchq.Schema, err)
+			ErrNeedsAdmin, want.ID, have.Couchq.Schema, want.Couchq.Schema, err)
 	}
 	// Same schema, same meaning: another build of couchq installed it (a
 	// rolling deploy). Carry on with it rather than stop every worker.
-	log.Warn().Int("schema", want.Couchq.Schema).Str("stored_hash", have.Couchq.Hash).Str("our_hash", want.Couchq.Hash).
+	log.Warn().Str("design_doc", want.ID).Int("schema", want.Couchq.Schema).Str("stored_hash", have.Couchq.Hash).Str("our_hash", want.Couchq.Hash).
 		Msg("design document differs from this couchq's (same schema) and only an admin may replace it: using it; run `couchq init` as an admin to install this version")
 	return KeptStored, nil
 }
@@ -115,18 +115,18 @@ func Exists(ctx context.Context, db *kivik.DB) (bool, error) {
 	return true, nil
 }
 
-// Stored reads db's couchq design document, nil when there is none.
-func Stored(ctx context.Context, db *kivik.DB) (*Doc, error) { return fetch(ctx, db) }
+// Stored reads db's claim design document, nil when there is none.
+func Stored(ctx context.Context, db *kivik.DB) (*Doc, error) { return fetch(ctx, db, ID) }
 
-// fetch reads the stored design document, nil when there is none.
-func fetch(ctx context.Context, db *kivik.DB) (*Doc, error) {
-	row := db.Get(ctx, ID)
+// fetch reads the stored design document id, nil when there is none.
+func fetch(ctx context.Context, db *kivik.DB, id string) (*Doc, error) {
+	row := db.Get(ctx, id)
 	var raw json.RawMessage
 	if err := row.ScanDoc(&raw); err != nil {
 		if kivik.HTTPStatus(err) == http.StatusNotFound {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("reading design document %s: %w", ID, err)
+		return nil, fmt.Errorf("reading design document %s: %w", id, err)
 	}
 	var have Doc
 	if err := json.Unmarshal(raw, &have); err != nil {
@@ -135,7 +135,7 @@ func fetch(ctx context.Context, db *kivik.DB) (*Doc, error) {
 			Rev string `json:"_rev"`
 		}
 		if json.Unmarshal(raw, &rev) != nil || rev.Rev == "" {
-			return nil, fmt.Errorf("decoding design document %s: %w", ID, err)
+			return nil, fmt.Errorf("decoding design document %s: %w", id, err)
 		}
 		return &Doc{Rev: rev.Rev}, nil
 	}

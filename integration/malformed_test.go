@@ -381,7 +381,7 @@ func malFetchDocs(t *testing.T, tb *testBundle, ids []string) map[string]map[str
 // job types.
 func malStatusCounts(t *testing.T, tb *testBundle) map[string]int {
 	t.Helper()
-	rows := tb.db.Query(tb.ctx, designdocs.ID, "_view/status", kivik.Params(map[string]any{"group": true}))
+	rows := tb.db.Query(tb.ctx, designdocs.OpsID, "_view/status", kivik.Params(map[string]any{"group": true}))
 	defer rows.Close()
 	counts := map[string]int{}
 	for rows.Next() {
@@ -418,7 +418,7 @@ func malTypeName(typ string) string {
 // malFailedIDs lists the failed view's rows for a job type.
 func malFailedIDs(t *testing.T, tb *testBundle, typ string) map[string]bool {
 	t.Helper()
-	rows := tb.db.Query(tb.ctx, designdocs.ID, "_view/failed", kivik.Params(map[string]any{
+	rows := tb.db.Query(tb.ctx, designdocs.OpsID, "_view/failed", kivik.Params(map[string]any{
 		"startkey": []any{typ}, "endkey": []any{typ, map[string]any{}},
 	}))
 	defer rows.Close()

@@ -275,7 +275,7 @@ func TestFauxtonViewsCarryReadableValues(t *testing.T) {
 	}
 	row := func(view string) map[string]any {
 		t.Helper()
-		rows := tb.db.Query(tb.ctx, designdocs.ID, "_view/"+view, kivik.Param("reduce", false), kivik.Param("limit", 1))
+		rows := tb.db.Query(tb.ctx, designdocs.DocFor(view), "_view/"+view, kivik.Param("reduce", false), kivik.Param("limit", 1))
 		defer rows.Close()
 		// limit=1: the first row is the one wanted.
 		if !rows.Next() {

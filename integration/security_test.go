@@ -212,6 +212,9 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	if err := rb.worker.Complete(ctx, first, nil); err != nil {
 		t.Fatal(err)
 	}
+	// The worker's write may have reached only some copies yet (202): on a
+	// cluster the producer sees the job done a moment later.
+	waitStored(t, rb.producer, first.ID, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusDone })
 	again, err := rb.producer.Enqueue(ctx, u)
 	if err != nil {
 		t.Fatalf("producer enqueueing a finished unique key again: %v", err)

@@ -156,3 +156,50 @@ func (vt validationTarget) rawPut(t *testing.T, id, body string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// A database installed by a couchq of schema 1 (one design document with
+// every view) is upgraded to the two documents: the claim document loses
+// the ops views, the ops document holds them, indexed only when read, and
+// the ops commands read them there.
+func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
+	tb := setupWithout(t, couchq.Config{})
+	old, err := designdocs.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := designdocs.DefaultOps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range ops.Views {
+		old.Views[name] = v
+	}
+	old.Couchq.Schema, old.Couchq.Validation = 1, ""
+	if _, err := tb.db.Put(tb.ctx, designdocs.ID, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "mail"}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
+		t.Fatalf("init over schema 1: %v %v", o, err)
+	}
+	claim, err := designdocs.Stored(tb.ctx, tb.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := claim.Views["status"]; ok || claim.Couchq.Schema != designdocs.SchemaVersion || !claim.Validating() {
+		t.Errorf("claim document after the upgrade: views %d, meta %+v", len(claim.Views), claim.Couchq)
+	}
+	var stored map[string]any
+	if err := tb.db.Get(tb.ctx, designdocs.OpsID).ScanDoc(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored["autoupdate"] != false || stored["views"].(map[string]any)["status"] == nil {
+		t.Errorf("ops document: autoupdate %v, views %v", stored["autoupdate"], stored["views"])
+	}
+	counts, err := tb.client.Counts(tb.ctx)
+	if err != nil || counts["mail"][couchq.StatusQueued] != 1 {
+		t.Errorf("counts through the ops document: %v %v", counts, err)
+	}
+}

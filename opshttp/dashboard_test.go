@@ -287,11 +287,11 @@ func TestDashboardSeriesWithAnOlderDesignDocument(t *testing.T) {
 	t.Parallel()
 	ctx, q := newQueue(t)
 	var doc map[string]any
-	if err := q.DB().Get(ctx, designdocs.ID).ScanDoc(&doc); err != nil {
+	if err := q.DB().Get(ctx, designdocs.OpsID).ScanDoc(&doc); err != nil {
 		t.Fatal(err)
 	}
 	delete(doc["views"].(map[string]any), "activity")
-	if _, err := q.DB().Put(ctx, designdocs.ID, doc); err != nil {
+	if _, err := q.DB().Put(ctx, designdocs.OpsID, doc); err != nil {
 		t.Fatal(err)
 	}
 	hs := serveHandler(ctx, t, q, Config{CacheTTL: -1})

@@ -16,7 +16,8 @@ import (
 const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation on|off] [flags]
 
 Creates the database when it does not exist and installs the design
-document (views, changes filter, validation), upgrading an older one.
+documents (_design/couchq: claim views, changes filter, validation;
+_design/couchq-ops: the views of stats, ls and serve), upgrading older ones.
 Safe to run again and from many processes at once. Run it as a server or
 database admin: only admins may write design documents and _security.
 
@@ -165,11 +166,11 @@ func printInit(w io.Writer, res *initResult, asJSON bool) error {
 	var dd string
 	switch res.DesignDoc {
 	case designdocs.Created:
-		dd = fmt.Sprintf("installed design document %s (schema %d)", designdocs.ID, res.Schema)
+		dd = fmt.Sprintf("installed design documents %s and %s (schema %d)", designdocs.ID, designdocs.OpsID, res.Schema)
 	case designdocs.Upgraded:
-		dd = fmt.Sprintf("upgraded design document %s to schema %d", designdocs.ID, res.Schema)
+		dd = fmt.Sprintf("upgraded design documents %s and %s to schema %d", designdocs.ID, designdocs.OpsID, res.Schema)
 	case designdocs.Unchanged:
-		dd = fmt.Sprintf("design document %s is up to date (schema %d)", designdocs.ID, res.Schema)
+		dd = fmt.Sprintf("design documents %s and %s are up to date (schema %d)", designdocs.ID, designdocs.OpsID, res.Schema)
 	case designdocs.KeptNewer:
 		dd = fmt.Sprintf("kept design document %s: it comes from a newer couchq (ours is schema %d)", designdocs.ID, res.Schema)
 	case designdocs.KeptStored:
