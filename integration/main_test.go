@@ -87,7 +87,13 @@ func (tb *testBundle) freshName(t *testing.T) string {
 // no couchq code involved, as an application writing jobs by hand would.
 func (tb *testBundle) raw(t *testing.T, method, path, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(tb.ctx, method, server.DBURL(tb.db.Name())+path, strings.NewReader(body))
+	return rawRequest(tb.ctx, t, server, tb.db.Name(), method, path, body)
+}
+
+// rawRequest is raw through srv (a cluster's node, say) into database db.
+func rawRequest(ctx context.Context, t *testing.T, srv *couchtest.Server, db, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, srv.DBURL(db)+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

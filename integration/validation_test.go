@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -143,18 +142,7 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 // rawPut writes a document as an application would, with no couchq code.
 func (vt validationTarget) rawPut(t *testing.T, id, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(vt.ctx, http.MethodPut, vt.byHand.DBURL(vt.db)+"/"+id, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return rawRequest(vt.ctx, t, vt.byHand, vt.db, http.MethodPut, "/"+id, body)
 }
 
 // A database installed by a couchq of schema 1 (one design document with
