@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // ErrWrongState means an operator action does not apply to the job's
@@ -208,7 +206,7 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 // finishedBefore lists jobs of typ in status finished before cutoff, as
 // deletions at the revision the view saw.
 func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, cutoff float64) ([]any, error) {
-	rows := c.db.Query(ctx, designdocs.OpsID, "_view/by_status", kivik.Params(map[string]any{
+	rows := c.view(ctx, "by_status", kivik.Params(map[string]any{
 		"startkey": []any{string(status), typ},
 		"endkey":   []any{string(status), typ, cutoff},
 		"limit":    purgeBatch,

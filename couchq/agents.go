@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // Agents are claimants that are not worker processes: a script, a crawler
@@ -100,7 +98,7 @@ func (c *Client) HeldBy(ctx context.Context, claimant, worker string) ([]*WorkIt
 	if worker != "" {
 		start, end = []any{claimant, worker}, []any{claimant, worker, map[string]any{}}
 	}
-	rows := c.db.Query(ctx, designdocs.ID, "_view/held", kivik.Params(map[string]any{
+	rows := c.view(ctx, "held", kivik.Params(map[string]any{
 		"startkey": start, "endkey": end, "include_docs": true, "reduce": false, "limit": maxAgentClaim,
 	}))
 	defer rows.Close()

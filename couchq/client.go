@@ -97,15 +97,20 @@ type Client struct {
 	// n is the database's replica count: when n > 1, writes wait for a
 	// majority and claims are confirmed by reading from one (cluster.go).
 	n int
-	// selectorFeed, when set, follows _changes with a native _selector
-	// filter (see Server.Open); otherwise the design document's filter.
-	selectorFeed *chttp.Client
+	// couch, set on Apache CouchDB 2 or later (Server.Open), makes the
+	// requests kivik has no call for: _changes with a native _selector
+	// filter (otherwise the design document's filter), and the leaves of
+	// many jobs in one _bulk_get (otherwise a read each).
+	couch *chttp.Client
 	// batcher coalesces concurrent writes of held jobs into _bulk_docs.
 	batcher writeBatcher
 	// singleQueries is set once the server turned down a multi-range view
 	// request (.../queries; PouchDB Server): DueFirst then asks range by
 	// range.
 	singleQueries atomic.Bool
+	// lastFullView is when a view query last asked every shard copy
+	// (UnixNano; see Client.view).
+	lastFullView atomic.Int64
 	// membershipDenied warns once that the user cannot read _membership.
 	membershipDenied sync.Once
 }

@@ -6,8 +6,6 @@ import (
 	"net/http"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // Priority levels of a job (the WorkItem's "priority" field): 1 runs
@@ -64,7 +62,7 @@ func (c *Client) DueFirst(ctx context.Context, worker string, limit int) (*Batch
 	}
 	b := &Batch{At: now}
 	for _, r := range ranges {
-		part, err := c.scan(c.db.Query(ctx, designdocs.ID, "_view/due_priority", kivik.Params(r)), what)
+		part, err := c.scan(c.view(ctx, "due_priority", kivik.Params(r)), what)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +77,7 @@ func (c *Client) DueFirst(ctx context.Context, worker string, limit int) (*Batch
 
 // dueMulti reads every range of the due_priority view in one request.
 func (c *Client) dueMulti(ctx context.Context, ranges []map[string]any) (*Batch, error) {
-	rows := c.db.Query(ctx, designdocs.ID, "_view/due_priority", kivik.Param("queries", ranges))
+	rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
 	defer rows.Close()
 	b := &Batch{}
 	for rows.NextResultSet() {

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // Slot reservations: the next free value of a sequence (a ticket serial,
@@ -206,7 +204,7 @@ func (c *Client) newReservation(seq Sequence, slot string, ordinal int64, holder
 // lowest first, so that the sequence has no gaps.
 func (c *Client) reuseSlot(ctx context.Context, seq Sequence, holder string) (*Reservation, error) {
 	now := ToUnix(c.now())
-	rows := c.db.Query(ctx, designdocs.ID, "_view/free_slots", kivik.Params(map[string]any{
+	rows := c.view(ctx, "free_slots", kivik.Params(map[string]any{
 		"startkey": []any{seq.Name, 0}, "endkey": []any{seq.Name, now, map[string]any{}}, "include_docs": true, "limit": 20,
 	}))
 	defer rows.Close()

@@ -151,7 +151,7 @@ func (c *Client) depthSeries(ctx context.Context, s *Series, typ any, start floa
 	if level == 2 {
 		before = []any{typ, hour}
 	}
-	rows := c.db.Query(ctx, designdocs.OpsID, "_view/depth", kivik.Params(map[string]any{
+	rows := c.view(ctx, "depth", kivik.Params(map[string]any{
 		"startkey": []any{typ}, "endkey": before, "inclusive_end": false, "reduce": true,
 	}))
 	var depth float64
@@ -254,7 +254,7 @@ func (c *Client) timingSeries(ctx context.Context, s *Series, opts SeriesOptions
 
 // readTimings reads r's rows of the window, newest first, at most limit.
 func (c *Client) readTimings(ctx context.Context, r *timingRange, start, end float64, limit int) {
-	rows := c.db.Query(ctx, designdocs.OpsID, "_view/timings", kivik.Params(map[string]any{
+	rows := c.view(ctx, "timings", kivik.Params(map[string]any{
 		"startkey": []any{r.typ, r.kind, end}, "endkey": []any{r.typ, r.kind, start},
 		"descending": true, "reduce": false, "limit": limit,
 	}))
@@ -297,7 +297,7 @@ func (c *Client) groupedRange(ctx context.Context, view string, level int, start
 	if start != nil {
 		params["startkey"], params["endkey"] = start, end
 	}
-	rows := c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, kivik.Params(params))
+	rows := c.view(ctx, view, kivik.Params(params))
 	defer rows.Close()
 	for rows.Next() {
 		var key []any
@@ -428,7 +428,7 @@ func (c *Client) RecentFailed(ctx context.Context, types []string, limit int) ([
 	}
 	var out []*WorkItem
 	for _, t := range types {
-		rows := c.db.Query(ctx, designdocs.OpsID, "_view/by_status", kivik.Params(map[string]any{
+		rows := c.view(ctx, "by_status", kivik.Params(map[string]any{
 			"startkey": []any{string(StatusFailed), t, map[string]any{}}, "endkey": []any{string(StatusFailed), t},
 			"descending": true, "include_docs": true, "limit": limit,
 		}))

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // percentileRows is the most rows Stats reads from a view to compute
@@ -197,7 +195,7 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 
 // Types lists the job types that have documents.
 func (c *Client) Types(ctx context.Context) ([]string, error) {
-	rows := c.db.Query(ctx, designdocs.OpsID, "_view/status", kivik.Params(map[string]any{"group_level": 1}))
+	rows := c.view(ctx, "status", kivik.Params(map[string]any{"group_level": 1}))
 	defer rows.Close()
 	var types []string
 	for rows.Next() {
@@ -219,7 +217,7 @@ func (c *Client) Types(ctx context.Context) ([]string, error) {
 
 // Counts returns the number of jobs of each type in each status.
 func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error) {
-	rows := c.db.Query(ctx, designdocs.OpsID, "_view/status", kivik.Params(map[string]any{"group": true}))
+	rows := c.view(ctx, "status", kivik.Params(map[string]any{"group": true}))
 	defer rows.Close()
 	out := map[string]map[Status]int64{}
 	for rows.Next() {
@@ -334,7 +332,7 @@ func (c *Client) oldestDueAge(ctx context.Context, typ string, now float64) (flo
 // reduceCount runs a view's reduce over [start, end] and reads a count
 // (_count) or the count field of _stats.
 func (c *Client) reduceCount(ctx context.Context, view string, start, end any) (int64, error) {
-	rows := c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, kivik.Params(map[string]any{
+	rows := c.view(ctx, view, kivik.Params(map[string]any{
 		"startkey": start, "endkey": end, "reduce": true,
 	}))
 	defer rows.Close()
@@ -366,7 +364,7 @@ func (c *Client) reduceCount(ctx context.Context, view string, start, end any) (
 // range holds at most maxRows rows, the rows for percentiles.
 func (c *Client) summary(ctx context.Context, view string, start, end any, maxRows int) (Summary, error) {
 	var s Summary
-	rows := c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, kivik.Params(map[string]any{
+	rows := c.view(ctx, view, kivik.Params(map[string]any{
 		"startkey": start, "endkey": end, "reduce": true,
 	}))
 	var st struct {
@@ -393,7 +391,7 @@ func (c *Client) summary(ctx context.Context, view string, start, end any, maxRo
 		return s, nil
 	}
 	values := make([]float64, 0, st.Count)
-	rows = c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, kivik.Params(map[string]any{
+	rows = c.view(ctx, view, kivik.Params(map[string]any{
 		"startkey": start, "endkey": end, "reduce": false,
 	}))
 	defer rows.Close()

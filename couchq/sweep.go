@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
-
-	"github.com/couchq/couchq/designdocs"
 )
 
 // SweepResult counts what one sweep did.
@@ -50,7 +48,7 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 // settleConflicts settles the jobs the conflicts view lists (see settle).
 // A job it cannot read is logged and left for the next sweep.
 func (c *Client) settleConflicts(ctx context.Context, by string, limit int, res *SweepResult) error {
-	rows := c.db.Query(ctx, designdocs.ID, "_view/conflicts", kivik.Param("limit", limit))
+	rows := c.view(ctx, "conflicts", kivik.Param("limit", limit))
 	defer rows.Close()
 	var ids []string
 	for rows.Next() {
@@ -84,7 +82,7 @@ func (c *Client) sweepLeases(ctx context.Context, by string, limit int) (SweepRe
 	// 0). Each round quarantines the ones on its page, which unclaims them;
 	// a few rounds reach the real expired leases behind them.
 	for range sweepRounds {
-		rows := c.db.Query(ctx, designdocs.ID, "_view/leases", kivik.Params(map[string]any{
+		rows := c.view(ctx, "leases", kivik.Params(map[string]any{
 			"endkey":       ToUnix(now),
 			"include_docs": true,
 			"limit":        limit,
