@@ -55,7 +55,7 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 	var ids []string
 	var err error
 	last := since
-	if c.selectorFeed != nil {
+	if c.couch != nil {
 		ids, last, err = c.waitForChangesSelector(ctx, since, types, timeout)
 	} else {
 		ids, last, err = c.waitForChangesFilter(ctx, since, types, timeout)

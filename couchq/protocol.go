@@ -150,26 +150,42 @@ func (c *Client) claimError(id string, err error) error {
 	return fmt.Errorf("claiming %s: %w", id, err)
 }
 
-// confirmClaims confirms committed claims concurrently (see confirmClaim):
-// one read each.
+// confirmClaims confirms committed claims (see confirmClaim): their
+// leaves are read together (leavesMany), then each claim is judged on its
+// own, concurrently, since a judgement may withdraw revisions.
 func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items []*WorkItem, index []int) {
+	var ids []string
+	for _, i := range index {
+		if results[i].Err == nil {
+			ids = append(ids, results[i].Item.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	leaves, err := c.leavesMany(ctx, ids)
 	var wg sync.WaitGroup
 	for _, i := range index {
 		if results[i].Err != nil {
 			continue
 		}
+		r, parent := &results[i], items[i].Rev
+		id := r.Item.ID
+		if err != nil {
+			*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
+			continue
+		}
 		wg.Add(1)
-		go func(r *ClaimResult, parent string) {
+		go func() {
 			defer wg.Done()
-			id := r.Item.ID
-			err := c.confirmClaim(ctx, r.Item, parent)
+			err := c.judgeClaim(ctx, r.Item, parent, leaves[id])
 			switch {
 			case errors.Is(err, errBranchLive) || errors.Is(err, errLostRace):
 				*r = ClaimResult{Err: c.claimError(id, err)}
 			case err != nil:
 				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
 			}
-		}(&results[i], items[i].Rev)
+		}()
 	}
 	wg.Wait()
 }

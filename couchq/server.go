@@ -94,7 +94,7 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 		return nil, err
 	}
 	if s.Caps.SelectorFilter {
-		c.selectorFeed = s.raw
+		c.couch = s.raw
 	}
 	return c, nil
 }
@@ -125,7 +125,7 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	// The body goes through GetBody: chttp's DoJSON sends Options.JSON
 	// nowhere, and CouchDB answers an empty body with 400 "invalid UTF-8
 	// JSON", which left every worker on the slow poll.
-	err = c.selectorFeed.DoJSON(reqCtx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_changes",
+	err = c.couch.DoJSON(reqCtx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_changes",
 		&chttp.Options{Query: q, NoGzip: true, GetBody: func() (io.ReadCloser, error) {
 			return io.NopCloser(bytes.NewReader(body)), nil
 		}}, &resp)

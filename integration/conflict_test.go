@@ -93,6 +93,27 @@ func (cb *conflictBundle) enqueued(t *testing.T, worker string) *couchq.WorkItem
 	return it
 }
 
+// branched makes a job edited on the majority (a claim goes there) and a
+// stale copy's branch of its first revision holding other.
+func (cb *conflictBundle) branched(t *testing.T, other map[string]any) (moved *couchq.WorkItem, otherRev string) {
+	t.Helper()
+	it := cb.enqueued(t, "branch")
+	edited := asDoc(t, it)
+	edited["note"] = "edited"
+	if _, err := cb.db.Put(cb.ctx, it.ID, edited); err != nil {
+		t.Fatal(err)
+	}
+	moved, err := cb.client.Get(cb.ctx, it.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := asDoc(t, it)
+	for k, v := range other {
+		doc[k] = v
+	}
+	return moved, cb.child(t, it.Rev, doc)
+}
+
 // liveLeaves lists the revisions of id that are not tombstones.
 func (cb *conflictBundle) liveLeaves(t *testing.T, id string) []couchq.Leaf {
 	t.Helper()
@@ -156,25 +177,9 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 // job on the branch that went furthest, and the job runs once more.
 func TestClaimOverAnotherBranch(t *testing.T) {
 	cb := setupConflict(t)
-	// branches makes a job edited on the majority (the claim goes there)
-	// and a stale copy's branch of its first revision holding other.
-	branches := func(other map[string]any) (moved *couchq.WorkItem, otherRev string) {
+	branches := func(other map[string]any) (*couchq.WorkItem, string) {
 		t.Helper()
-		it := cb.enqueued(t, "branch")
-		edited := asDoc(t, it)
-		edited["note"] = "edited"
-		if _, err := cb.db.Put(cb.ctx, it.ID, edited); err != nil {
-			t.Fatal(err)
-		}
-		moved, err := cb.client.Get(cb.ctx, it.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc := asDoc(t, it)
-		for k, v := range other {
-			doc[k] = v
-		}
-		return moved, cb.child(t, it.Rev, doc)
+		return cb.branched(t, other)
 	}
 
 	// A stale queued branch: withdrawn, the claim stands.
@@ -306,6 +311,75 @@ func TestLeavesListsEveryBranch(t *testing.T) {
 	}
 	if l, err := cb.client.Leaves(cb.ctx, "no-such-job"); err != nil || l != nil {
 		t.Fatalf("missing job: %+v %v", l, err)
+	}
+}
+
+// LeavesMany reads the leaves of several jobs at once (one _bulk_get on
+// CouchDB) and finds what Leaves finds for each: every branch, tombstones,
+// and nothing for a job that does not exist.
+func TestLeavesManyReadsAsLeavesDoes(t *testing.T) {
+	cb := setupConflict(t)
+	plain := cb.enqueued(t, "leaves")
+	conflicted, _ := cb.branched(t, map[string]any{"claimed": true, "status": "running", "claimed_by": "host-b/2/b"})
+	deleted := cb.enqueued(t, "leaves")
+	if _, err := cb.db.Delete(cb.ctx, deleted.ID, deleted.Rev); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{plain.ID, conflicted.ID, deleted.ID, "job:no-such-job"}
+	many, err := cb.client.LeavesMany(cb.ctx, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		one, err := cb.client.Leaves(cb.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := many[id]
+		if len(got) != len(one) {
+			t.Fatalf("%s: %d leaves read together, %d alone: %+v vs %+v", id, len(got), len(one), got, one)
+		}
+		for k := range one {
+			if got[k].Rev != one[k].Rev || got[k].Parent != one[k].Parent || got[k].Deleted != one[k].Deleted ||
+				got[k].Status != one[k].Status || got[k].ClaimedBy != one[k].ClaimedBy {
+				t.Fatalf("%s leaf %d: read together %+v, alone %+v", id, k, got[k], one[k])
+			}
+		}
+	}
+	if n := len(many[conflicted.ID]); n != 2 {
+		t.Fatalf("the conflicted job has %d leaves, want 2", n)
+	}
+	if l := many[deleted.ID]; len(l) != 1 || !l[0].Deleted {
+		t.Fatalf("the deleted job: %+v, want its tombstone", l)
+	}
+}
+
+// ClaimMany reads a round's leaves together and judges each claim on its own:
+// a plain job runs, a claim over a stale queued branch withdraws it and
+// runs, and a claim over a branch with a live claim backs off.
+func TestClaimManyJudgesEachBranch(t *testing.T) {
+	cb := setupConflict(t)
+	plain := cb.enqueued(t, "branch")
+	stale, _ := cb.branched(t, map[string]any{"note": "stale branch"})
+	held, _ := cb.branched(t, map[string]any{"claimed": true, "status": "running", "claimed_by": "host-b/2/b",
+		"lease_until": couchq.ToUnix(cb.clock.Now().Add(30 * time.Second))})
+	res := cb.client.ClaimMany(cb.ctx, []*couchq.WorkItem{plain, stale, held}, "host-a/1/a", time.Minute)
+	for k, want := range []bool{true, true, false} {
+		it, err := res[k].Item, res[k].Err
+		if want && (err != nil || it == nil) {
+			t.Fatalf("claim %d: %v, want it to stand", k, err)
+		}
+		if !want && !errors.Is(err, couchq.ErrClaimConflict) {
+			t.Fatalf("claim %d: %v, want ErrClaimConflict", k, err)
+		}
+		if want {
+			if live := cb.liveLeaves(t, it.ID); len(live) != 1 || live[0].Rev != it.Rev {
+				t.Fatalf("claim %d: live leaves %+v, want only the claim %s", k, live, it.Rev)
+			}
+		}
+	}
+	if live := cb.liveLeaves(t, held.ID); len(live) != 2 {
+		t.Fatalf("the job with a live claim elsewhere has %d live leaves, want both kept for the sweeper", len(live))
 	}
 }
 
