@@ -2,6 +2,7 @@ package couchq
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -80,7 +81,8 @@ type rateSlot struct {
 // AcquireStarts takes up to want start slots of the current window for
 // jobs of type worker. It returns how many it took and, when that is
 // fewer than want because the window's slots are gone, when the next
-// window begins. One read of the slots and one _bulk_docs write.
+// window begins. One read of the slots and one _bulk_docs write (and on a
+// cluster one read confirming the slots taken: confirmSlots).
 func (c *Client) AcquireStarts(ctx context.Context, worker string, r RateLimit, want int, by string) (got int, window, next time.Time, err error) {
 	return c.AcquireStartsFor(ctx, worker, r, c.now(), want, by)
 }
@@ -137,12 +139,14 @@ func (c *Client) AcquireStartsFor(ctx context.Context, worker string, r RateLimi
 	if err != nil {
 		return 0, window, next, fmt.Errorf("taking rate limit slots of %s: %w", worker, err)
 	}
-	for _, r := range res {
-		if r.Error == nil && !trace.uncommitted(r.ID, r.Rev) {
-			got++
-		}
-	}
-	return got, window, next, nil
+	committed := c.committedSlots(ctx, res, trace)
+	// Another leaf holds the slot when it was taken for this window or a
+	// later one.
+	stands := c.confirmSlots(ctx, committed, func(doc json.RawMessage) bool {
+		var s rateSlot
+		return json.Unmarshal(doc, &s) == nil && s.Window >= ToUnix(window)
+	})
+	return len(stands), window, next, nil
 }
 
 // spreadSlots orders free slot documents (ids ending in ":k", k < n) from

@@ -2,6 +2,7 @@ package couchq
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -33,7 +34,8 @@ func RunSlotID(worker string, k int) string { return "runslot:" + worker + ":" +
 // AcquireRunSlots takes up to want of the limit free run slots of type
 // worker (never held, released, or with their lease run out) for holder,
 // with a lease. One read and one _bulk_docs write; on a cluster only the
-// slots a majority of the copies took count.
+// slots a majority of the copies took and that no other leaf holds count
+// (confirmSlots).
 func (c *Client) AcquireRunSlots(ctx context.Context, worker string, limit, want int, holder string, lease time.Duration) ([]*RunSlot, error) {
 	if want <= 0 {
 		return nil, nil
@@ -84,10 +86,18 @@ func (c *Client) AcquireRunSlots(ctx context.Context, worker string, limit, want
 	for _, s := range free {
 		byID[s.ID] = s
 	}
+	committed := c.committedSlots(ctx, res, trace)
+	for id, rev := range committed {
+		byID[id].Rev = rev
+	}
+	// Another leaf holds the slot when its lease has not run out.
+	stands := c.confirmSlots(ctx, committed, func(doc json.RawMessage) bool {
+		var s RunSlot
+		return json.Unmarshal(doc, &s) == nil && s.Holder != "" && s.LeaseUntil >= now
+	})
 	var got []*RunSlot
-	for _, r := range res {
-		if s := byID[r.ID]; s != nil && r.Error == nil && !trace.uncommitted(r.ID, r.Rev) {
-			s.Rev = r.Rev
+	for _, s := range free {
+		if stands[s.ID] {
 			got = append(got, s)
 		}
 	}

@@ -156,3 +156,99 @@ func TestRateLimitSlowSlotRounds(t *testing.T) {
 		t.Fatalf("%d jobs started in %d windows, want at least %d", total, windows, limit*windows/3)
 	}
 }
+
+// afterBulkDocs runs hook (once, when armed) after a _bulk_docs request
+// answered, before the client goes on: a competitor's write landing between
+// a taker's write and its confirming read.
+type afterBulkDocs struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	hook func()
+}
+
+func (a *afterBulkDocs) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := a.next.RoundTrip(r)
+	if strings.HasSuffix(r.URL.Path, "/_bulk_docs") {
+		a.mu.Lock()
+		hook := a.hook
+		a.hook = nil
+		a.mu.Unlock()
+		if hook != nil {
+			hook()
+		}
+	}
+	return resp, err
+}
+
+// A slot document with two leaves (as two first creations through
+// different nodes of a cluster leave it) can be taken over each leaf, and
+// both writes are committed: the confirming read must let at most one of
+// the takers count it. Here the taker writes over one leaf while a
+// competitor takes the other for the same window; the taker gives way and
+// withdraws its leaf. Proven on one server with AlwaysConfirm (the cluster
+// tier's rate limit test saw 10 starts in a window of 7 without it).
+func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	hook := &afterBulkDocs{}
+	hc := couchq.NewHTTPClient()
+	hook.next, hc.Transport = hc.Transport, hook
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taker, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log, AlwaysConfirm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	w0 := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
+	w1 := w0.Add(time.Second)
+	if got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w0, 1, "a"); err != nil || got != 1 {
+		t.Fatalf("first take: %d %v", got, err)
+	}
+	id := couchq.RateSlotID("twoleaves", 0)
+	var first map[string]any
+	if err := tb.db.Get(tb.ctx, id).ScanDoc(&first); err != nil {
+		t.Fatal(err)
+	}
+	// A second first revision, ranked below the first (so the taker reads
+	// and writes over the first): another creation of the slot.
+	other := map[string]any{"_id": id, "_rev": "1-00000000000000000000000000000000", "type": couchq.RateSlotDocType,
+		"worker": "twoleaves", "window": couchq.ToUnix(w0), "by": "b",
+		"_revisions": map[string]any{"start": 1, "ids": []string{"00000000000000000000000000000000"}}}
+	tb.injectRevision(t, other)
+	hook.mu.Lock()
+	hook.hook = func() {
+		// The competitor takes the slot for the same window over the other leaf.
+		next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
+			"worker": "twoleaves", "window": couchq.ToUnix(w1), "by": "b"}
+		if _, err := tb.db.Put(tb.ctx, id, next); err != nil {
+			t.Errorf("the competitor's take: %v", err)
+		}
+	}
+	hook.mu.Unlock()
+	got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w1, 1, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 0 {
+		t.Fatalf("the taker counted %d slot(s) of a 1-slot window the competitor also took", got)
+	}
+	leaves, err := tb.client.Leaves(tb.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, l := range leaves {
+		if !l.Deleted {
+			live++
+			if !strings.Contains(string(l.Doc), `"by":"b"`) {
+				t.Errorf("live leaf %s is not the competitor's: %s", l.Rev, l.Doc)
+			}
+		}
+	}
+	if live != 1 {
+		t.Fatalf("%d live leaves of the slot, want the competitor's alone: %+v", live, leaves)
+	}
+}

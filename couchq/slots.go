@@ -1,0 +1,108 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/go-kivik/kivik/v4"
+)
+
+// The slot documents of rate limits (ratelimit:TYPE:k) and fleet-wide
+// concurrency limits (runslot:TYPE:k) are taken over and over by writing
+// over the revision read. On a cluster such a document can hold several
+// leaves: two first creations through different nodes, or a write answered
+// 202, leave a stored conflict. Each copy takes one child of a revision,
+// but writes over two different leaves are both taken by every copy, and
+// both committed: two holders each counted the same slot (the cluster tier
+// saw 10 starts in a window of a 7/s limit). So on a cluster a committed
+// slot write is confirmed, as a claim is, by reading the slot's leaves from
+// a majority: it stands only when no other leaf holds the slot too.
+//
+// Of two holders who took a slot over different leaves, the one who
+// confirms second reads the other's leaf (each write reached a majority
+// before its writer's read, and two majorities share a copy) and gives way;
+// when both read both, neither counts: a slot lost, never one taken twice.
+
+// committedSlots returns the slot writes of a _bulk_docs answer that a
+// majority of the copies took (id -> the revision written). A write that
+// reached fewer is dropped at once: left alone it becomes a second leaf of
+// the slot once the copies sync, and then two holders can take the slot
+// over different leaves — of whom confirmSlots lets at most one, maybe
+// neither, keep it.
+func (c *Client) committedSlots(ctx context.Context, res []kivik.BulkResult, trace *commitTrace) map[string]string {
+	committed := map[string]string{}
+	for _, r := range res {
+		switch {
+		case r.Error != nil:
+		case trace.uncommitted(r.ID, r.Rev):
+			c.dropLeaf(ctx, r.ID, Leaf{Rev: r.Rev})
+		default:
+			committed[r.ID] = r.Rev
+		}
+	}
+	return committed
+}
+
+// confirmSlots keeps the slot writes in taken (id -> the revision written)
+// that stand, reading every slot's leaves in one request. held reports
+// whether another leaf's document holds the slot. A holder that gives way
+// withdraws its own leaf (there is another), and one that stands withdraws
+// the other, stale leaves, so that the conflict does not outlive it; both
+// best effort. Off a cluster every committed write stands.
+func (c *Client) confirmSlots(ctx context.Context, taken map[string]string, held func(doc json.RawMessage) bool) map[string]bool {
+	stands := make(map[string]bool, len(taken))
+	if !c.confirming() {
+		for id := range taken {
+			stands[id] = true
+		}
+		return stands
+	}
+	ids := make([]string, 0, len(taken))
+	for id := range taken {
+		ids = append(ids, id)
+	}
+	leaves, err := c.leavesMany(ctx, ids)
+	if err != nil {
+		c.log.Warn().Err(err).Int("slots", len(ids)).Msg("could not confirm the slots taken; counting none of them")
+		return stands
+	}
+	for id, rev := range taken {
+		var mine *Leaf
+		var others []Leaf
+		blocked := false
+		for _, l := range leaves[id] {
+			switch {
+			case l.Rev == rev:
+				mine = &l
+			case l.Deleted:
+			case held(l.Doc):
+				blocked = true
+				others = append(others, l)
+			default:
+				others = append(others, l)
+			}
+		}
+		switch {
+		case mine == nil:
+			// Overwritten already (another holder, a window later): not ours.
+		case blocked:
+			c.log.Debug().Str("slot", id).Str("rev", rev).Msg("slot taken over another leaf that holds it too; giving way")
+			c.dropLeaf(ctx, id, *mine)
+		default:
+			stands[id] = true
+			for _, l := range others {
+				c.dropLeaf(ctx, id, l)
+			}
+		}
+	}
+	return stands
+}
+
+// dropLeaf deletes one leaf of a slot document (w = a majority), best
+// effort: a leaf that moved on meanwhile is left alone.
+func (c *Client) dropLeaf(ctx context.Context, id string, l Leaf) {
+	tomb := map[string]any{"_id": id, "_rev": l.Rev, "_deleted": true}
+	if _, err := c.db.Put(ctx, id, tomb, c.claimOpts(false)...); err != nil {
+		c.log.Debug().Err(err).Str("slot", id).Str("rev", l.Rev).Msg("could not drop a slot's leaf")
+	}
+}
