@@ -128,6 +128,13 @@ func (c *Client) resolveUnique(ctx context.Context, it *WorkItem, u UniqueOpts, 
 			parent = "" // deleted in between: create it again
 		case gerr != nil:
 			return fail("reading the job that holds the key: %w", gerr)
+		case rev != "" && existing.Rev == rev:
+			// Our own write: stored on fewer than a majority at first and
+			// not shown to stand (a member may not read _membership), it
+			// is what a majority reads now. Without this the enqueue
+			// reported its own job as the duplicate.
+			it.Rev = rev
+			return EnqueueResult{Item: existing}
 		case existing.Worker != it.Worker:
 			return fail("the id is held by a %s job", existing.Worker)
 		case u.For > 0 || !existing.Status.Terminal():
