@@ -128,11 +128,11 @@ func (c *Client) resolveUnique(ctx context.Context, it *WorkItem, u UniqueOpts, 
 			parent = "" // deleted in between: create it again
 		case gerr != nil:
 			return fail("reading the job that holds the key: %w", gerr)
-		case rev != "" && existing.Rev == rev:
+		case rev != "" && existing.Rev == rev && c.onlyLeaf(ctx, it.ID, rev):
 			// Our own write: stored on fewer than a majority at first and
 			// not shown to stand (a member may not read _membership), it
-			// is what a majority reads now. Without this the enqueue
-			// reported its own job as the duplicate.
+			// is now the job's only leaf on a majority. Without this the
+			// enqueue reported its own job as the duplicate.
 			it.Rev = rev
 			return EnqueueResult{Item: existing}
 		case existing.Worker != it.Worker:
@@ -162,4 +162,12 @@ func (c *Client) archive(ctx context.Context, old *WorkItem) error {
 		return err
 	}
 	return nil
+}
+
+// onlyLeaf reports whether rev is the job's one live leaf, read from a
+// majority of the copies: a write of ours that no other enqueue of the key
+// competes with.
+func (c *Client) onlyLeaf(ctx context.Context, id, rev string) bool {
+	leaves, err := c.Leaves(ctx, id)
+	return err == nil && whole(leaves, rev)
 }
