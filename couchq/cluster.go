@@ -242,7 +242,7 @@ func (c *Client) LeavesMany(ctx context.Context, ids []string) (map[string][]Lea
 }
 
 // leavesMany is Leaves for several jobs. On Apache CouchDB it is one
-// _bulk_get naming no revision, which CouchDB (2.0 and later) answers with
+// _bulk_get naming no revision, which CouchDB (3.x: read in 3.2.0 and 3.5.0) answers with
 // every leaf of each document, read from r copies and merged as GET
 // open_revs=all does (fabric_open_revs); so a round's confirming reads cost
 // one request instead of one per claim. Elsewhere, or when the batch fails,
