@@ -30,22 +30,26 @@ import (
 // Process-level tests: the couchq CLI is built once and run as real
 // worker processes (not goroutines) against the test server, so that they
 // can be killed, frozen, interrupted and cut off from the server the way
-// production processes are. Timings are short: a 2 s lease (longer on a
+// production processes are. Timings are short: a 4 s lease (longer on a
 // slow server: procLease) renewed four times a lease and swept every 500 ms.
 //
 // The tests are subtests of one test so that the binary is built once per
 // test binary and removed afterwards. None of them is parallel: the restart
 // test stops the package's shared server.
 
-// procLease is the worker processes' lease: the measured test lease (2 s,
-// or longer on a slow server, see testLease), renewed four times a lease.
-// Tests call setup, which measures it, before they start processes.
+// procLease is the worker processes' lease: the measured test lease (see
+// testLease), but at least procLeaseMin, renewed four times a lease. Tests
+// call setup, which measures it, before they start processes.
 func procLease() time.Duration {
-	if leaseProbe.lease > 0 {
-		return leaseProbe.lease
-	}
-	return 2 * time.Second
+	return max(leaseProbe.lease, procLeaseMin)
 }
+
+// procLeaseMin is longer than the in-process tests' 2 s: four processes
+// with 8 slots each hold up to 32 jobs that each renew every heartbeat, on
+// a server that also serves the rest of the suite. With 2 s leases (64
+// renewals/s) a live worker's renewals once queued past its lease in a full
+// run, and the sweeper rightly gave its job away.
+const procLeaseMin = 4 * time.Second
 
 func procHeartbeat() time.Duration { return procLease() / 4 }
 
