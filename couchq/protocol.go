@@ -63,8 +63,27 @@ func (r ClaimResult) unpack() (*WorkItem, error) { return r.Item, r.Err }
 // ClaimMany claims several jobs in one _bulk_docs round trip; each wins or
 // loses on its own. Results are in the order of items.
 func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, lease time.Duration) []ClaimResult {
-	results := make([]ClaimResult, len(items))
+	results, _ := c.ClaimManyBefore(ctx, items, by, lease, time.Time{})
+	return results
+}
+
+// ClaimManyBefore is ClaimMany for claims that must be stamped (claimed_at)
+// before deadline, such as claims that use a rate limit's start slots,
+// which count in their window only. A caller that checked the clock first
+// could still stamp them later, after a stall (the cluster tier once saw a
+// window of a 5/s limit with 8 claims stamped in it). When the clock has
+// reached deadline nothing is written and ok is false. A zero deadline
+// never passes.
+func (c *Client) ClaimManyBefore(ctx context.Context, items []*WorkItem, by string, lease time.Duration, deadline time.Time) (results []ClaimResult, ok bool) {
 	now := c.now()
+	if !deadline.IsZero() && !now.Before(deadline) {
+		return nil, false
+	}
+	return c.claimMany(ctx, items, by, lease, now), true
+}
+
+func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, lease time.Duration, now time.Time) []ClaimResult {
+	results := make([]ClaimResult, len(items))
 	docs := make([]any, 0, len(items))
 	index := make([]int, 0, len(items))
 	for i, it := range items {
@@ -83,7 +102,7 @@ func (c *Client) ClaimMany(ctx context.Context, items []*WorkItem, by string, le
 		if next.StartedAt == 0 {
 			next.StartedAt = next.ClaimedAt
 		}
-		c.record(next, "claimed", by, "")
+		c.recordAt(next, now, EventClaimed, by, "")
 		results[i].Item = next
 		docs = append(docs, next)
 		index = append(index, i)
@@ -345,8 +364,15 @@ func (c *Client) MaxAttempts(it *WorkItem) int { return c.maxAttempts(it) }
 // entries are dropped but the first "enqueued" stays, so a job's age is
 // never lost.
 func (c *Client) record(it *WorkItem, event, by, errMsg string) {
+	c.recordAt(it, c.now(), event, by, errMsg)
+}
+
+// recordAt is record with the event's time given: a claim's event carries
+// its claimed_at, so that the history shows the window a rate limit
+// counted it in.
+func (c *Client) recordAt(it *WorkItem, at time.Time, event, by, errMsg string) {
 	it.History = append(it.History, Event{
-		At: c.now().UTC().Format(HistoryTimeFormat), Event: event, By: by,
+		At: at.UTC().Format(HistoryTimeFormat), Event: event, By: by,
 		Attempt: it.Attempts, Error: truncate(errMsg),
 	})
 	limit := c.cfg.HistoryLimit

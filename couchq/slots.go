@@ -3,6 +3,7 @@ package couchq
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -49,6 +50,14 @@ func (c *Client) committedSlots(ctx context.Context, res []kivik.BulkResult, tra
 // withdraws its own leaf (there is another), and one that stands withdraws
 // the other, stale leaves, so that the conflict does not outlive it; both
 // best effort. Off a cluster every committed write stands.
+//
+// A slot blocked by another holder's leaf is read once more before giving
+// way: most such leaves are writes a minority of the copies took (two
+// takers of one revision through different nodes: one is answered 201,
+// the other 202), which their writers withdraw at once (committedSlots),
+// and giving way to one loses the slot for both. The second read is as
+// safe as the first: a holder whose leaf is still there may stand, so we
+// give way; one that withdrew its leaf no longer counts the slot.
 func (c *Client) confirmSlots(ctx context.Context, taken map[string]string, held func(doc json.RawMessage) bool) map[string]bool {
 	stands := make(map[string]bool, len(taken))
 	if !c.confirming() {
@@ -57,45 +66,84 @@ func (c *Client) confirmSlots(ctx context.Context, taken map[string]string, held
 		}
 		return stands
 	}
-	ids := make([]string, 0, len(taken))
-	for id := range taken {
-		ids = append(ids, id)
-	}
-	leaves, err := c.leavesMany(ctx, ids)
-	if err != nil {
-		c.log.Warn().Err(err).Int("slots", len(ids)).Msg("could not confirm the slots taken; counting none of them")
-		return stands
-	}
-	for id, rev := range taken {
-		var mine *Leaf
-		var others []Leaf
-		blocked := false
-		for _, l := range leaves[id] {
+	pending := taken
+	for read := 1; len(pending) > 0; read++ {
+		ids := make([]string, 0, len(pending))
+		for id := range pending {
+			ids = append(ids, id)
+		}
+		began := time.Now()
+		leaves, err := c.leavesMany(ctx, ids)
+		if err != nil {
+			c.log.Warn().Err(err).Int("slots", len(ids)).Msg("could not confirm the slots taken; counting none of them")
+			return stands
+		}
+		blocked := map[string]string{}
+		for id, rev := range pending {
+			mine, others, other := judgeSlot(leaves[id], rev, held)
 			switch {
-			case l.Rev == rev:
-				mine = &l
-			case l.Deleted:
-			case held(l.Doc):
-				blocked = true
-				others = append(others, l)
+			case mine == nil:
+				// Overwritten already (another holder, a window later): not ours.
+			case other && read < slotReads:
+				blocked[id] = rev
+			case other:
+				c.log.Debug().Str("slot", id).Str("rev", rev).Msg("slot taken over another leaf that holds it too; giving way")
+				c.dropLeaf(ctx, id, *mine)
 			default:
-				others = append(others, l)
+				stands[id] = true
+				for _, l := range others {
+					c.dropLeaf(ctx, id, l)
+				}
 			}
 		}
-		switch {
-		case mine == nil:
-			// Overwritten already (another holder, a window later): not ours.
-		case blocked:
-			c.log.Debug().Str("slot", id).Str("rev", rev).Msg("slot taken over another leaf that holds it too; giving way")
-			c.dropLeaf(ctx, id, *mine)
-		default:
-			stands[id] = true
-			for _, l := range others {
-				c.dropLeaf(ctx, id, l)
+		if len(blocked) > 0 && !sleepCtx(ctx, min(max(time.Since(began), slotRereadMin), slotRereadMax)) {
+			for id, rev := range blocked {
+				c.dropLeaf(context.WithoutCancel(ctx), id, Leaf{Rev: rev})
 			}
+			return stands
 		}
+		pending = blocked
 	}
 	return stands
+}
+
+// slotReads is how many times confirmSlots reads a blocked slot's leaves;
+// between reads it waits as long as the last read took (a round trip, as
+// long as another taker's withdrawal takes), within slotRereadMin and
+// slotRereadMax.
+const (
+	slotReads     = 2
+	slotRereadMin = 10 * time.Millisecond
+	slotRereadMax = 250 * time.Millisecond
+)
+
+// judgeSlot finds, among a slot's leaves, the one our write made (nil when
+// it is gone) and the other live leaves, and reports whether one of those
+// holds the slot too.
+func judgeSlot(leaves []Leaf, rev string, held func(doc json.RawMessage) bool) (mine *Leaf, others []Leaf, other bool) {
+	for _, l := range leaves {
+		switch {
+		case l.Rev == rev:
+			mine = &l
+		case l.Deleted:
+		default:
+			others = append(others, l)
+			other = other || held(l.Doc)
+		}
+	}
+	return mine, others, other
+}
+
+// sleepCtx waits d, or less when ctx ends first (then it returns false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // dropLeaf deletes one leaf of a slot document (w = a majority), best

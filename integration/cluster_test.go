@@ -896,26 +896,31 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	t.Logf("%d jobs for %d ticks from 6 processes on 3 nodes", len(ids), len(ticks))
 }
 
-// A rate limit holds across workers on all three nodes, as on a single
-// node: four workers sharing a limit start it, ± 10 %, over ten full
-// windows, and no window more than the limit, however the copies disagree
-// for a moment. The limit is 20 a second where the cluster can start twice
-// that without one (room for the slot rounds); a loopback cluster on a
-// small machine cannot, so the same four workers first measure what they
-// start unlimited, and the limit is half of that (and then only the
-// ceiling is judged, not the rate).
+// A rate limit holds across workers (goroutines of this test, on all three
+// nodes), as on a single node: four workers sharing a limit start it, ± 10 %,
+// over ten full windows, and no window more than the limit, however the
+// copies disagree for a moment. The limit is 20 a second where the cluster
+// can start 1.5 times that without one (room for the slot rounds); a
+// loopback cluster on a small machine cannot, so the same four workers
+// first measure what they start unlimited, and the limit is half of that.
 func TestClusterRateLimit(t *testing.T) {
 	cb := setupCluster(t, couchq.Config{})
+	// Without validate_doc_update, run on every copy, the cluster starts
+	// twice as many jobs or more (see couchq-bench): room for a limit. What
+	// is judged is the rate limit, not validation.
+	if _, err := couchq.InitWith(cb.ctx, cb.cl.Client(t), cb.dbName, couchq.InitOptions{Validation: designdocs.ValidationOff}, cb.log); err != nil {
+		t.Fatal(err)
+	}
 	const maxLimit, windows, workers = 20, 10, 4
 	var mu sync.Mutex
-	perWindow := map[string]map[int64]int{} // type -> started_at second -> starts
+	perWindow := map[string]map[int64]int{} // type -> claimed_at second of the run's claim -> starts
 	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if perWindow[job.Type] == nil {
 			perWindow[job.Type] = map[int64]int{}
 		}
-		perWindow[job.Type][int64(math.Floor(job.Item.StartedAt))]++
+		perWindow[job.Type][int64(math.Floor(job.Item.ClaimedAt))]++
 		return nil
 	})
 	// run runs the four workers on typ for n full windows after a warm-up
@@ -961,7 +966,7 @@ func TestClusterRateLimit(t *testing.T) {
 	cb.enqueue(t, "rl", 300)
 	unlimited := float64(sum(run("free", nil, 5))) / 5
 	limit := maxLimit
-	if unlimited < 2*maxLimit {
+	if unlimited < 1.5*maxLimit {
 		limit = max(1, int(unlimited/2))
 	}
 	starts := run("rl", map[string]couchq.RateLimit{"rl": {N: limit, Per: time.Second}}, windows)
@@ -972,22 +977,7 @@ func TestClusterRateLimit(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	total := sum(starts)
-	t.Logf("unlimited: %.1f starts/s; limit %d/s: %d starts in %d full windows %v (%d workers on 3 nodes)",
-		unlimited, limit, total, windows, starts, workers)
-	if limit < maxLimit {
-		// A limit of a few slots taken through three nodes at once loses
-		// some to contention (two takers over different leaves of a slot
-		// can both give way: see couchq/slots.go), a large share of so few;
-		// the rate is judged at the limit the test is for, and the ceiling
-		// above was checked either way.
-		t.Logf("not judging the rate: the cluster started only %.1f jobs/s without a limit here, so the limit was %d/s, not %d/s",
-			unlimited, limit, maxLimit)
-		return
-	}
-	if want := limit * windows; math.Abs(float64(total-want)) > 0.1*float64(want) {
-		t.Fatalf("%d jobs started in %d windows, want %d ± 10%%", total, windows, want)
-	}
+	judgeRate(t, starts, limit, fmt.Sprintf("%d workers on 3 nodes; without a limit %.1f/s", workers, unlimited))
 }
 
 // A fleet-wide concurrency limit holds across workers on all three nodes.

@@ -19,30 +19,45 @@ import (
 // full windows they start 200 ± 10 % jobs, and never more than 20 in one.
 func TestRateLimitAcrossProcesses(t *testing.T) {
 	tb := setup(t, couchq.Config{})
-	bin := buildCLI(t)
 	const limit, windows = 20, 10
+	starts := rateLimitedProcesses(t, tb.ctx, tb.client, buildCLI(t), func(int) []string { return procEnv(tb.db.Name()) },
+		"rl", limit, windows)
+	judgeRate(t, starts, limit, "4 processes, one server")
+}
+
+// rateLimitedProcesses runs four worker processes of typ (env(i) is the
+// environment of the i-th) on client's database, under a limit of limit
+// starts per second (none when 0), for windows full windows after a
+// warm-up. It fails the test when a window had more than limit starts, and
+// returns the starts in each full window, by the claims' claimed_at.
+func rateLimitedProcesses(t *testing.T, ctx context.Context, client *couchq.Client, bin string, env func(i int) []string,
+	typ string, limit, windows int) []int {
+	t.Helper()
+	const workers = 4
 	jobs := make([]couchq.NewJob, 600)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: "rl"}
+		jobs[i] = couchq.NewJob{Worker: typ}
 	}
 	for start := 0; start < len(jobs); start += 300 {
-		if _, err := tb.client.EnqueueMany(tb.ctx, jobs[start:start+300]); err != nil {
+		if _, err := client.EnqueueMany(ctx, jobs[start:start+300]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var procs []*cliProc
-	for i := range 4 {
-		procs = append(procs, startProc(t, bin, tb.db.Name(), fmt.Sprintf("worker-%d", i),
-			"worker", "--type", "rl", "--handler", "noop", "--concurrency", "8", "--rate", fmt.Sprintf("rl=%d/s", limit),
-			"--lease", "10s", "--feed-timeout", "2s"))
+	for i := range workers {
+		args := []string{"worker", "--type", typ, "--handler", "noop", "--concurrency", "8", "--lease", "10s", "--feed-timeout", "2s"}
+		if limit > 0 {
+			args = append(args, "--rate", fmt.Sprintf("%s=%d/s", typ, limit))
+		}
+		procs = append(procs, startProcEnv(t, bin, env(i), fmt.Sprintf("%s-worker-%d", typ, i), args...))
 	}
 	waitFor(t, time.Minute, "every worker process to start jobs", func() bool {
-		ws, err := tb.client.Workers(tb.ctx)
+		ws, err := client.Workers(ctx)
 		return err == nil && len(ws) == len(procs)
 	})
 	time.Sleep(2 * time.Second) // let them all get going
 	measured := time.Now().Truncate(time.Second).Add(time.Second)
-	time.Sleep(time.Until(measured.Add((windows + 1) * time.Second)))
+	time.Sleep(time.Until(measured.Add(time.Duration(windows+1) * time.Second)))
 	for _, p := range procs {
 		p.signal(t, syscall.SIGTERM)
 	}
@@ -51,29 +66,48 @@ func TestRateLimitAcrossProcesses(t *testing.T) {
 			t.Fatalf("%s exited %d", p.name, code)
 		}
 	}
+	batch, err := client.List(ctx, couchq.ListOptions{Worker: typ, Limit: len(jobs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A claim is stamped claimed_at, which its history event carries: each
+	// claimed event is a start (a claim lost on a cluster leaves none).
 	perWindow := map[int64]int{}
-	first, last := int64(math.MaxInt64), int64(0)
-	for _, it := range allJobs(t, tb, "rl") {
-		if it.StartedAt == 0 {
-			continue
+	for _, it := range batch.Items {
+		for _, e := range it.History {
+			if e.Event != couchq.EventClaimed {
+				continue
+			}
+			at, err := time.Parse(time.RFC3339Nano, e.At)
+			if err != nil {
+				t.Fatalf("job %s: claimed at %q: %v", it.ID, e.At, err)
+			}
+			perWindow[at.Unix()]++
 		}
-		w := int64(math.Floor(it.StartedAt))
-		perWindow[w]++
-		first, last = min(first, w), max(last, w)
 	}
 	for w, n := range perWindow {
-		if n > limit {
+		if limit > 0 && n > limit {
 			t.Errorf("%d jobs started in the window of %s, over the limit of %d", n, time.Unix(w, 0).UTC().Format(time.TimeOnly), limit)
 		}
 	}
-	// The ten full windows measured, with every process running.
-	total := 0
-	for w := measured.Unix(); w < measured.Unix()+windows; w++ {
-		total += perWindow[w]
+	starts := make([]int, windows)
+	for k := range starts {
+		starts[k] = perWindow[measured.Unix()+int64(k)]
 	}
-	t.Logf("%d jobs started in %d full windows (limit %d/s, 4 processes); %d windows in all", total, windows, limit, last-first+1)
-	if want := limit * windows; math.Abs(float64(total-want)) > 0.1*float64(want) {
-		t.Fatalf("%d jobs started in %d windows, want %d ± 10%%: %v", total, windows, want, perWindow)
+	return starts
+}
+
+// judgeRate fails the test unless starts (one count per window) add up to
+// limit per window ± 10 %.
+func judgeRate(t *testing.T, starts []int, limit int, what string) {
+	t.Helper()
+	total := 0
+	for _, n := range starts {
+		total += n
+	}
+	t.Logf("%d jobs started in %d full windows %v (limit %d/s, %s)", total, len(starts), starts, limit, what)
+	if want := limit * len(starts); math.Abs(float64(total-want)) > 0.1*float64(want) {
+		t.Fatalf("%d jobs started in %d windows, want %d ± 10%%", total, len(starts), want)
 	}
 }
 
@@ -120,10 +154,10 @@ func TestRateLimitSlowSlotRounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	perWindow := map[int64]int{} // by the started_at each claim wrote
+	perWindow := map[int64]int{} // by the claimed_at of the claim each run came from
 	cfg := fastWorker(tb, map[string]worker.Handler{"slowrl": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 		mu.Lock()
-		perWindow[int64(math.Floor(job.Item.StartedAt))]++
+		perWindow[int64(math.Floor(job.Item.ClaimedAt))]++
 		mu.Unlock()
 		return nil
 	})})
@@ -157,27 +191,99 @@ func TestRateLimitSlowSlotRounds(t *testing.T) {
 	}
 }
 
-// afterBulkDocs runs hook (once, when armed) after a _bulk_docs request
-// answered, before the client goes on: a competitor's write landing between
-// a taker's write and its confirming read.
-type afterBulkDocs struct {
-	next http.RoundTripper
-	mu   sync.Mutex
-	hook func()
+// afterRequests runs its steps, in order and each once, after the first
+// request each matches answered, before the client goes on: a competitor's
+// write landing between a taker's write and its confirming read, say.
+type afterRequests struct {
+	next  http.RoundTripper
+	mu    sync.Mutex
+	steps []afterStep
 }
 
-func (a *afterBulkDocs) RoundTrip(r *http.Request) (*http.Response, error) {
+type afterStep struct {
+	match func(r *http.Request) bool
+	run   func()
+}
+
+// arm adds a step.
+func (a *afterRequests) arm(match func(r *http.Request) bool, run func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.steps = append(a.steps, afterStep{match, run})
+}
+
+func (a *afterRequests) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := a.next.RoundTrip(r)
-	if strings.HasSuffix(r.URL.Path, "/_bulk_docs") {
-		a.mu.Lock()
-		hook := a.hook
-		a.hook = nil
-		a.mu.Unlock()
-		if hook != nil {
-			hook()
-		}
+	a.mu.Lock()
+	var run func()
+	if len(a.steps) > 0 && a.steps[0].match(r) {
+		run, a.steps = a.steps[0].run, a.steps[1:]
+	}
+	a.mu.Unlock()
+	if run != nil {
+		run()
 	}
 	return resp, err
+}
+
+func isBulkDocs(r *http.Request) bool { return strings.HasSuffix(r.URL.Path, "/_bulk_docs") }
+
+// isLeavesRead matches a read of every leaf (couchq.Client.Leaves or a
+// _bulk_get of several documents).
+func isLeavesRead(r *http.Request) bool {
+	return strings.HasSuffix(r.URL.Path, "/_bulk_get") || r.URL.Query().Get("open_revs") == "all"
+}
+
+// slotTaker is a client of tb's database whose requests pass through
+// hooks, and which confirms its writes as on a cluster (AlwaysConfirm).
+func slotTaker(t *testing.T, tb *testBundle) (*couchq.Client, *afterRequests) {
+	t.Helper()
+	hooks := &afterRequests{}
+	hc := couchq.NewHTTPClient()
+	hooks.next, hc.Transport = hc.Transport, hooks
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taker, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log, AlwaysConfirm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return taker, hooks
+}
+
+// twoLeafSlot takes slot 0 of typ's 1/s limit for window w0 through taker,
+// then gives the slot document a second first revision, ranked below the
+// first (so that takers read and write over the first): another creation
+// of the slot, through another node of a cluster. It returns that leaf.
+func twoLeafSlot(t *testing.T, tb *testBundle, taker *couchq.Client, typ string, w0 time.Time) map[string]any {
+	t.Helper()
+	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	if got, _, _, err := taker.AcquireStartsFor(tb.ctx, typ, rl, w0, 1, "a"); err != nil || got != 1 {
+		t.Fatalf("first take: %d %v", got, err)
+	}
+	other := map[string]any{"_id": couchq.RateSlotID(typ, 0), "_rev": "1-00000000000000000000000000000000",
+		"type": couchq.RateSlotDocType, "worker": typ, "window": couchq.ToUnix(w0), "by": "b",
+		"_revisions": map[string]any{"start": 1, "ids": []string{"00000000000000000000000000000000"}}}
+	tb.injectRevision(t, other)
+	return other
+}
+
+// liveSlotLeaves returns the live leaves of a slot document.
+func liveSlotLeaves(t *testing.T, tb *testBundle, id string) []couchq.Leaf {
+	t.Helper()
+	leaves, err := tb.client.Leaves(tb.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []couchq.Leaf
+	for _, l := range leaves {
+		if !l.Deleted {
+			live = append(live, l)
+		}
+	}
+	return live
 }
 
 // A slot document with two leaves (as two first creations through
@@ -189,45 +295,20 @@ func (a *afterBulkDocs) RoundTrip(r *http.Request) (*http.Response, error) {
 // tier's rate limit test saw 10 starts in a window of 7 without it).
 func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
 	tb := setup(t, couchq.Config{})
-	hook := &afterBulkDocs{}
-	hc := couchq.NewHTTPClient()
-	hook.next, hc.Transport = hc.Transport, hook
-	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	taker, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log, AlwaysConfirm: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	taker, hooks := slotTaker(t, tb)
 	rl := couchq.RateLimit{N: 1, Per: time.Second}
 	w0 := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
 	w1 := w0.Add(time.Second)
-	if got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w0, 1, "a"); err != nil || got != 1 {
-		t.Fatalf("first take: %d %v", got, err)
-	}
+	other := twoLeafSlot(t, tb, taker, "twoleaves", w0)
 	id := couchq.RateSlotID("twoleaves", 0)
-	var first map[string]any
-	if err := tb.db.Get(tb.ctx, id).ScanDoc(&first); err != nil {
-		t.Fatal(err)
-	}
-	// A second first revision, ranked below the first (so the taker reads
-	// and writes over the first): another creation of the slot.
-	other := map[string]any{"_id": id, "_rev": "1-00000000000000000000000000000000", "type": couchq.RateSlotDocType,
-		"worker": "twoleaves", "window": couchq.ToUnix(w0), "by": "b",
-		"_revisions": map[string]any{"start": 1, "ids": []string{"00000000000000000000000000000000"}}}
-	tb.injectRevision(t, other)
-	hook.mu.Lock()
-	hook.hook = func() {
+	hooks.arm(isBulkDocs, func() {
 		// The competitor takes the slot for the same window over the other leaf.
 		next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
 			"worker": "twoleaves", "window": couchq.ToUnix(w1), "by": "b"}
 		if _, err := tb.db.Put(tb.ctx, id, next); err != nil {
 			t.Errorf("the competitor's take: %v", err)
 		}
-	}
-	hook.mu.Unlock()
+	})
 	got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w1, 1, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -235,20 +316,96 @@ func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
 	if got != 0 {
 		t.Fatalf("the taker counted %d slot(s) of a 1-slot window the competitor also took", got)
 	}
-	leaves, err := tb.client.Leaves(tb.ctx, id)
+	live := liveSlotLeaves(t, tb, id)
+	for _, l := range live {
+		if !strings.Contains(string(l.Doc), `"by":"b"`) {
+			t.Errorf("live leaf %s is not the competitor's: %s", l.Rev, l.Doc)
+		}
+	}
+	if len(live) != 1 {
+		t.Fatalf("%d live leaves of the slot, want the competitor's alone: %+v", len(live), live)
+	}
+}
+
+// A competitor whose write of a slot only a minority of the copies took
+// (answered 202 on a cluster) withdraws it at once. A taker whose
+// confirming read still saw that leaf reads again and keeps the slot: it
+// would otherwise be lost to both (the cluster tier lost up to a third of
+// its rate limit's slots this way).
+func TestRateSlotStandsOnceTheOtherLeafIsWithdrawn(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	taker, hooks := slotTaker(t, tb)
+	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	w0 := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
+	w1 := w0.Add(time.Second)
+	other := twoLeafSlot(t, tb, taker, "withdrawn", w0)
+	id := couchq.RateSlotID("withdrawn", 0)
+	var competitorRev string
+	hooks.arm(isBulkDocs, func() {
+		next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
+			"worker": "withdrawn", "window": couchq.ToUnix(w1), "by": "b"}
+		rev, err := tb.db.Put(tb.ctx, id, next)
+		if err != nil {
+			t.Errorf("the competitor's take: %v", err)
+		}
+		competitorRev = rev
+	})
+	reads := 0
+	hooks.arm(isLeavesRead, func() {
+		reads++
+		// The taker saw the competitor's leaf; the competitor withdraws it.
+		if _, err := tb.db.Delete(tb.ctx, id, competitorRev); err != nil {
+			t.Errorf("the competitor's withdrawal: %v", err)
+		}
+	})
+	got, _, _, err := taker.AcquireStartsFor(tb.ctx, "withdrawn", rl, w1, 1, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := 0
-	for _, l := range leaves {
-		if !l.Deleted {
-			live++
-			if !strings.Contains(string(l.Doc), `"by":"b"`) {
-				t.Errorf("live leaf %s is not the competitor's: %s", l.Rev, l.Doc)
-			}
+	if reads != 1 {
+		t.Fatalf("the taker's confirming read was not seen (%d)", reads)
+	}
+	if got != 1 {
+		t.Fatalf("the taker counted %d slots, want the one the competitor withdrew from", got)
+	}
+	live := liveSlotLeaves(t, tb, id)
+	if len(live) != 1 || !strings.Contains(string(live[0].Doc), `"by":"a"`) {
+		t.Fatalf("live leaves of the slot %+v, want the taker's alone", live)
+	}
+}
+
+// Claims that must be stamped in a window (a rate limit's start slots) are
+// not written once the window has ended: ClaimManyBefore writes nothing
+// past its deadline, and stamps claims before it otherwise.
+func TestClaimManyBeforeDeadline(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	if _, err := tb.client.EnqueueMany(tb.ctx, []couchq.NewJob{{Worker: "stamped"}, {Worker: "stamped"}}); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := tb.client.Due(tb.ctx, "stamped", 10)
+	if err != nil || len(batch.Items) != 2 {
+		t.Fatalf("due: %v %+v", err, batch)
+	}
+	if res, ok := tb.client.ClaimManyBefore(tb.ctx, batch.Items, "test/1/w", time.Minute, time.Now()); ok || res != nil {
+		t.Fatalf("claims past their deadline: ok %v, %+v", ok, res)
+	}
+	for _, it := range batch.Items {
+		got, err := tb.client.Get(tb.ctx, it.ID)
+		if err != nil || got.Claimed || got.Rev != it.Rev {
+			t.Fatalf("job %s after a claim past its deadline: %v claimed %v rev %s (was %s)", it.ID, err, got.Claimed, got.Rev, it.Rev)
 		}
 	}
-	if live != 1 {
-		t.Fatalf("%d live leaves of the slot, want the competitor's alone: %+v", live, leaves)
+	deadline := time.Now().Add(time.Minute)
+	res, ok := tb.client.ClaimManyBefore(tb.ctx, batch.Items, "test/1/w", time.Minute, deadline)
+	if !ok {
+		t.Fatal("claims before their deadline were not made")
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		if at := couchq.FromUnix(r.Item.ClaimedAt); !at.Before(deadline) {
+			t.Errorf("claim stamped %s, not before its deadline %s", at, deadline)
+		}
 	}
 }

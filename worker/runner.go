@@ -210,9 +210,19 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// A claim already on its way is not cut off by Stop: the server may
 	// apply it anyway, leaving the job claimed (and an attempt charged)
 	// until its lease ran out. Claimed jobs start and Stop handles them.
+	var deadline time.Time // claims with start slots are stamped in their window
+	if limited {
+		deadline = r.tokenWindow.Add(rl.Per)
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	results := r.w.client.ClaimMany(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration)
+	results, ok := r.w.client.ClaimManyBefore(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, deadline)
 	cancel()
+	if !ok {
+		// The window ended since inWindow looked (a stall): its slots are gone.
+		r.tokens, r.blockedUntil = 0, deadline
+		r.releaseRunSlots(runSlots)
+		return true, upTo, nil
+	}
 	conflicts := 0
 	for _, res := range results {
 		switch {
