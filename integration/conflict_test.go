@@ -114,22 +114,6 @@ func (cb *conflictBundle) branched(t *testing.T, other map[string]any) (moved *c
 	return moved, cb.child(t, it.Rev, doc)
 }
 
-// liveLeaves lists the revisions of id that are not tombstones.
-func (cb *conflictBundle) liveLeaves(t *testing.T, id string) []couchq.Leaf {
-	t.Helper()
-	leaves, err := cb.client.Leaves(cb.ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var live []couchq.Leaf
-	for _, l := range leaves {
-		if !l.Deleted {
-			live = append(live, l)
-		}
-	}
-	return live
-}
-
 // A claim committed on a majority stands against another claim of the
 // same revision (which reached only a minority, and never runs): whichever
 // of the two CouchDB shows as the winner, the committed one keeps the job,
@@ -142,13 +126,13 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 		b := asDoc(t, it)
 		b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
 		revB := cb.child(t, it.Rev, b)
-		if len(cb.liveLeaves(t, it.ID)) != 2 {
+		if len(liveLeaves(t, cb.ctx, cb.client, it.ID)) != 2 {
 			t.Fatalf("job %d: the injected claim did not make a conflict", i)
 		}
 		if err := cb.client.ConfirmClaim(cb.ctx, a, it.Rev); err != nil {
 			t.Fatalf("job %d: the committed claim did not stand (B's rev %s): %v", i, revB, err)
 		}
-		live := cb.liveLeaves(t, it.ID)
+		live := liveLeaves(t, cb.ctx, cb.client, it.ID)
 		if len(live) != 1 || live[0].Rev != a.Rev {
 			t.Fatalf("job %d: leaves after confirming %+v, want only %s", i, live, a.Rev)
 		}
@@ -188,7 +172,7 @@ func TestClaimOverAnotherBranch(t *testing.T) {
 	if err := cb.client.ConfirmClaim(cb.ctx, a, moved.Rev); err != nil {
 		t.Fatalf("claim over a stale queued branch (%s): %v", staleRev, err)
 	}
-	if live := cb.liveLeaves(t, a.ID); len(live) != 1 || live[0].Rev != a.Rev {
+	if live := liveLeaves(t, cb.ctx, cb.client, a.ID); len(live) != 1 || live[0].Rev != a.Rev {
 		t.Fatalf("leaves after the claim: %+v, want only the claim", live)
 	}
 	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
@@ -204,14 +188,14 @@ func TestClaimOverAnotherBranch(t *testing.T) {
 	}
 	// Two live leases: the sweeper waits for them.
 	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
-	if err != nil || res.Settled != 0 || len(cb.liveLeaves(t, a.ID)) != 2 {
-		t.Fatalf("sweep with live leases: %+v %v, leaves %d", res, err, len(cb.liveLeaves(t, a.ID)))
+	if err != nil || res.Settled != 0 || len(liveLeaves(t, cb.ctx, cb.client, a.ID)) != 2 {
+		t.Fatalf("sweep with live leases: %+v %v, leaves %d", res, err, len(liveLeaves(t, cb.ctx, cb.client, a.ID)))
 	}
 	cb.clock.Add(2 * time.Minute)
 	if settled, err := cb.client.Settle(cb.ctx, a.ID, "sweeper"); err != nil || !settled {
 		t.Fatalf("settle after the leases ran out: %v %v", settled, err)
 	}
-	live := cb.liveLeaves(t, a.ID)
+	live := liveLeaves(t, cb.ctx, cb.client, a.ID)
 	if len(live) != 1 {
 		t.Fatalf("after settling: %+v, want one leaf", live)
 	}
@@ -373,12 +357,12 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 			t.Fatalf("claim %d: %v, want ErrClaimConflict", k, err)
 		}
 		if want {
-			if live := cb.liveLeaves(t, it.ID); len(live) != 1 || live[0].Rev != it.Rev {
+			if live := liveLeaves(t, cb.ctx, cb.client, it.ID); len(live) != 1 || live[0].Rev != it.Rev {
 				t.Fatalf("claim %d: live leaves %+v, want only the claim %s", k, live, it.Rev)
 			}
 		}
 	}
-	if live := cb.liveLeaves(t, held.ID); len(live) != 2 {
+	if live := liveLeaves(t, cb.ctx, cb.client, held.ID); len(live) != 2 {
 		t.Fatalf("the job with a live claim elsewhere has %d live leaves, want both kept for the sweeper", len(live))
 	}
 }
@@ -453,7 +437,7 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 	if err != nil || res.Settled != 1 {
 		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
 	}
-	live := cb.liveLeaves(t, it.ID)
+	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
 	if len(live) != 1 || live[0].Status != couchq.StatusDone {
 		t.Fatalf("leaves after the sweep: %+v, want one done", live)
 	}

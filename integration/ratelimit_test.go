@@ -270,10 +270,11 @@ func twoLeafSlot(t *testing.T, tb *testBundle, taker *couchq.Client, typ string,
 	return other
 }
 
-// liveSlotLeaves returns the live leaves of a slot document.
-func liveSlotLeaves(t *testing.T, tb *testBundle, id string) []couchq.Leaf {
+// liveLeaves lists the revisions of id that are not tombstones, as client
+// reads them.
+func liveLeaves(t *testing.T, ctx context.Context, client *couchq.Client, id string) []couchq.Leaf {
 	t.Helper()
-	leaves, err := tb.client.Leaves(tb.ctx, id)
+	leaves, err := client.Leaves(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
 	if got != 0 {
 		t.Fatalf("the taker counted %d slot(s) of a 1-slot window the competitor also took", got)
 	}
-	live := liveSlotLeaves(t, tb, id)
+	live := liveLeaves(t, tb.ctx, tb.client, id)
 	for _, l := range live {
 		if !strings.Contains(string(l.Doc), `"by":"b"`) {
 			t.Errorf("live leaf %s is not the competitor's: %s", l.Rev, l.Doc)
@@ -368,7 +369,7 @@ func TestRateSlotStandsOnceTheOtherLeafIsWithdrawn(t *testing.T) {
 	if got != 1 {
 		t.Fatalf("the taker counted %d slots, want the one the competitor withdrew from", got)
 	}
-	live := liveSlotLeaves(t, tb, id)
+	live := liveLeaves(t, tb.ctx, tb.client, id)
 	if len(live) != 1 || !strings.Contains(string(live[0].Doc), `"by":"a"`) {
 		t.Fatalf("live leaves of the slot %+v, want the taker's alone", live)
 	}
