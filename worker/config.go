@@ -53,6 +53,8 @@ type Config struct {
 	ClaimBatch int
 	// PickAmong is K: each claim round picks at random among the first K
 	// due jobs, so that many workers do not all fight over the same rows.
+	// Rounds that lose claims to other workers widen it (up to 8 times),
+	// and it narrows back once claims stop being lost.
 	PickAmong int
 	// SweepInterval is how often this process sweeps expired leases;
 	// default LeaseDuration/2. Negative disables the sweeper.

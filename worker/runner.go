@@ -51,6 +51,9 @@ type runner struct {
 	// acquireTook and dueTook are how long the last round of taking rate
 	// limit slots and the last due query took (see takeStarts).
 	acquireTook, dueTook time.Duration
+	// pick is K for the next round (see widenPick); touched only by the
+	// runner's own loop.
+	pick int
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
@@ -159,7 +162,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	}
 	// Documents that cannot be quarantined stay at the front of the due
 	// view; read past them so they never starve the jobs behind.
-	k := min(max(r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
+	k := min(max(r.pick, r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
 	r.w.stats.queries.Add(1)
 	began := time.Now()
 	batch, err := r.w.client.DueFirst(ctx, r.typ, k)
@@ -239,6 +242,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
 		}
 	}
+	r.widenPick(conflicts)
 	r.w.stats.conflicts.Add(int64(conflicts))
 	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
 	r.releaseRunSlots(runSlots) // the lost claims' run slots
@@ -246,6 +250,28 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
 	}
 	return len(items) == k || conflicts > 0 || n < len(items), upTo, nil
+}
+
+// maxPickWidening bounds how far widenPick takes K: PickAmong times this.
+const maxPickWidening = 8
+
+// widenPick sets K for the next round from this round's lost claims. Many
+// workers reading the same first K rows at once pick the same jobs: 16
+// claimants taking 4 each among 32 lose about one claim per job won (a
+// 409 each, or a lost confirmation on a cluster). A round that lost claims
+// doubles K, up to maxPickWidening times PickAmong, so that contending
+// workers spread over more of the queue; each round that lost none takes
+// an eighth back off, so a quiet queue returns to PickAmong and to near
+// oldest-first order. Priorities are unaffected: a higher one still goes
+// first (shuffleWithinPriority).
+func (r *runner) widenPick(lost int) {
+	base := r.w.cfg.PickAmong
+	switch {
+	case lost > 0:
+		r.pick = min(2*max(r.pick, base), maxPickWidening*base, maxDueLimit)
+	case r.pick > base:
+		r.pick = max(base, r.pick-max(1, r.pick/8))
+	}
 }
 
 // runningJob is a job in flight. mu serialises the writes that carry its
