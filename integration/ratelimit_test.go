@@ -270,6 +270,20 @@ func twoLeafSlot(t *testing.T, tb *testBundle, taker *couchq.Client, typ string,
 	return other
 }
 
+// competitorTakes writes, as competitor "b", the slot leaf other (from
+// twoLeafSlot) over with window w, and returns the revision written.
+func competitorTakes(t *testing.T, tb *testBundle, other map[string]any, w time.Time) string {
+	t.Helper()
+	id := other["_id"].(string)
+	next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
+		"worker": other["worker"], "window": couchq.ToUnix(w), "by": "b"}
+	rev, err := tb.db.Put(tb.ctx, id, next)
+	if err != nil {
+		t.Errorf("the competitor's take: %v", err)
+	}
+	return rev
+}
+
 // liveLeaves lists the revisions of id that are not tombstones, as client
 // reads them.
 func liveLeaves(t *testing.T, ctx context.Context, client *couchq.Client, id string) []couchq.Leaf {
@@ -302,14 +316,8 @@ func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
 	w1 := w0.Add(time.Second)
 	other := twoLeafSlot(t, tb, taker, "twoleaves", w0)
 	id := couchq.RateSlotID("twoleaves", 0)
-	hooks.arm(isBulkDocs, func() {
-		// The competitor takes the slot for the same window over the other leaf.
-		next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
-			"worker": "twoleaves", "window": couchq.ToUnix(w1), "by": "b"}
-		if _, err := tb.db.Put(tb.ctx, id, next); err != nil {
-			t.Errorf("the competitor's take: %v", err)
-		}
-	})
+	// The competitor takes the slot for the same window over the other leaf.
+	hooks.arm(isBulkDocs, func() { competitorTakes(t, tb, other, w1) })
 	got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w1, 1, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -342,15 +350,7 @@ func TestRateSlotStandsOnceTheOtherLeafIsWithdrawn(t *testing.T) {
 	other := twoLeafSlot(t, tb, taker, "withdrawn", w0)
 	id := couchq.RateSlotID("withdrawn", 0)
 	var competitorRev string
-	hooks.arm(isBulkDocs, func() {
-		next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
-			"worker": "withdrawn", "window": couchq.ToUnix(w1), "by": "b"}
-		rev, err := tb.db.Put(tb.ctx, id, next)
-		if err != nil {
-			t.Errorf("the competitor's take: %v", err)
-		}
-		competitorRev = rev
-	})
+	hooks.arm(isBulkDocs, func() { competitorRev = competitorTakes(t, tb, other, w1) })
 	reads := 0
 	hooks.arm(isLeavesRead, func() {
 		reads++
