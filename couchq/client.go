@@ -108,9 +108,12 @@ type Client struct {
 	// request (.../queries; PouchDB Server): DueFirst then asks range by
 	// range.
 	singleQueries atomic.Bool
-	// lastFullView is when a view query last asked every shard copy
-	// (UnixNano; see Client.view).
-	lastFullView atomic.Int64
+	// fullViews holds, per view (*atomic.Int64 by name), when a query of
+	// it last asked every shard copy (Unix ns; see view). Per view: the
+	// sweeper's lease queries, every SweepInterval, took every turn of a
+	// single shared clock, so the due view was read from the stable
+	// copies only, and a job those lacked stayed unseen for minutes.
+	fullViews sync.Map
 	// membershipDenied warns once that the user cannot read _membership.
 	membershipDenied sync.Once
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -144,13 +145,18 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 // 3-node cluster: couchjs CPU per job 21 ms without, 6 with). But the
 // chosen copy can lag for minutes — a node that restarted gets the writes
 // it missed from the others later — and a job it lacks would be missed by
-// every query; so at least every freshViewInterval a query asks every copy
-// again (each range answered by whichever copy is first), as CouchDB does
-// by default. Servers without shards ignore stable.
+// every query; so at least every freshViewInterval a query of each view
+// asks every copy again (each range answered by whichever copy is first),
+// as CouchDB does by default. Servers without shards ignore stable.
 func (c *Client) view(ctx context.Context, view string, opts ...kivik.Option) *kivik.ResultSet {
 	now := time.Now().UnixNano()
-	last := c.lastFullView.Load()
-	if now-last < int64(freshViewInterval) || !c.lastFullView.CompareAndSwap(last, now) {
+	v, ok := c.fullViews.Load(view)
+	if !ok {
+		v, _ = c.fullViews.LoadOrStore(view, new(atomic.Int64))
+	}
+	lastFull := v.(*atomic.Int64)
+	last := lastFull.Load()
+	if now-last < int64(freshViewInterval) || !lastFull.CompareAndSwap(last, now) {
 		opts = append(opts, kivik.Param("stable", true))
 	}
 	return c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, opts...)
