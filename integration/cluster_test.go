@@ -220,6 +220,7 @@ func clusterWorker(log zerolog.Logger, handlers map[string]worker.Handler) worke
 		ShutdownTimeout: 5 * time.Second,
 		FeedTimeout:     2 * time.Second,
 		FallbackPoll:    5 * time.Second,
+		QueryTimeout:    5 * time.Second,
 		Logger:          log,
 	}
 }
@@ -337,6 +338,70 @@ func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
 	waitAllDone(t, cb.clients[0], more, 2*time.Minute)
 	// Node 3 caught up: it serves every job as done.
 	waitAllDone(t, cb.clients[2], append(ids, more...), time.Minute)
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once with live workers only: %v", twice)
+	}
+}
+
+// With a node down, two workers attached to different nodes that claim
+// the same job each reach one of the two live copies: neither claim is
+// committed and neither runs. The claimants give the job back at once
+// (ReleaseMinorityClaim); before, it waited for their leases to run out,
+// often more than once. Here the lease is two minutes and every job must
+// be done within half of it, each run once.
+func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	const lease = 2 * time.Minute
+	var workers []*worker.Worker
+	for node := 1; node <= 2; node++ {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
+		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
+		w, err := worker.New(cb.clients[node-1], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(cb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		workers = append(workers, w)
+	}
+	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
+	// Both feeds follow the live nodes again: both workers wake for each job.
+	waitFor(t, time.Minute, "both workers ready with node 3 down", func() bool {
+		return workers[0].Ready() == nil && workers[1].Ready() == nil
+	})
+	// One at a time, so that both workers race for each job; rounds of 20
+	// until the race split a claim (a worker whose due query was left
+	// hanging by the node's stop sits out until QueryTimeout).
+	released := func() (n int64) {
+		for _, w := range workers {
+			n += w.Stats().MinorityReleases
+		}
+		return n
+	}
+	for round := 1; released() == 0; round++ {
+		if round > 4 {
+			t.Fatal("no claim reached a minority in 80 jobs: the workers never raced, and the test proved nothing")
+		}
+		var ids []string
+		began := time.Now()
+		for i := range 20 {
+			it, err := cb.clients[i%2].Enqueue(cb.ctx, couchq.NewJob{Worker: "contest"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, it.ID)
+			time.Sleep(30 * time.Millisecond)
+		}
+		waitAllDone(t, cb.clients[0], ids, lease/2)
+		t.Logf("round %d: 20 contested jobs done with node 3 down in %s; %d minority claims released so far",
+			round, time.Since(began).Round(time.Millisecond), released())
+	}
 	if twice := rc.twice(); len(twice) > 0 {
 		t.Fatalf("jobs run more than once with live workers only: %v", twice)
 	}

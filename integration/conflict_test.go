@@ -362,8 +362,101 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 			}
 		}
 	}
-	if live := liveLeaves(t, cb.ctx, cb.client, held.ID); len(live) != 2 {
-		t.Fatalf("the job with a live claim elsewhere has %d live leaves, want both kept for the sweeper", len(live))
+	// The claim that backed off does not hold the job for its lease: it is
+	// released, due when the other branch's lease runs out.
+	live := liveLeaves(t, cb.ctx, cb.client, held.ID)
+	if len(live) != 2 {
+		t.Fatalf("the job with a live claim elsewhere has %d live leaves, want the other claim and the release", len(live))
+	}
+	var released *couchq.Leaf
+	for k := range live {
+		if live[k].Parent != held.Rev && live[k].Item != nil && live[k].Item.History[len(live[k].Item.History)-1].By == "host-a/1/a" {
+			released = &live[k]
+		}
+	}
+	otherLease := couchq.ToUnix(cb.clock.Now().Add(30 * time.Second))
+	if released == nil || released.Claimed || released.Status != couchq.StatusQueued || released.Item.Attempts != held.Attempts ||
+		released.Item.Date != otherLease || lastEvent(released.Item) != couchq.EventClaimWithdrawn {
+		t.Fatalf("the backed-off claim was not released, due at the other lease's end (%v): %+v", otherLease, live)
+	}
+	// Nobody claims it while the other claimant may be running the job.
+	if batch, err := cb.client.Due(cb.ctx, "branch", 10); err != nil || len(batch.Items) != 0 {
+		t.Fatalf("due while the other branch's lease is live: %v %+v", err, batch)
+	}
+}
+
+func lastEvent(it *couchq.WorkItem) string { return it.History[len(it.History)-1].Event }
+
+// A claim stored on a minority of a cluster's copies never runs, and its
+// claimant gives the job back a moment later (ReleaseMinorityClaim)
+// instead of hiding it for a lease. With a node down, two claimants of one
+// revision writing through different nodes are both in that case: the
+// second release settles the job, which then runs once. A minority claim
+// that the committed claimant withdrew already is left alone. Proven on
+// one server with injected revisions; the cluster tier proves it with a
+// node stopped (TestClusterNodeDownContestedClaimsDoNotWaitForLeases).
+func TestReleaseMinorityClaim(t *testing.T) {
+	cb := setupConflict(t)
+	minority := func(claim, parent *couchq.WorkItem) *couchq.MinorityClaim {
+		return &couchq.MinorityClaim{Claim: claim, Parent: parent}
+	}
+	siblingOf := func(it *couchq.WorkItem, by string) *couchq.WorkItem {
+		t.Helper()
+		doc := asDoc(t, it)
+		doc["claimed"], doc["status"], doc["claimed_by"], doc["attempts"] = true, "running", by, it.Attempts+1
+		doc["lease_until"] = couchq.ToUnix(cb.clock.Now().Add(time.Minute))
+		rev := cb.child(t, it.Rev, doc)
+		sib := it.Clone()
+		sib.Rev, sib.Claimed, sib.Status, sib.ClaimedBy, sib.Attempts = rev, true, couchq.StatusRunning, by, it.Attempts+1
+		return sib
+	}
+
+	// Both claims of one revision on a minority: neither runs; the first
+	// release leaves the other claim's lease to wait for, the second
+	// settles the job, which is due again as it was, attempts uncharged.
+	it := cb.enqueued(t, "minority")
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	b := siblingOf(it, "host-b/2/b")
+	for _, c := range []*couchq.WorkItem{a, b} {
+		ok, err := cb.client.ReleaseMinorityClaim(cb.ctx, minority(c, it))
+		if err != nil || !ok {
+			t.Fatalf("releasing %s's minority claim: %v %v", c.ClaimedBy, ok, err)
+		}
+	}
+	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
+	if len(live) != 1 || live[0].Claimed || live[0].Status != couchq.StatusQueued || live[0].Item.Attempts != 0 {
+		t.Fatalf("after both releases: %+v, want one queued leaf, no attempt charged", live)
+	}
+	batch, err := cb.client.Due(cb.ctx, "minority", 10)
+	if err != nil || len(batch.Items) != 1 || batch.Items[0].ID != it.ID {
+		t.Fatalf("due after both releases: %v %+v", err, batch)
+	}
+	c, err := cb.client.Claim(cb.ctx, batch.Items[0], "host-c/3/c", time.Minute)
+	if err != nil {
+		t.Fatalf("claiming the released job: %v", err)
+	}
+	claims := 0
+	for _, e := range c.History {
+		if e.Event == couchq.EventClaimed {
+			claims++ // the released claims never ran: not counted as claims
+		}
+	}
+	if claims != 1 || c.Attempts != 1 {
+		t.Fatalf("history of the job claimed after the releases: %d claims, attempt %d: %+v", claims, c.Attempts, c.History)
+	}
+
+	// A minority claim the committed claimant withdrew: nothing to release.
+	it = cb.enqueued(t, "minority")
+	a = cb.claimDirectly(t, it, "host-a/1/a")
+	b = siblingOf(it, "host-b/2/b")
+	if err := cb.client.ConfirmClaim(cb.ctx, a, it.Rev); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cb.client.ReleaseMinorityClaim(cb.ctx, minority(b, it)); err != nil || ok {
+		t.Fatalf("releasing a withdrawn minority claim: %v %v, want nothing done", ok, err)
+	}
+	if live := liveLeaves(t, cb.ctx, cb.client, it.ID); len(live) != 1 || live[0].Rev != a.Rev {
+		t.Fatalf("after the no-op release: %+v, want only the committed claim", live)
 	}
 }
 
@@ -465,5 +558,34 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 	}
 	if res, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil || res.Settled != 0 {
 		t.Fatalf("second sweep: %+v %v, want nothing left to settle", res, err)
+	}
+}
+
+// Of two queued branches settling keeps the one due first, whichever
+// CouchDB shows as the winner: a claim that backed off is released due when
+// another branch's lease runs out, and when that branch turns out to be a
+// minority claim, released in turn, the job must not wait for that lease.
+func TestSettleKeepsTheQueuedBranchDueFirst(t *testing.T) {
+	cb := setupConflict(t)
+	for i := range 6 {
+		it := cb.enqueued(t, "settle")
+		later := asDoc(t, it)
+		later["date"] = couchq.ToUnix(cb.clock.Now().Add(time.Minute))
+		laterRev := cb.child(t, it.Rev, later)
+		now := asDoc(t, it)
+		now["note"] = "due now"
+		nowRev := cb.child(t, it.Rev, now)
+		if settled, err := cb.client.Settle(cb.ctx, it.ID, "sweeper"); err != nil || !settled {
+			t.Fatalf("job %d: settle: %v %v", i, settled, err)
+		}
+		// The kept branch also carries the withdrawn one's trace (a child).
+		live := liveLeaves(t, cb.ctx, cb.client, it.ID)
+		if len(live) != 1 || (live[0].Rev != nowRev && live[0].Parent != nowRev) {
+			kept := make([]string, len(live))
+			for k, l := range live {
+				kept[k] = l.Rev + " over " + l.Parent
+			}
+			t.Fatalf("job %d: kept %v, want the branch due now (%s), not the later one (%s)", i, kept, nowRev, laterRev)
+		}
 	}
 }

@@ -29,6 +29,7 @@ const (
 	PickAmongDefault         = 32
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FeedTimeoutDefault       = 60 * time.Second
+	QueryTimeoutDefault      = 30 * time.Second
 	FallbackPollDefault      = 30 * time.Second
 	RetryCapDefault          = 24 * time.Hour
 	HeartbeatFractionDefault = 3 // heartbeat every lease / 3
@@ -67,6 +68,14 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// FeedTimeout is how long one _changes long-poll waits for a change.
 	FeedTimeout time.Duration
+	// QueryTimeout is how long a due-view query or a sweep may take before
+	// the worker gives up on it and asks again. CouchDB 3.5.0 was seen to
+	// leave view queries unanswered for minutes after a node of the
+	// cluster stopped mid-query (the cluster tier: both workers' due
+	// queries hung, and no job ran); asking again is answered at once.
+	// Keep it well above how long the due view takes to catch up after a
+	// large enqueue: a query cut short only starts over.
+	QueryTimeout time.Duration
 	// FallbackPoll is how often each type looks for due work even when the
 	// feed reported nothing (covers changes a broken feed missed).
 	FallbackPoll time.Duration
@@ -135,6 +144,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FeedTimeout <= 0 {
 		c.FeedTimeout = FeedTimeoutDefault
+	}
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = QueryTimeoutDefault
 	}
 	if c.FallbackPoll <= 0 {
 		c.FallbackPoll = FallbackPollDefault

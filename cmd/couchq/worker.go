@@ -116,7 +116,7 @@ and key; every key is optional but a type's handler):
 	rate = "10/s"
 	fleet_concurrency = 20
 	http_timeout = "10s"
-	# and heartbeat, sweep_interval, feed_timeout, fallback_poll
+	# and heartbeat, sweep_interval, feed_timeout, query_timeout, fallback_poll
 
 	[[periodic]]
 	type = "report"
@@ -132,6 +132,8 @@ Timings, mostly for tests and demos:
 	--sweep-interval D     how often this process sweeps expired leases
 	                       (default lease/2; negative disables its sweeper)
 	--feed-timeout D       how long one _changes long-poll waits (default 60s)
+	--query-timeout D      give up on a due-view query or a sweep after this
+	                       long and ask again (default 30s)
 	--fallback-poll D      look for due work at least this often even when the
 	                       feed is quiet (default 30s)
 	--retry-delay D        a fixed delay before every retry, instead of
@@ -158,6 +160,7 @@ type workerFlags struct {
 	heartbeat       time.Duration
 	sweepInterval   time.Duration
 	feedTimeout     time.Duration
+	queryTimeout    time.Duration
 	fallbackPoll    time.Duration
 	retryDelay      time.Duration
 	periodic        repeatedFlag
@@ -203,6 +206,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.heartbeat, "heartbeat", 0, "heartbeat interval")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 0, "sweep interval")
 	fs.DurationVar(&f.feedTimeout, "feed-timeout", worker.FeedTimeoutDefault, "changes long-poll timeout")
+	fs.DurationVar(&f.queryTimeout, "query-timeout", worker.QueryTimeoutDefault, "due query and sweep timeout")
 	fs.DurationVar(&f.fallbackPoll, "fallback-poll", worker.FallbackPollDefault, "fallback poll interval")
 	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
 	fs.Var(&f.periodic, "periodic", "periodic schedule TYPE=SPEC")
@@ -406,6 +410,8 @@ func (f *workerFlags) check() error {
 		return usageErrorf("invalid --http-timeout %s: must be positive", f.httpTimeout)
 	case f.feedTimeout <= 0:
 		return usageErrorf("invalid --feed-timeout %s: must be positive", f.feedTimeout)
+	case f.queryTimeout <= 0:
+		return usageErrorf("invalid --query-timeout %s: must be positive", f.queryTimeout)
 	case f.fallbackPoll <= 0:
 		return usageErrorf("invalid --fallback-poll %s: must be positive", f.fallbackPoll)
 	case f.retryDelay < 0:
@@ -550,6 +556,7 @@ func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config
 		SweepInterval:     f.sweepInterval,
 		ShutdownTimeout:   f.shutdownTimeout,
 		FeedTimeout:       f.feedTimeout,
+		QueryTimeout:      f.queryTimeout,
 		FallbackPoll:      f.fallbackPoll,
 		Drain:             f.drain,
 		Periodic:          f.schedules,

@@ -61,6 +61,7 @@ func TestWorkerCommandsUsageErrors(t *testing.T) {
 		{"zero shutdown timeout", w("--shutdown-timeout", "0s"), "invalid --shutdown-timeout 0s"},
 		{"zero http timeout", w("--http-timeout", "0s"), "invalid --http-timeout 0s"},
 		{"zero feed timeout", w("--feed-timeout", "0s"), "invalid --feed-timeout 0s"},
+		{"zero query timeout", w("--query-timeout", "0s"), "invalid --query-timeout 0s"},
 		{"zero fallback poll", w("--fallback-poll", "0s"), "invalid --fallback-poll 0s"},
 		{"negative retry delay", w("--retry-delay", "-1s"), "invalid --retry-delay -1s"},
 		{"stray argument", w("extra"), `unexpected argument "extra"`},
@@ -96,7 +97,7 @@ func TestWorkerCommandsHelp(t *testing.T) {
 	r = offline().run(t, "help", "worker")
 	expect(t, r, exitOK)
 	for _, flag := range []string{"--type", "--handler", "--exec", "--concurrency", "--lease", "--drain", "--delete-done",
-		"--max-attempts", "--shutdown-timeout", "--heartbeat", "--sweep-interval", "--feed-timeout", "--fallback-poll",
+		"--max-attempts", "--shutdown-timeout", "--heartbeat", "--sweep-interval", "--feed-timeout", "--query-timeout", "--fallback-poll",
 		"--retry-delay", "--http-timeout", "--health-addr", "--url"} {
 		if !strings.Contains(r.stdout, flag+" ") {
 			t.Errorf("couchq help worker lacks %s", flag)

@@ -95,6 +95,7 @@ type fileType struct {
 	Heartbeat        *fileDuration `toml:"heartbeat"`
 	SweepInterval    *fileDuration `toml:"sweep_interval"`
 	FeedTimeout      *fileDuration `toml:"feed_timeout"`
+	QueryTimeout     *fileDuration `toml:"query_timeout"`
 	FallbackPoll     *fileDuration `toml:"fallback_poll"`
 }
 
@@ -251,6 +252,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 			httpTimeout: handlers.DefaultHTTPTimeout, concurrency: worker.ConcurrencyDefault,
 			lease: worker.LeaseDurationDefault, maxAttempts: couchq.MaxAttemptsDefault,
 			shutdownTimeout: worker.ShutdownTimeoutDefault, feedTimeout: worker.FeedTimeoutDefault,
+			queryTimeout: worker.QueryTimeoutDefault,
 			fallbackPoll: worker.FallbackPollDefault, periodicTZ: "UTC", catchUp: "once",
 			set: map[string]bool{},
 		}
@@ -291,6 +293,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 			setDur("heartbeat", ft.Heartbeat, &f.heartbeat, true),
 			setDur("sweep_interval", ft.SweepInterval, &f.sweepInterval, false),
 			setDur("feed_timeout", ft.FeedTimeout, &f.feedTimeout, true),
+			setDur("query_timeout", ft.QueryTimeout, &f.queryTimeout, true),
 			setDur("fallback_poll", ft.FallbackPoll, &f.fallbackPoll, true),
 			setInt("concurrency", ft.Concurrency, &f.concurrency),
 			setInt("max_attempts", ft.MaxAttempts, &f.maxAttempts),
@@ -410,7 +413,7 @@ func merge(def, t fileType) fileType {
 	for _, p := range []struct{ dst, src **fileDuration }{
 		{&out.HTTPTimeout, &t.HTTPTimeout}, {&out.Lease, &t.Lease}, {&out.RetryDelay, &t.RetryDelay},
 		{&out.Heartbeat, &t.Heartbeat}, {&out.SweepInterval, &t.SweepInterval},
-		{&out.FeedTimeout, &t.FeedTimeout}, {&out.FallbackPoll, &t.FallbackPoll},
+		{&out.FeedTimeout, &t.FeedTimeout}, {&out.QueryTimeout, &t.QueryTimeout}, {&out.FallbackPoll, &t.FallbackPoll},
 	} {
 		if *p.src != nil {
 			*p.dst = *p.src
@@ -459,6 +462,8 @@ func (cli *workerFlags) overrideInto(f *workerFlags) {
 			f.sweepInterval = cli.sweepInterval
 		case "feed-timeout":
 			f.feedTimeout = cli.feedTimeout
+		case "query-timeout":
+			f.queryTimeout = cli.queryTimeout
 		case "fallback-poll":
 			f.fallbackPoll = cli.fallbackPoll
 		case "retry-delay":
