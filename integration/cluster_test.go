@@ -275,11 +275,15 @@ func (rc *runCounter) twice() map[string][]string {
 	return out
 }
 
-// startClusterWorker runs a worker on the client's node until the test ends.
-func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc *runCounter, typ string) *worker.Worker {
+// startClusterWorker runs a worker on the client's node until the test
+// ends, with clusterWorker's config as tweak leaves it.
+func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc *runCounter, typ string, tweak ...func(*worker.Config)) *worker.Worker {
 	t.Helper()
 	cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: rc.handler(id)})
 	cfg.ID = id
+	for _, f := range tweak {
+		f(&cfg)
+	}
 	w, err := worker.New(cb.clients[node-1], cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -353,19 +357,10 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 	cb := setupCluster(t, couchq.Config{})
 	var rc runCounter
 	const lease = 2 * time.Minute
-	var workers []*worker.Worker
-	for node := 1; node <= 2; node++ {
-		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
-		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
-		w, err := worker.New(cb.clients[node-1], cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(cb.ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Stop(context.Background()) })
-		workers = append(workers, w)
+	longLease := func(cfg *worker.Config) { cfg.LeaseDuration = lease }
+	workers := []*worker.Worker{
+		startClusterWorker(t, cb, 1, "w1", &rc, "contest", longLease),
+		startClusterWorker(t, cb, 2, "w2", &rc, "contest", longLease),
 	}
 	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
 		t.Fatal(err)
