@@ -17,7 +17,7 @@ import (
 // protocol). Before these releases such a job waited for the claims'
 // leases to run out and the sweeper, then often raced the same way again:
 // the cluster tier saw jobs wait 15 s leases two and three times over with
-// node 3 of 3 stopped (120 jobs in 19–48 s instead of 6). Likewise a
+// node 3 of 3 stopped (120 jobs in 18–48 s instead of 6). Likewise a
 // committed claim that backs off because of another branch held its lease
 // though it ran nothing, and as the deepest leaf it hid the job from the
 // due view until then.
@@ -43,22 +43,46 @@ type MinorityClaim struct {
 // a minority of the copies. When the claim still stands as a leaf, it
 // writes the job as it was before the claim over it (queued, due as
 // before, the attempt not charged, a claim-withdrawn entry in the history)
-// and settles the job when no leaf holds a live lease. It reports whether
-// it released the claim: false when the claim is gone already (the
-// claimant of a committed competing claim withdrew it, or a sweep wrote
-// over it).
+// and settles the job when no leaf holds a live lease. When another branch
+// went on from a write over the same revision (a holder renewed or
+// finished: it is running the job, or ran it), it withdraws the claim
+// instead. It reports whether it released the claim: false when the claim
+// is gone already (the claimant of a committed competing claim withdrew
+// it, or a sweep wrote over it) or was withdrawn.
 //
-// Call it a while after the claim, not at once: when a competing claim is
-// committed, its claimant withdraws this one as it confirms, and a release
-// racing that withdrawal would leave a queued branch beside the running
-// one (safe, but another claimant would claim it and back off).
+// Call it MinorityReleaseDelay after the claim, not at once: the claimant
+// of a committed competing claim withdraws this one as it confirms when it
+// sees it, and otherwise has written once more by then (see
+// MinorityReleaseDelay). A release beside a claim that runs is safe — whoever
+// claims it backs off — but until the job is settled CouchDB may show the
+// queued release as the job's revision next to the finished one.
 func (c *Client) ReleaseMinorityClaim(ctx context.Context, m *MinorityClaim) (bool, error) {
 	id := m.Claim.ID
 	leaves, err := c.Leaves(ctx, id)
 	if err != nil {
 		return false, fmt.Errorf("releasing a minority claim of %s: %w", id, err)
 	}
-	if !standsAsLeaf(leaves, m.Claim.Rev) {
+	var mine *Leaf
+	onward := false
+	for i := range leaves {
+		l := &leaves[i]
+		switch {
+		case l.Rev == m.Claim.Rev:
+			if !l.Deleted {
+				mine = l
+			}
+		case !l.Deleted && l.wentOnFrom(m.Parent.Rev):
+			onward = true
+		}
+	}
+	switch {
+	case mine == nil:
+		return false, nil
+	case onward:
+		// Withdrawing it cannot delete the job: the other branch stands.
+		if err := c.withdraw(ctx, id, *mine, m.Claim.ClaimedBy); err != nil && !isStatus(err, http.StatusConflict) && !errors.Is(err, errNoMajority) {
+			return false, fmt.Errorf("withdrawing a minority claim of %s: %w", id, err)
+		}
 		return false, nil
 	}
 	released, err := c.releaseUnrun(ctx, m.Claim, m.Parent, m.Parent.Date,
@@ -70,11 +94,12 @@ func (c *Client) ReleaseMinorityClaim(ctx context.Context, m *MinorityClaim) (bo
 	return true, nil
 }
 
-// standsAsLeaf reports whether rev is a live (not deleted) leaf.
-func standsAsLeaf(leaves []Leaf, rev string) bool {
-	for _, l := range leaves {
-		if l.Rev == rev {
-			return !l.Deleted
+// wentOnFrom reports whether the leaf is two or more writes past rev: a
+// write over rev (a claim) and another over that (a renewal, an outcome).
+func (l *Leaf) wentOnFrom(rev string) bool {
+	for _, r := range l.path[min(2, len(l.path)):] {
+		if r == rev {
+			return true
 		}
 	}
 	return false
@@ -139,11 +164,14 @@ func (c *Client) settleAfterRelease(ctx context.Context, id, by string) {
 	}
 }
 
-// MinorityReleaseDelay is how long a claimant waits before releasing a
-// claim that reached a minority of the copies (ReleaseMinorityClaim): long
-// enough for the claimant of a committed competing claim to confirm and
-// withdraw it (a few round trips), short against the lease it would
-// otherwise hold the job for.
-func MinorityReleaseDelay(lease time.Duration) time.Duration {
-	return min(max(lease/10, 250*time.Millisecond), 3*time.Second)
+// MinorityReleaseDelay is how long a claimant whose workers renew leases
+// every heartbeat waits before releasing a claim that reached a minority
+// of the copies (ReleaseMinorityClaim): a heartbeat and a quarter. By
+// then the holder of a committed competing claim has withdrawn this one
+// or written over its own claim at least once (a renewal, or the job's
+// outcome), which ReleaseMinorityClaim sees; only claims that nobody runs
+// are released. It is shorter than the lease (a third of it by default)
+// that the job waited for before.
+func MinorityReleaseDelay(heartbeat time.Duration) time.Duration {
+	return max(heartbeat+heartbeat/4, 250*time.Millisecond)
 }

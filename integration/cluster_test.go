@@ -357,7 +357,7 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 	cb := setupCluster(t, couchq.Config{})
 	var rc runCounter
 	const lease = 2 * time.Minute
-	longLease := func(cfg *worker.Config) { cfg.LeaseDuration = lease }
+	longLease := func(cfg *worker.Config) { cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 2*time.Second }
 	workers := []*worker.Worker{
 		startClusterWorker(t, cb, 1, "w1", &rc, "contest", longLease),
 		startClusterWorker(t, cb, 2, "w2", &rc, "contest", longLease),

@@ -411,16 +411,16 @@ func TestReleaseMinorityClaim(t *testing.T) {
 		return sib
 	}
 
-	// Both claims of one revision on a minority: neither runs; the first
-	// release leaves the other claim's lease to wait for, the second
-	// settles the job, which is due again as it was, attempts uncharged.
+	// Both claims of one revision on a minority: neither runs. The first
+	// is released; the second sees that branch went on and is withdrawn.
+	// The job is due again as it was, attempts uncharged.
 	it := cb.enqueued(t, "minority")
 	a := cb.claimDirectly(t, it, "host-a/1/a")
 	b := siblingOf(it, "host-b/2/b")
-	for _, c := range []*couchq.WorkItem{a, b} {
+	for k, c := range []*couchq.WorkItem{a, b} {
 		ok, err := cb.client.ReleaseMinorityClaim(cb.ctx, minority(c, it))
-		if err != nil || !ok {
-			t.Fatalf("releasing %s's minority claim: %v %v", c.ClaimedBy, ok, err)
+		if err != nil || ok != (k == 0) {
+			t.Fatalf("releasing %s's minority claim: released %v, %v; want %v", c.ClaimedBy, ok, err, k == 0)
 		}
 	}
 	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
@@ -443,6 +443,22 @@ func TestReleaseMinorityClaim(t *testing.T) {
 	}
 	if claims != 1 || c.Attempts != 1 {
 		t.Fatalf("history of the job claimed after the releases: %d claims, attempt %d: %+v", claims, c.Attempts, c.History)
+	}
+
+	// A minority claim beside a committed claim whose holder went on (here
+	// it finished): withdrawn, not released, so no queued branch stands
+	// beside the finished one.
+	it = cb.enqueued(t, "minority")
+	a = cb.claimDirectly(t, it, "host-a/1/a")
+	b = siblingOf(it, "host-b/2/b")
+	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cb.client.ReleaseMinorityClaim(cb.ctx, minority(b, it)); err != nil || ok {
+		t.Fatalf("releasing a minority claim beside a finished branch: %v %v, want it withdrawn", ok, err)
+	}
+	if live := liveLeaves(t, cb.ctx, cb.client, it.ID); len(live) != 1 || live[0].Status != couchq.StatusDone {
+		t.Fatalf("after withdrawing beside the finished branch: %+v, want only the finished one", live)
 	}
 
 	// A minority claim the committed claimant withdrew: nothing to release.

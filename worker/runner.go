@@ -657,7 +657,7 @@ func (w *Worker) releaseMinority(m *couchq.MinorityClaim) {
 	w.loops.Add(1) // the calling runner holds loops: Stop has not passed Wait
 	go func() {
 		defer w.loops.Done()
-		t := time.NewTimer(couchq.MinorityReleaseDelay(w.cfg.LeaseDuration))
+		t := time.NewTimer(couchq.MinorityReleaseDelay(w.cfg.HeartbeatInterval))
 		select {
 		case <-t.C:
 		case <-w.stopClaiming:
