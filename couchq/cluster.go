@@ -28,17 +28,15 @@ import (
 //     CouchDB answers 201 for ("committed"). Each copy takes one child of a
 //     revision, and two majorities share a copy, so of the claims of one
 //     revision at most one is committed. A 202 ("accepted": fewer copies
-//     took it) claim never runs, and its claimant releases it a moment
-//     later unless the committed claimant withdrew it (see unrun.go); a
-//     holder's write answered 202 means the claim is lost (a sweep or an
-//     operator reached the majority first).
+//     took it) claim never runs; a holder's write answered 202 means the
+//     claim is lost (a sweep or an operator reached the majority first).
 //   - after a committed claim, reads every leaf revision of the job from a
 //     majority of the copies (open_revs=all, r = majority; the union of
 //     what they hold). Leaves that are other claims of the same revision
 //     cannot be committed and are withdrawn; any other live leaf (a branch
 //     that split off earlier, which this claim cannot rule out) makes the
-//     claimant back off without running the job and release its claim; the
-//     sweeper settles such a job once no leaf holds a live lease.
+//     claimant back off without running the job; the sweeper settles such a
+//     job once no leaf holds a live lease.
 //   - withdraws a revision by deleting it with a tombstone that says so
 //     (withdrawn: true), and never withdraws its own: a tombstone on the
 //     only branch would delete the job.
@@ -599,7 +597,7 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 	if !ended {
 		keep = 0
 		for i := range live {
-			if outranksForSettling(&live[i], &live[keep]) {
+			if settleRank(&live[i]) > settleRank(&live[keep]) {
 				keep = i // live is in CouchDB's order: ties keep its winner
 			}
 		}
@@ -671,37 +669,16 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 	}
 }
 
-// outranksForSettling reports whether settling should keep l over o: what
-// went furthest, and of two queued leaves the one due first. A claim that
-// backed off is released due when another branch's lease runs out; when
-// that branch was a minority claim that is released in turn, the job is
-// due now, not after that lease.
-func outranksForSettling(l, o *Leaf) bool {
-	lr, or := settleRank(l), settleRank(o)
-	if lr != or {
-		return lr > or
-	}
-	return lr == rankQueued && l.Item.Date < o.Item.Date
-}
-
-// The ranks of settleRank.
-const (
-	rankUnreadable = iota
-	rankClaim
-	rankQueued
-	rankFinished
-)
-
 // settleRank orders the leaves of a conflicted job: what went furthest stays.
 func settleRank(l *Leaf) int {
 	switch {
 	case l.Item == nil:
-		return rankUnreadable
+		return 0
 	case l.Status.Terminal():
-		return rankFinished
+		return 3
 	case l.Status == StatusQueued && !l.Claimed:
-		return rankQueued
+		return 2
 	default:
-		return rankClaim
+		return 1
 	}
 }

@@ -48,10 +48,6 @@ type ClaimResult struct {
 	Item *WorkItem
 	// Err is ErrClaimConflict when another claimant won.
 	Err error
-	// Minority is set, with Err, for a claim CouchDB stored on fewer than
-	// a majority of a cluster's copies: it does not run, and the claimant
-	// releases it with ReleaseMinorityClaim after MinorityReleaseDelay.
-	Minority *MinorityClaim
 }
 
 // Claim claims one job read from the due view: the job's Rev must be the
@@ -136,16 +132,9 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 		if r.Error == nil && trace.uncommitted(r.ID, r.Rev) {
 			// Another claim of the same revision may hold the majority.
 			// What was stored stays claimed until that claimant withdraws
-			// it, its own claimant releases it (ReleaseMinorityClaim) or
-			// the sweeper settles the job; it never runs.
+			// it or the sweeper settles the job; it never runs.
 			c.log.Debug().Str("job", r.ID).Str("rev", r.Rev).Msg("claim reached a minority of the copies; not running it")
-			stored := results[i].Item
-			stored.Rev = r.Rev
-			results[i] = ClaimResult{
-				Err:      c.claimError(items[i].ID, errNoMajority),
-				Minority: &MinorityClaim{Claim: stored, Parent: items[i]},
-			}
-			continue
+			r.Error = errNoMajority
 		}
 		if r.Error != nil {
 			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
@@ -182,8 +171,7 @@ func (c *Client) claimError(id string, err error) error {
 
 // confirmClaims confirms committed claims (see confirmClaim): their
 // leaves are read together (leavesMany), then each claim is judged on its
-// own, concurrently, since a judgement may withdraw revisions. A claim
-// that must not run gives its job back (releaseBackedOff).
+// own, concurrently, since a judgement may withdraw revisions.
 func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items []*WorkItem, index []int) {
 	var ids []string
 	for _, i := range index {
@@ -194,30 +182,24 @@ func (c *Client) confirmClaims(ctx context.Context, results []ClaimResult, items
 	if len(ids) == 0 {
 		return
 	}
-	leaves, readErr := c.leavesMany(ctx, ids)
+	leaves, err := c.leavesMany(ctx, ids)
 	var wg sync.WaitGroup
 	for _, i := range index {
 		if results[i].Err != nil {
 			continue
 		}
-		r, parent := &results[i], items[i]
+		r, parent := &results[i], items[i].Rev
 		id := r.Item.ID
+		if err != nil {
+			*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if readErr != nil {
-				// Unconfirmed, the claim must not run: give the job back
-				// rather than hold it for the lease.
-				c.releaseBackedOff(ctx, r.Item, parent, nil)
-				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, readErr)}
-				return
-			}
-			err := c.judgeClaim(ctx, r.Item, parent.Rev, leaves[id])
+			err := c.judgeClaim(ctx, r.Item, parent, leaves[id])
 			switch {
-			case errors.Is(err, errBranchLive):
-				c.releaseBackedOff(ctx, r.Item, parent, leaves[id])
-				*r = ClaimResult{Err: c.claimError(id, err)}
-			case errors.Is(err, errLostRace):
+			case errors.Is(err, errBranchLive) || errors.Is(err, errLostRace):
 				*r = ClaimResult{Err: c.claimError(id, err)}
 			case err != nil:
 				*r = ClaimResult{Err: fmt.Errorf("confirming claim of %s: %w", id, err)}

@@ -347,61 +347,6 @@ func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
 	}
 }
 
-// With a node down, two workers attached to different nodes that claim
-// the same job each reach one of the two live copies: neither claim is
-// committed and neither runs. The claimants give the job back at once
-// (ReleaseMinorityClaim); before, it waited for their leases to run out,
-// often more than once. Here the lease is two minutes and every job must
-// be done within half of it, each run once.
-func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	var rc runCounter
-	const lease = 2 * time.Minute
-	longLease := func(cfg *worker.Config) { cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 2*time.Second }
-	workers := []*worker.Worker{
-		startClusterWorker(t, cb, 1, "w1", &rc, "contest", longLease),
-		startClusterWorker(t, cb, 2, "w2", &rc, "contest", longLease),
-	}
-	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
-	// Both feeds follow the live nodes again: both workers wake for each job.
-	waitFor(t, time.Minute, "both workers ready with node 3 down", func() bool {
-		return workers[0].Ready() == nil && workers[1].Ready() == nil
-	})
-	// One at a time, so that both workers race for each job; rounds of 20
-	// until the race split a claim (a worker whose due query was left
-	// hanging by the node's stop sits out until QueryTimeout).
-	released := func() (n int64) {
-		for _, w := range workers {
-			n += w.Stats().MinorityReleases
-		}
-		return n
-	}
-	for round := 1; released() == 0; round++ {
-		if round > 4 {
-			t.Fatal("no claim reached a minority in 80 jobs: the workers never raced, and the test proved nothing")
-		}
-		var ids []string
-		began := time.Now()
-		for i := range 20 {
-			it, err := cb.clients[i%2].Enqueue(cb.ctx, couchq.NewJob{Worker: "contest"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, it.ID)
-			time.Sleep(30 * time.Millisecond)
-		}
-		waitAllDone(t, cb.clients[0], ids, lease/2)
-		t.Logf("round %d: 20 contested jobs done with node 3 down in %s; %d minority claims released so far",
-			round, time.Since(began).Round(time.Millisecond), released())
-	}
-	if twice := rc.twice(); len(twice) > 0 {
-		t.Fatalf("jobs run more than once with live workers only: %v", twice)
-	}
-}
-
 // Item 6 of the real-CouchDB issue: right after a node restarts, jobs
 // enqueued one at a time ran twice. Restart node 3 repeatedly while jobs
 // are enqueued one by one and two workers on node 1 run them: every job

@@ -57,14 +57,7 @@ type runner struct {
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
-	// splitClaims records that the last round had a claim stored on a
-	// minority of a cluster's copies; touched only by the runner's own loop.
-	splitClaims bool
 }
-
-// splitClaimsJitter bounds the random pause before the round after one
-// whose claims split (see fetch).
-const splitClaimsJitter = 250 * time.Millisecond
 
 func (r *runner) nudge() {
 	select {
@@ -169,16 +162,6 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if free == 0 {
 		return true, r.w.cfg.Now(), nil
 	}
-	if r.splitClaims {
-		// With a node down, two workers that claim the same job through
-		// different nodes each reach one copy and neither may run it;
-		// when its claims are released both wake at once and split it
-		// again. A random pause lets one of them go first.
-		r.splitClaims = false
-		if !r.w.sleep(ctx, time.Duration(rand.Int64N(int64(splitClaimsJitter)))) {
-			return false, time.Time{}, errShutdown
-		}
-	}
 	// Documents that cannot be quarantined stay at the front of the due
 	// view; read past them so they never starve the jobs behind.
 	k := min(max(r.pick, r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
@@ -259,10 +242,6 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			r.start(res.Item, slot)
 		case errors.Is(res.Err, couchq.ErrClaimConflict):
 			conflicts++
-			if res.Minority != nil {
-				r.splitClaims = true
-				r.w.releaseMinority(res.Minority)
-			}
 		default:
 			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
 		}
@@ -646,33 +625,6 @@ func (w *Worker) checkRenewalLatency(job string, took time.Duration) {
 	w.log.Warn().Str("job", job).Dur("took", took).Dur("lease", w.cfg.LeaseDuration).
 		Dur("heartbeat", w.cfg.HeartbeatInterval).Dur("suggested_lease", max(suggest, w.cfg.LeaseDuration)).
 		Msg("lease renewal slow: at this latency leases may lapse while jobs run; raise LeaseDuration (--lease) (warned at most once a minute)")
-}
-
-// releaseMinority releases, after couchq.MinorityReleaseDelay (at once
-// when the worker stops), a claim CouchDB stored on a minority of a
-// cluster's copies: a claim that will not run must not hide its job for a
-// whole lease. With a node down, two claimants writing through different
-// nodes both end up there, and the job waited for their leases.
-func (w *Worker) releaseMinority(m *couchq.MinorityClaim) {
-	w.loops.Add(1) // the calling runner holds loops: Stop has not passed Wait
-	go func() {
-		defer w.loops.Done()
-		t := time.NewTimer(couchq.MinorityReleaseDelay(w.cfg.HeartbeatInterval))
-		select {
-		case <-t.C:
-		case <-w.stopClaiming:
-			t.Stop()
-		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.jobsCtx), finishTimeout)
-		defer cancel()
-		released, err := w.client.ReleaseMinorityClaim(ctx, m)
-		switch {
-		case err != nil:
-			w.log.Debug().Err(err).Str("job", m.Claim.ID).Msg("could not release a minority claim; its lease runs out instead")
-		case released:
-			w.stats.minorityReleases.Add(1)
-		}
-	}()
 }
 
 // releaseStuck releases the claims of jobs whose handlers ignored

@@ -35,9 +35,6 @@ type Stats struct {
 	// SlowRenewals counts lease renewals that took over a third of
 	// LeaseDuration (each is logged, at most once a minute).
 	SlowRenewals int64
-	// MinorityReleases counts claims that reached a minority of a
-	// cluster's copies and that this worker gave back to the queue.
-	MinorityReleases int64
 }
 
 // Worker runs handlers for its job types. Create it with New, then Start
@@ -72,7 +69,7 @@ type Worker struct {
 	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
 
 	stats struct {
-		claimed, conflicts, completed, failed, lost, queries, slowRenewals, minorityReleases atomic.Int64
+		claimed, conflicts, completed, failed, lost, queries, slowRenewals atomic.Int64
 	}
 	// slowWarned is when the last slow-renewal warning went out (Unix ns).
 	slowWarned atomic.Int64
@@ -136,7 +133,7 @@ func (w *Worker) Stats() Stats {
 		Claimed: w.stats.claimed.Load(), Conflicts: w.stats.conflicts.Load(),
 		Completed: w.stats.completed.Load(), Failed: w.stats.failed.Load(),
 		Lost: w.stats.lost.Load(), Queries: w.stats.queries.Load(),
-		SlowRenewals: w.stats.slowRenewals.Load(), MinorityReleases: w.stats.minorityReleases.Load(),
+		SlowRenewals: w.stats.slowRenewals.Load(),
 	}
 }
 
