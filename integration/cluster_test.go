@@ -275,15 +275,11 @@ func (rc *runCounter) twice() map[string][]string {
 	return out
 }
 
-// startClusterWorker runs a worker on the client's node until the test
-// ends, with clusterWorker's config as tweak leaves it.
-func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc *runCounter, typ string, tweak ...func(*worker.Config)) *worker.Worker {
+// startClusterWorker runs a worker on the client's node until the test ends.
+func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc *runCounter, typ string) *worker.Worker {
 	t.Helper()
 	cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: rc.handler(id)})
 	cfg.ID = id
-	for _, f := range tweak {
-		f(&cfg)
-	}
 	w, err := worker.New(cb.clients[node-1], cfg)
 	if err != nil {
 		t.Fatal(err)
