@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/go-kivik/kivik/v4/couchdb"
@@ -158,6 +159,15 @@ func (l *Leaf) descends(rev string) bool {
 // live reports whether the leaf holds a claim whose lease has not run out.
 func (l *Leaf) live(now float64) bool {
 	return !l.Deleted && l.Claimed && l.LeaseUntil > now
+}
+
+// conceded reports whether the leaf is a claim its claimant gave up.
+func (l *Leaf) conceded() bool { return !l.Deleted && l.Item != nil && l.Item.Conceded() }
+
+// concededSibling reports whether the leaf is a claim of parent that its
+// claimant conceded: one revision on from the claim.
+func (l *Leaf) concededSibling(parent string) bool {
+	return l.conceded() && len(l.path) > 2 && l.path[2] == parent
 }
 
 // finishedTombstone reports whether the leaf deleted the job on purpose.
@@ -418,7 +428,7 @@ func (c *Client) judgeClaim(ctx context.Context, claimed *WorkItem, parent strin
 		case l.Rev == claimed.Rev:
 			mine = true
 		case l.Deleted && l.Withdrawn:
-		case !l.Deleted && l.Parent == parent && l.Claimed:
+		case !l.Deleted && l.Parent == parent && l.Claimed, l.concededSibling(parent):
 			siblings = append(siblings, l)
 		case !l.Deleted && !l.live(now) && l.Item != nil && !l.Status.Terminal():
 			stale = append(stale, l)
@@ -440,10 +450,25 @@ func (c *Client) judgeClaim(ctx context.Context, claimed *WorkItem, parent strin
 		}
 	}
 	// The withdrawn claims go into the holder's history with its next write.
+	const why = "a competing claim of the same revision reached fewer than a majority of the copies; it was withdrawn and did not run"
+	moved := false
 	for _, s := range siblings {
-		if c.withdraw(ctx, claimed.ID, s, claimed.ClaimedBy) == nil {
-			c.record(claimed, EventClaimWithdrawn, s.ClaimedBy,
-				"a competing claim of the same revision reached fewer than a majority of the copies; it was withdrawn and did not run")
+		err := c.withdraw(ctx, claimed.ID, s, claimed.ClaimedBy)
+		if err == nil {
+			c.record(claimed, EventClaimWithdrawn, s.ClaimedBy, why)
+		}
+		moved = moved || isStatus(err, http.StatusConflict)
+	}
+	if moved {
+		// A sibling moved on since the leaves were read: its claimant
+		// conceded it. Withdraw the concession as well; left standing, it
+		// could show as the job (CouchDB's winner) until a sweep.
+		if leaves, err := c.Leaves(ctx, claimed.ID); err == nil {
+			for _, l := range leaves {
+				if l.concededSibling(parent) && c.withdraw(ctx, claimed.ID, l, claimed.ClaimedBy) == nil {
+					c.record(claimed, EventClaimWithdrawn, l.ClaimedBy, why)
+				}
+			}
 		}
 	}
 	return nil
@@ -543,10 +568,92 @@ func (c *Client) withdraw(ctx context.Context, id string, l Leaf, by string) err
 	return nil
 }
 
+// UnrunClaim is a claim that was stored but must not run (ClaimResult.Unrun).
+type UnrunClaim struct {
+	claim, parent *WorkItem
+	reason        string
+	// Wait is how long to wait before conceding it: time for a committed
+	// claim of the same revision to confirm and withdraw this one, which
+	// leaves nothing behind. A concession made first stands beside that
+	// claim (sometimes as CouchDB's winner, which reads show) until a sweep
+	// settles the job. It is a few times what writing the claim took.
+	Wait time.Duration
+}
+
+// ID is the claimed job's id.
+func (u *UnrunClaim) ID() string { return u.claim.ID }
+
+// How long a claimant waits before conceding an unrun claim: this many
+// times what writing the claim took, within these bounds.
+const (
+	concedeWaitFactor = 4
+	concedeWaitMin    = 50 * time.Millisecond
+	concedeWaitMax    = 2 * time.Second
+)
+
+// Concede gives up claims that will not run (EventClaimConceded) and
+// returns how many it gave up. Over each claim it writes the job as it was
+// before the claim, still held by the claimant so that no claimant takes it
+// from the due view, with a lease that ended when the claim was made. Then
+// it sweeps those jobs at once, as the sweeper would: nobody ever runs a
+// conceded claim, so the sweeper and other claims' confirmations treat it
+// as an expired one, without waiting for its lease, and requeue the job
+// (uncharged) as soon as no other branch of it is live.
+//
+// Without it, two claims split between the copies (a node down, each claim
+// on one of the two live copies) held the job for a whole lease although
+// neither ran, often more than once. A concession that fails (the claim
+// was withdrawn meanwhile, or the write failed) leaves the claim to its
+// lease, as before. by names the claimant; ctx bounds the writes.
+func (c *Client) Concede(ctx context.Context, by string, claims []*UnrunClaim) int {
+	if len(claims) == 0 {
+		return 0
+	}
+	docs := make([]*WorkItem, len(claims))
+	body := make([]any, len(claims))
+	ids := make([]string, len(claims))
+	for i, u := range claims {
+		next := u.parent.Clone()
+		next.Rev = u.claim.Rev
+		next.Claimed, next.Status = true, StatusRunning
+		next.ClaimedBy, next.ClaimedAt = u.claim.ClaimedBy, u.claim.ClaimedAt
+		next.LeaseUntil = u.claim.ClaimedAt
+		c.record(next, EventClaimConceded, u.claim.ClaimedBy, u.reason)
+		docs[i], body[i], ids[i] = next, next, u.claim.ID
+	}
+	var res []kivik.BulkResult
+	var err error
+	if len(docs) == 1 {
+		var rev string
+		rev, err = c.db.Put(ctx, ids[0], body[0], c.claimOpts(false)...)
+		res = []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
+		err = nil
+	} else {
+		res, err = c.db.BulkDocs(ctx, body, c.claimOpts(true)...)
+	}
+	var conceded []*WorkItem
+	for i, r := range alignBulk(ids, res, err) {
+		if r.Error != nil {
+			// Withdrawn by the committed claimant meanwhile (409), or the
+			// write failed: the claim holds the job until its lease ends.
+			c.log.Debug().Err(r.Error).Str("job", r.ID).Msg("could not concede a claim")
+			continue
+		}
+		docs[i].Rev = r.Rev
+		conceded = append(conceded, docs[i])
+		c.log.Debug().Str("job", r.ID).Str("claimant", docs[i].ClaimedBy).Msg("conceded a claim that will not run")
+	}
+	var swept SweepResult
+	if err := c.sweepItems(ctx, by, c.now(), conceded, &swept); err != nil {
+		c.log.Debug().Err(err).Msg("could not sweep conceded claims; the sweeper will")
+	}
+	return len(conceded)
+}
+
 // Settle makes a job with several live leaves (a stored conflict) whole
 // again, once none of them holds a live lease: it keeps the leaf that went
-// furthest (finished, else queued, else an expired claim, which it
-// requeues) and withdraws the others. A tombstone left by a deletion of the
+// furthest (finished, else queued, else an expired claim, which the sweeper
+// requeues, else a conceded one, which it requeues) and withdraws the others. A tombstone left by a deletion of the
 // job wins over every live leaf. It reports whether the job is settled.
 func (c *Client) Settle(ctx context.Context, id, by string) (bool, error) {
 	leaves, err := c.Leaves(ctx, id)
@@ -629,7 +736,8 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 // branch's would count twice. It is written like a claim (a majority of
 // the copies); when it fails only the trace is lost: the job is settled
 // either way, and a claim racing this write is settled by the claim's
-// confirmation.
+// confirmation. A kept claim that was conceded is requeued by the same
+// write.
 func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by string) {
 	next := kept.Item.Clone()
 	seen := make(map[Event]bool, len(next.History))
@@ -659,6 +767,12 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 		}
 		c.record(next, EventClaimWithdrawn, claimant, msg)
 	}
+	if kept.conceded() {
+		// Nobody ran it and no other branch is left: back to the queue
+		// now rather than at the next sweep.
+		c.unclaim(next)
+		next.Status = StatusQueued
+	}
 	ctx, trace := c.traced(ctx)
 	rev, err := c.db.Put(ctx, next.ID, next, c.claimOpts(false)...)
 	switch {
@@ -675,10 +789,12 @@ func settleRank(l *Leaf) int {
 	case l.Item == nil:
 		return 0
 	case l.Status.Terminal():
-		return 3
+		return 4
 	case l.Status == StatusQueued && !l.Claimed:
-		return 2
+		return 3
+	case l.conceded():
+		return 1 // it never ran: a claim that did keeps its attempt
 	default:
-		return 1
+		return 2
 	}
 }

@@ -48,6 +48,11 @@ type ClaimResult struct {
 	Item *WorkItem
 	// Err is ErrClaimConflict when another claimant won.
 	Err error
+	// Unrun is set with Err when the claim was stored but must not run (on
+	// a cluster: it reached fewer than a majority of the copies, or the job
+	// was live or finished on another branch). It holds the job until its
+	// lease runs out unless the claimant gives it up with Concede.
+	Unrun *UnrunClaim
 }
 
 // Claim claims one job read from the due view: the job's Rev must be the
@@ -113,6 +118,7 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 	wctx, trace := c.traced(ctx)
 	var bulk []kivik.BulkResult
 	var err error
+	began := time.Now()
 	if len(docs) == 1 {
 		// A plain PUT is cheaper for the server than a one-document batch.
 		var rev string
@@ -127,25 +133,44 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 		ids[k] = items[i].ID
 	}
 	aligned := alignBulk(ids, bulk, err)
+	wait := min(max(concedeWaitFactor*time.Since(began), concedeWaitMin), concedeWaitMax)
+	// Claims that were stored but will not run are reported (Unrun).
+	stored := make(map[int]*WorkItem, len(index))
 	for k, i := range index {
 		r := aligned[k]
+		if r.Error == nil {
+			results[i].Item.Rev = r.Rev
+			stored[i] = results[i].Item
+		}
 		if r.Error == nil && trace.uncommitted(r.ID, r.Rev) {
 			// Another claim of the same revision may hold the majority.
-			// What was stored stays claimed until that claimant withdraws
-			// it or the sweeper settles the job; it never runs.
+			// What was stored never runs: the committed claimant, if
+			// any, withdraws it; else it is conceded, or swept.
 			c.log.Debug().Str("job", r.ID).Str("rev", r.Rev).Msg("claim reached a minority of the copies; not running it")
 			r.Error = errNoMajority
 		}
 		if r.Error != nil {
 			results[i] = ClaimResult{Err: c.claimError(items[i].ID, r.Error)}
-			continue
 		}
-		results[i].Item.Rev = r.Rev
 	}
 	if c.confirming() {
 		c.confirmClaims(ctx, results, items, index)
 	}
+	for _, i := range index {
+		err := results[i].Err
+		if claim := stored[i]; claim != nil && (errors.Is(err, errNoMajority) || errors.Is(err, errBranchLive)) {
+			results[i].Unrun = &UnrunClaim{claim: claim, parent: items[i], reason: concessionReason(err), Wait: wait}
+		}
+	}
 	return results
+}
+
+// concessionReason says in a conceded claim's history why it did not run.
+func concessionReason(err error) string {
+	if errors.Is(err, errNoMajority) {
+		return "the claim reached fewer than a majority of the copies (another claim of the same revision may hold the rest); it did not run"
+	}
+	return "the job was live or finished on another revision branch when the claim was confirmed; it did not run"
 }
 
 // claimOpts is the w of claims: always a majority, whatever

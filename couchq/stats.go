@@ -32,6 +32,13 @@ const (
 	// EventClaimWithdrawn names a claimant whose claim of the same revision
 	// reached only a minority of a cluster's copies and was withdrawn.
 	EventClaimWithdrawn = "claim-withdrawn"
+	// EventClaimConceded ends a claim its claimant gave up without running
+	// the job: on a cluster, a claim that reached fewer than a majority of
+	// the copies, or one that found the job live or finished on another
+	// branch. The conceded claim stands in place of the claimant's
+	// "claimed" entry (no attempt is charged); the claim's lease ends at
+	// once, so the sweeper settles the job without waiting for it.
+	EventClaimConceded = "claim-conceded"
 	// EventArchived starts the history of a finished unique job's copy,
 	// made when its key was enqueued again (see UniqueOpts).
 	EventArchived = "archived"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -26,7 +27,8 @@ type SweepResult struct {
 // Sweep returns claims whose lease ran out before now to the queue: each
 // goes back to queued (its attempt was charged when it was claimed) with a
 // lease-expired entry naming the claimant presumed dead, or to failed when
-// its attempts are used up. It reads at most limit expired leases per call.
+// its attempts are used up. A claim its claimant conceded
+// (EventClaimConceded) goes back to queued as it was, uncharged. It reads at most limit expired leases per call.
 // Any number of sweepers may run at once: every write carries the _rev that
 // was read, so a claim renewed or swept in between is left alone.
 //
@@ -116,6 +118,7 @@ const sweepRounds = 10
 
 // sweepItems returns each expired claim of a page to the queue.
 func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items []*WorkItem, res *SweepResult) error {
+	var majority majorityCheck
 	for _, it := range items {
 		if !it.Claimed || it.LeaseUntil > ToUnix(now) {
 			continue // renewed since the view was built
@@ -134,6 +137,31 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 				}
 				continue
 			}
+		}
+		if it.Conceded() {
+			// The claimant gave the claim up without running it: the job
+			// goes back as it was (the concession restored its attempts),
+			// and its history already says why. Not from a node cut off
+			// from the majority, though: there every claim is conceded,
+			// and requeueing them would only make them claimed and
+			// conceded again, over and over, until the partition heals.
+			if !majority.ok(ctx, c) {
+				continue
+			}
+			err := c.transition(ctx, "requeueing the conceded claim of", it, func(next *WorkItem) {
+				c.unclaim(next)
+				next.Status = StatusQueued
+			})
+			switch {
+			case errors.Is(err, ErrClaimLost):
+				res.Lost++
+			case err != nil:
+				return err
+			default:
+				res.Requeued++
+				c.log.Debug().Str("job", it.ID).Msg("requeued a conceded claim")
+			}
+			continue
 		}
 		dead := it.ClaimedBy
 		cause := fmt.Sprintf("lease expired at %s; claimant %s presumed dead",
@@ -163,4 +191,28 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 		}
 	}
 	return nil
+}
+
+// majorityCheck asks once, when first needed, whether the node answering
+// reaches a majority of the cluster. Off a cluster it always does; a user
+// who may not read the membership is taken to reach it, so that conceded
+// claims are still requeued.
+type majorityCheck struct {
+	asked, reached bool
+}
+
+func (m *majorityCheck) ok(ctx context.Context, c *Client) bool {
+	if c.n <= 1 {
+		return true
+	}
+	if !m.asked {
+		m.asked = true
+		ok, err := c.coordinatorInMajority(ctx)
+		s := kivik.HTTPStatus(err)
+		m.reached = ok || s == http.StatusUnauthorized || s == http.StatusForbidden
+		if !m.reached {
+			c.log.Debug().Err(err).Msg("this node cannot show it reaches a majority of the cluster; conceded claims stay until it does")
+		}
+	}
+	return m.reached
 }

@@ -107,6 +107,23 @@ func (w *WorkItem) DueAt() time.Time { return FromUnix(w.Date) }
 // Lease returns when the current claim's lease runs out.
 func (w *WorkItem) Lease() time.Time { return FromUnix(w.LeaseUntil) }
 
+// Conceded reports whether the job holds a claim its claimant gave up
+// without running it (see EventClaimConceded): its lease ended when it was
+// made, and the sweeper requeues it without charging an attempt.
+// Entries that settling a conflict appends after it (claim-withdrawn) do
+// not hide it.
+func (w *WorkItem) Conceded() bool {
+	if !w.Claimed {
+		return false
+	}
+	for i := len(w.History) - 1; i >= 0; i-- {
+		if e := w.History[i].Event; e != EventClaimWithdrawn {
+			return e == EventClaimConceded
+		}
+	}
+	return false
+}
+
 // Extra returns a field couchq does not model, as raw JSON.
 func (w *WorkItem) Extra(name string) (json.RawMessage, bool) {
 	v, ok := w.extra[name]

@@ -343,6 +343,71 @@ func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
 	}
 }
 
+// With a node down, two workers attached to different nodes that claim
+// the same job each reach one of the two live copies: neither claim is
+// committed and neither runs. The claimants concede them at once
+// (couchq.EventClaimConceded) and the sweeper requeues the job; before,
+// it waited for their leases to run out, often more than once. Here the
+// lease is two minutes and every job must be done within half of it, each
+// run once.
+func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var rc runCounter
+	const lease = 2 * time.Minute
+	var workers []*worker.Worker
+	for node := 1; node <= 2; node++ {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
+		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
+		w, err := worker.New(cb.clients[node-1], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(cb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		workers = append(workers, w)
+	}
+	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
+	// Both feeds follow the live nodes again: both workers wake for each job.
+	waitFor(t, time.Minute, "both workers ready with node 3 down", func() bool {
+		return workers[0].Ready() == nil && workers[1].Ready() == nil
+	})
+	// One at a time, so that both workers race for each job; rounds of 20
+	// until the race split a claim (a worker whose due query was left
+	// hanging by the node's stop sits out until QueryTimeout).
+	conceded := func() (n int64) {
+		for _, w := range workers {
+			n += w.Stats().Conceded
+		}
+		return n
+	}
+	for round := 1; conceded() == 0; round++ {
+		if round > 4 {
+			t.Fatal("no claim was conceded in 80 jobs: the workers never split a claim, and the test proved nothing")
+		}
+		var ids []string
+		began := time.Now()
+		for i := range 20 {
+			it, err := cb.clients[i%2].Enqueue(cb.ctx, couchq.NewJob{Worker: "contest"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, it.ID)
+			time.Sleep(30 * time.Millisecond)
+		}
+		waitAllDone(t, cb.clients[0], ids, lease/2)
+		t.Logf("round %d: 20 contested jobs done with node 3 down in %s; %d claims conceded so far",
+			round, time.Since(began).Round(time.Millisecond), conceded())
+	}
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once with live workers only: %v", twice)
+	}
+}
+
 // Item 6 of the real-CouchDB issue: right after a node restarts, jobs
 // enqueued one at a time ran twice. Restart node 3 repeatedly while jobs
 // are enqueued one by one and two workers on node 1 run them: every job
@@ -884,6 +949,13 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	}
 	for i := 1; i < len(ticks); i++ {
 		if d := ticks[i].Sub(ticks[i-1]); d != time.Second {
+			// What became of the missing tick's job, for whoever debugs it.
+			missing := couchq.PeriodicJobID("beat", ticks[i-1].Add(time.Second))
+			leaves, err := cb.clients[0].Leaves(cb.ctx, missing)
+			t.Logf("the missed tick's job %s has %d leaves (%v)", missing, len(leaves), err)
+			for _, l := range leaves {
+				t.Logf("leaf %s: deleted %v, withdrawn %v, %s", l.Rev, l.Deleted, l.Withdrawn, l.Doc)
+			}
 			t.Fatalf("ticks %s and %s are %s apart: a tick was missed", ticks[i-1], ticks[i], d)
 		}
 	}

@@ -365,6 +365,152 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 	if live := liveLeaves(t, cb.ctx, cb.client, held.ID); len(live) != 2 {
 		t.Fatalf("the job with a live claim elsewhere has %d live leaves, want both kept for the sweeper", len(live))
 	}
+	// The claim that backed off is reported unrun and conceded: its lease
+	// ends at once and it charges no attempt; the other branch's live
+	// claim still holds the job, so sweeps leave it alone until that lease
+	// runs out.
+	for k, r := range res {
+		if (r.Unrun != nil) != (k == 2) {
+			t.Fatalf("claim %d: unrun %+v", k, r.Unrun)
+		}
+	}
+	if n := cb.client.Concede(cb.ctx, "host-a/1/a", []*couchq.UnrunClaim{res[2].Unrun}); n != 1 {
+		t.Fatalf("conceded %d of 1", n)
+	}
+	var conceded *couchq.Leaf
+	for _, l := range liveLeaves(t, cb.ctx, cb.client, held.ID) {
+		if l.Item != nil && l.Item.Conceded() {
+			conceded = &l
+		}
+	}
+	if conceded == nil || conceded.Item.Attempts != held.Attempts || conceded.Item.LeaseUntil > couchq.ToUnix(cb.clock.Now()) {
+		t.Fatalf("conceded leaf %+v: want the claim given up, its lease ended, attempts %d", conceded, held.Attempts)
+	}
+	if _, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil {
+		t.Fatal(err)
+	}
+	if live := liveLeaves(t, cb.ctx, cb.client, held.ID); len(live) != 2 {
+		t.Fatalf("a sweep while the other branch's lease is live left %d live leaves, want both", len(live))
+	}
+	// Once that lease ran out the job is settled on the branch that ran
+	// (it keeps the attempt its claimant was charged), then requeued.
+	cb.clock.Add(31 * time.Second)
+	for range 2 {
+		if _, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := liveLeaves(t, cb.ctx, cb.client, held.ID)
+	if len(live) != 1 || live[0].Claimed || live[0].Status != couchq.StatusQueued || live[0].Item.Conceded() {
+		t.Fatalf("after the other lease ran out: %+v, want one queued leaf", live)
+	}
+}
+
+// concededDoc is a claim of parent by `by` that its claimant gave up, as
+// ClaimMany writes it over the claim: the job as it was, still held, with
+// a lease that ended when it was claimed.
+func (cb *conflictBundle) concededDoc(t *testing.T, parent *couchq.WorkItem, by string) map[string]any {
+	t.Helper()
+	doc := asDoc(t, parent)
+	now := couchq.ToUnix(cb.clock.Now())
+	doc["claimed"], doc["status"], doc["claimed_by"], doc["claimed_at"], doc["lease_until"] = true, "running", by, now, now
+	doc["history"] = append(doc["history"].([]any), map[string]any{
+		"at": cb.clock.Now().UTC().Format(couchq.HistoryTimeFormat), "event": couchq.EventClaimConceded,
+		"by": by, "attempt": parent.Attempts, "error": "reached a minority of the copies"})
+	return doc
+}
+
+// Claims split between the copies (a node down: each claim on one live
+// copy, neither committed) are conceded by their claimants. The sweeper
+// does not wait for their leases: a job conceded on its only branch is
+// requeued, and one conceded on two is settled and requeued in the same
+// sweep, with no attempt charged and nothing counted as a run.
+func TestSweepRequeuesConcededClaims(t *testing.T) {
+	cb := setupConflict(t)
+
+	whole := cb.enqueued(t, "conceded")
+	a := cb.claimDirectly(t, whole, "host-a/1/a")
+	cb.child(t, a.Rev, cb.concededDoc(t, whole, "host-a/1/a"))
+
+	split := cb.enqueued(t, "conceded")
+	a2 := cb.claimDirectly(t, split, "host-a/1/a")
+	b := asDoc(t, split)
+	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
+	b["lease_until"] = couchq.ToUnix(cb.clock.Now().Add(time.Hour))
+	revB := cb.child(t, split.Rev, b)
+	cb.child(t, a2.Rev, cb.concededDoc(t, split, "host-a/1/a"))
+	cb.child(t, revB, cb.concededDoc(t, split, "host-b/2/b"))
+	if n := len(liveLeaves(t, cb.ctx, cb.client, split.ID)); n != 2 {
+		t.Fatalf("the split job has %d live leaves, want 2", n)
+	}
+
+	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != 1 || res.Settled != 1 || res.Failed != 0 {
+		t.Fatalf("sweep: %+v, want the whole job requeued and the split one settled", res)
+	}
+	for _, id := range []string{whole.ID, split.ID} {
+		live := liveLeaves(t, cb.ctx, cb.client, id)
+		if len(live) != 1 || live[0].Item == nil {
+			t.Fatalf("job %s: live leaves %+v, want one", id, live)
+		}
+		it := live[0].Item
+		if it.Claimed || it.Status != couchq.StatusQueued || it.Attempts != 0 || it.LastError != "" {
+			t.Fatalf("job %s after the sweep: claimed %v, %s, attempts %d, last error %q; want queued, uncharged",
+				id, it.Claimed, it.Status, it.Attempts, it.LastError)
+		}
+		for _, e := range it.History {
+			if e.Event == couchq.EventClaimed || e.Event == couchq.EventLeaseExpired {
+				t.Fatalf("job %s: history %+v counts a run that never happened", id, it.History)
+			}
+		}
+	}
+	// And it runs: claimable again from the due view.
+	batch, err := cb.client.Due(cb.ctx, "conceded", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := 0
+	for _, r := range cb.client.ClaimMany(cb.ctx, batch.Items, "host-c/3/c", time.Minute) {
+		if r.Err == nil {
+			claimed++
+		}
+	}
+	if claimed != 2 {
+		t.Fatalf("claimed %d of the 2 requeued jobs", claimed)
+	}
+}
+
+// A committed claim treats a sibling claim its claimant already conceded
+// as what it was, a claim of the same revision: it withdraws it and runs.
+func TestCommittedClaimWithdrawsAConcededSibling(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "sib")
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	b := asDoc(t, it)
+	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
+	revB := cb.child(t, it.Rev, b)
+	cb.child(t, revB, cb.concededDoc(t, it, "host-b/2/b"))
+	if err := cb.client.ConfirmClaim(cb.ctx, a, it.Rev); err != nil {
+		t.Fatalf("the committed claim did not stand beside a conceded sibling: %v", err)
+	}
+	if live := liveLeaves(t, cb.ctx, cb.client, it.ID); len(live) != 1 || live[0].Rev != a.Rev {
+		t.Fatalf("leaves after confirming %+v, want only %s", live, a.Rev)
+	}
+	// As a sibling claim, not a stale branch: its claimant is named in the
+	// history the holder writes next.
+	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range a.History {
+		found = found || (e.Event == couchq.EventClaimWithdrawn && e.By == "host-b/2/b")
+	}
+	if !found {
+		t.Fatalf("the conceded sibling's claimant is not in the history: %+v", a.History)
+	}
 }
 
 // A holder's write that reached only a minority of the copies (202) stands

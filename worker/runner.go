@@ -231,6 +231,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return true, upTo, nil
 	}
 	conflicts := 0
+	var unrun []*couchq.UnrunClaim
 	for _, res := range results {
 		switch {
 		case res.Err == nil:
@@ -242,10 +243,14 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			r.start(res.Item, slot)
 		case errors.Is(res.Err, couchq.ErrClaimConflict):
 			conflicts++
+			if res.Unrun != nil {
+				unrun = append(unrun, res.Unrun)
+			}
 		default:
 			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
 		}
 	}
+	r.w.concedeLater(unrun)
 	r.widenPick(conflicts)
 	r.w.stats.conflicts.Add(int64(conflicts))
 	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
@@ -254,6 +259,34 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
 	}
 	return len(items) == k || conflicts > 0 || n < len(items), upTo, nil
+}
+
+// concedeLater gives up claims that were stored but will not run (a
+// cluster's claims that reached a minority of the copies, or found the job
+// on another branch) after the wait they ask for, or at once when the
+// worker stops, so that their jobs do not wait for the claims' leases
+// (couchq.Client.Concede).
+func (w *Worker) concedeLater(claims []*couchq.UnrunClaim) {
+	if len(claims) == 0 {
+		return
+	}
+	var wait time.Duration
+	for _, u := range claims {
+		wait = max(wait, u.Wait)
+	}
+	w.loops.Add(1) // from a runner, itself one of the loops: Stop waits for it
+	go func() {
+		defer w.loops.Done()
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-w.stopClaiming:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+		defer cancel()
+		w.stats.conceded.Add(int64(w.client.Concede(ctx, w.by, claims)))
+	}()
 }
 
 // maxPickWidening bounds how far widenPick takes K: PickAmong times this.

@@ -28,6 +28,10 @@ var errLeaseLost = errors.New("lease lost: the job was swept or cancelled")
 type Stats struct {
 	Claimed   int64 // jobs this worker claimed
 	Conflicts int64 // claims not to run (409, a minority of a cluster's copies, another branch)
+	// Conceded counts the Conflicts that were stored on a cluster and
+	// given up soon after (couchq.Client.Concede) rather than held for a
+	// lease.
+	Conceded  int64
 	Completed int64
 	Failed    int64 // failed attempts (retried or final)
 	Lost      int64 // results refused because the claim was gone
@@ -69,7 +73,7 @@ type Worker struct {
 	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
 
 	stats struct {
-		claimed, conflicts, completed, failed, lost, queries, slowRenewals atomic.Int64
+		claimed, conflicts, conceded, completed, failed, lost, queries, slowRenewals atomic.Int64
 	}
 	// slowWarned is when the last slow-renewal warning went out (Unix ns).
 	slowWarned atomic.Int64
@@ -130,7 +134,7 @@ func (w *Worker) Types() []string {
 // Stats returns the worker's counters.
 func (w *Worker) Stats() Stats {
 	return Stats{
-		Claimed: w.stats.claimed.Load(), Conflicts: w.stats.conflicts.Load(),
+		Claimed: w.stats.claimed.Load(), Conflicts: w.stats.conflicts.Load(), Conceded: w.stats.conceded.Load(),
 		Completed: w.stats.completed.Load(), Failed: w.stats.failed.Load(),
 		Lost: w.stats.lost.Load(), Queries: w.stats.queries.Load(),
 		SlowRenewals: w.stats.slowRenewals.Load(),
