@@ -158,3 +158,69 @@ func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
 		t.Fatalf("a job enqueued right after Start did not run within 15 s (the fallback poll is %s)", cfg.FallbackPoll)
 	}
 }
+
+// hangingDue leaves the next query of a due view unanswered, until the
+// request is cancelled, once armed: as CouchDB 3.5.0 did with a node
+// stopped mid-query.
+type hangingDue struct {
+	next http.RoundTripper
+	arm  atomic.Bool
+	hung atomic.Int64
+}
+
+func (h *hangingDue) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.Contains(r.URL.Path, "/_view/due") && h.arm.CompareAndSwap(true, false) {
+		h.hung.Add(1)
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return h.next.RoundTrip(r)
+}
+
+// A due query the server never answers is cut off after QueryTimeout and
+// asked again: the job it would have found runs. Without the timeout the
+// runner waits on that query for good (the fallback poll is a minute).
+func TestHungDueQueryIsCutOffByQueryTimeout(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	hc := couchq.NewHTTPClient()
+	hang := &hangingDue{next: hc.Transport}
+	hc.Transport = hang
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 1)
+	cfg := fastWorker(tb, map[string]worker.Handler{"hung": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		ran <- struct{}{}
+		return nil
+	})})
+	cfg.QueryTimeout = 500 * time.Millisecond
+	w, err := worker.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	time.Sleep(300 * time.Millisecond) // past the runner's first look
+	hang.arm.Store(true)
+	began := time.Now()
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "hung"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the job did not run within 20 s of a hung due query (%d hung; QueryTimeout %s)", hang.hung.Load(), cfg.QueryTimeout)
+	}
+	if hang.hung.Load() != 1 {
+		t.Fatalf("%d due queries hung, want 1: the test proved nothing", hang.hung.Load())
+	}
+	t.Logf("ran %s after the enqueue, past one hung due query", time.Since(began).Round(time.Millisecond))
+}
