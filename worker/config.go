@@ -52,8 +52,10 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// ClaimBatch is the most jobs claimed in one _bulk_docs request.
 	ClaimBatch int
-	// PickAmong is K: each claim round picks at random among the first K
-	// due jobs, so that many workers do not all fight over the same rows.
+	// PickAmong is K: each claim round picks among the first K due jobs
+	// (the ones that hash to this worker's rank among its live peers
+	// first, the rest at random), so that many workers do not all fight
+	// over the same rows.
 	// Rounds that lose claims to other workers widen it (up to 8 times),
 	// and it narrows back once claims stop being lost.
 	PickAmong int

@@ -36,7 +36,11 @@ func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
 func (w *Worker) register(ctx context.Context) error {
 	w.registry = &couchq.WorkerInfo{ID: couchq.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
 	w.registryInfo(w.registry)
-	return w.client.PutWorker(ctx, w.registry)
+	if err := w.client.PutWorker(ctx, w.registry); err != nil {
+		return err
+	}
+	w.refreshPeers(ctx)
+	return nil
 }
 
 // heartbeatRegistry refreshes the registry document every heartbeat.
@@ -48,6 +52,9 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 		// back (a cleanly stopped worker would then look dead for ever).
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 		err := w.client.PutWorker(wctx, w.registry)
+		if err == nil {
+			w.refreshPeers(wctx)
+		}
 		cancel()
 		if ctx.Err() == nil {
 			w.noteContact(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"runtime/debug"
 	"sync"
@@ -164,7 +163,14 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	}
 	// Documents that cannot be quarantined stay at the front of the due
 	// view; read past them so they never starve the jobs behind.
-	k := min(max(r.pick, r.w.cfg.PickAmong, free)+len(r.unrepairable), maxDueLimit)
+	// With n workers claiming the type, about one row in n is this
+	// worker's own (ownFirst): read enough rows to find its share.
+	rank, peers := r.w.peers.slot(r.typ)
+	want := max(r.pick, r.w.cfg.PickAmong, free)
+	if peers > 1 {
+		want = max(want, ownShareRows*peers*min(free, r.w.cfg.ClaimBatch))
+	}
+	k := min(want+len(r.unrepairable), maxDueLimit)
 	r.w.stats.queries.Add(1)
 	began := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
@@ -185,10 +191,11 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		// document must not make the runner spin.
 		return repaired > 0, upTo, nil
 	}
-	// Pick at random among the first K so that workers polling the same
-	// view spread over the candidates instead of all racing for row one —
-	// within each priority: a higher one always goes first.
-	shuffleWithinPriority(items)
+	// The worker's own jobs first, then at random among the first K, so
+	// that workers polling the same view spread over the candidates
+	// instead of all racing for row one — within each priority: a higher
+	// one always goes first.
+	ownFirst(items, rank, peers)
 	n := min(free, r.w.cfg.ClaimBatch, len(items))
 	rl, limited := r.w.cfg.RateLimits[r.typ]
 	if limited {
@@ -252,6 +259,9 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	}
 	r.w.concedeLater(unrun)
 	r.widenPick(conflicts)
+	if conflicts > 0 {
+		r.w.refreshPeersAfterLoss(ctx)
+	}
 	r.w.stats.conflicts.Add(int64(conflicts))
 	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
 	r.releaseRunSlots(runSlots) // the lost claims' run slots
@@ -283,11 +293,20 @@ func (w *Worker) concedeLater(claims []*couchq.UnrunClaim) {
 		case <-t.C:
 		case <-w.stopClaiming:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), concedeTimeout)
 		defer cancel()
 		w.stats.conceded.Add(int64(w.client.Concede(ctx, w.by, claims)))
 	}()
 }
+
+// concedeTimeout bounds conceding a round's unrun claims, which Stop waits
+// for: one that fails leaves them to their leases, as before.
+const concedeTimeout = 5 * time.Second
+
+// ownShareRows is how many rows per claim a runner that shares its type
+// with n-1 other workers reads, times n: the jobs that hash to it are about
+// one in n, and twice what it claims leaves room for chance.
+const ownShareRows = 2
 
 // maxPickWidening bounds how far widenPick takes K: PickAmong times this.
 const maxPickWidening = 8
@@ -710,21 +729,6 @@ func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
 		}
 	}
 	return repaired
-}
-
-// shuffleWithinPriority shuffles each run of jobs of one priority in items
-// (which DueFirst returns highest priority first), keeping the runs in
-// order.
-func shuffleWithinPriority(items []*couchq.WorkItem) {
-	for start := 0; start < len(items); {
-		end := start + 1
-		for end < len(items) && items[end].EffectivePriority() == items[start].EffectivePriority() {
-			end++
-		}
-		run := items[start:end]
-		rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
-		start = end
-	}
 }
 
 // rateMargin is how close to a window's end a runner stops claiming with

@@ -71,6 +71,7 @@ type Worker struct {
 	busy    time.Duration // summed job run time, for utilization
 
 	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
+	peers    peers              // the other live workers of each type (registry)
 
 	stats struct {
 		claimed, conflicts, conceded, completed, failed, lost, queries, slowRenewals atomic.Int64
