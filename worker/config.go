@@ -70,8 +70,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// FeedTimeout is how long one _changes long-poll waits for a change.
 	FeedTimeout time.Duration
-	// QueryTimeout is how long a due-view query or a sweep may take before
-	// the worker gives up on it and asks again. CouchDB 3.5.0 was seen to
+	// QueryTimeout is how long a due-view query or a sweep (and each read
+	// of the pause controls, the registry of peers, rate-limit and run
+	// slots) may take before the worker gives up on it and asks again. CouchDB 3.5.0 was seen to
 	// leave view queries unanswered for minutes after a node of the
 	// cluster stopped mid-query (the cluster tier: both workers' due
 	// queries hung, and no job ran); asking again is answered at once.

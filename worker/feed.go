@@ -68,7 +68,9 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 func (w *Worker) refreshPaused(ctx context.Context) {
 	w.pauseMu.Lock() // one read at a time: an older read never lands last
 	defer w.pauseMu.Unlock()
-	paused, err := w.client.Paused(ctx, w.Types()...)
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	paused, err := w.client.Paused(qctx, w.Types()...)
+	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn().Err(err).Msg("reading which job types are paused; keeping the current state")

@@ -51,7 +51,9 @@ func (w *Worker) refreshPeers(ctx context.Context) {
 	w.peers.mu.Lock()
 	w.peers.refreshed = time.Now()
 	w.peers.mu.Unlock()
-	infos, err := w.client.Workers(ctx)
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	infos, err := w.client.Workers(qctx)
+	cancel()
 	if err != nil {
 		w.log.Debug().Err(err).Msg("reading the worker registry for peers failed")
 		return

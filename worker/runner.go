@@ -757,7 +757,9 @@ func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) 
 	target := rl.Window(now.Add(r.acquireTook + rateMargin))
 	if r.tokenWindow.Equal(win) && r.tokens < want && (r.tokens == 0 || target.Equal(win)) {
 		began := time.Now()
-		got, acquired, next, err := r.w.client.AcquireStartsFor(ctx, r.typ, rl, target, want-r.tokens, r.w.by)
+		qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+		got, acquired, next, err := r.w.client.AcquireStartsFor(qctx, r.typ, rl, target, want-r.tokens, r.w.by)
+		cancel()
 		r.acquireTook = time.Since(began)
 		switch {
 		case err != nil:
@@ -832,7 +834,9 @@ const runSlotPoll = 250 * time.Millisecond
 // takeRunSlots takes up to want of the type's k fleet-wide run slots.
 // When it gets none it sets blockedUntil for a short wait.
 func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*couchq.RunSlot {
-	slots, err := r.w.client.AcquireRunSlots(ctx, r.typ, k, want, r.w.by, r.w.cfg.LeaseDuration)
+	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+	slots, err := r.w.client.AcquireRunSlots(qctx, r.typ, k, want, r.w.by, r.w.cfg.LeaseDuration)
+	cancel()
 	if err != nil {
 		r.w.log.Warn().Err(err).Str("type", r.typ).Msg("taking run slots failed")
 	}
