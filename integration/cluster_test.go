@@ -280,15 +280,7 @@ func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc
 	t.Helper()
 	cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: rc.handler(id)})
 	cfg.ID = id
-	w, err := worker.New(cb.clients[node-1], cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(cb.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	return w
+	return runWorker(t, cb.ctx, cb.clients[node-1], cfg)
 }
 
 func waitAllDone(t *testing.T, client *couchq.Client, ids []string, within time.Duration) {
@@ -358,15 +350,7 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 	for node := 1; node <= 2; node++ {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
 		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
-		w, err := worker.New(cb.clients[node-1], cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Start(cb.ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Stop(context.Background()) })
-		workers = append(workers, w)
+		workers = append(workers, runWorker(t, cb.ctx, cb.clients[node-1], cfg))
 	}
 	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
 		t.Fatal(err)

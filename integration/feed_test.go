@@ -122,31 +122,17 @@ func (s *slowDBInfo) RoundTrip(r *http.Request) (*http.Response, error) {
 // whenever its first request happens to go out.
 func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
 	tb := setup(t, couchq.Config{})
-	hc := couchq.NewHTTPClient()
-	slow := &slowDBInfo{next: hc.Transport, delay: 1500 * time.Millisecond}
-	hc.Transport = slow
-	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var slow *slowDBInfo
+	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		slow = &slowDBInfo{next: next, delay: 1500 * time.Millisecond}
+		return slow
+	})
 	ran := make(chan struct{}, 1)
 	cfg := fastWorker(tb, map[string]worker.Handler{"early": worker.HandlerFunc(func(context.Context, *worker.Job) error {
 		ran <- struct{}{}
 		return nil
 	})})
-	w, err := worker.New(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(tb.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	runWorker(t, tb.ctx, client, cfg)
 	slow.on.Store(true) // from now on, reading the update sequence is slow
 	time.Sleep(300 * time.Millisecond)
 	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "early"}); err != nil {
@@ -182,32 +168,18 @@ func (h *hangingDue) RoundTrip(r *http.Request) (*http.Response, error) {
 // runner waits on that query for good (the fallback poll is a minute).
 func TestHungDueQueryIsCutOffByQueryTimeout(t *testing.T) {
 	tb := setup(t, couchq.Config{})
-	hc := couchq.NewHTTPClient()
-	hang := &hangingDue{next: hc.Transport}
-	hc.Transport = hang
-	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var hang *hangingDue
+	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		hang = &hangingDue{next: next}
+		return hang
+	})
 	ran := make(chan struct{}, 1)
 	cfg := fastWorker(tb, map[string]worker.Handler{"hung": worker.HandlerFunc(func(context.Context, *worker.Job) error {
 		ran <- struct{}{}
 		return nil
 	})})
 	cfg.QueryTimeout = 500 * time.Millisecond
-	w, err := worker.New(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(tb.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	runWorker(t, tb.ctx, client, cfg)
 	time.Sleep(300 * time.Millisecond) // past the runner's first look
 	hang.arm.Store(true)
 	began := time.Now()

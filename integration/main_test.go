@@ -160,3 +160,22 @@ func testLease(t *testing.T) time.Duration {
 	})
 	return leaseProbe.lease
 }
+
+// clientThrough is a client of tb's database (logging to tb's log) whose
+// requests pass through the transport wrap makes of couchq's own.
+func clientThrough(t *testing.T, tb *testBundle, cfg couchq.Config, wrap func(http.RoundTripper) http.RoundTripper) *couchq.Client {
+	t.Helper()
+	hc := couchq.NewHTTPClient()
+	hc.Transport = wrap(hc.Transport)
+	user, password := server.Credentials()
+	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = tb.log
+	client, err := srv.Open(tb.ctx, tb.db.Name(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}

@@ -135,17 +135,9 @@ func (s *slowReads) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestRateLimitSlowSlotRounds(t *testing.T) {
 	tb := setup(t, couchq.Config{})
 	const limit, windows = 5, 8
-	hc := couchq.NewHTTPClient()
-	hc.Transport = &slowReads{next: hc.Transport, delay: 1200 * time.Millisecond}
-	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return &slowReads{next: next, delay: 1200 * time.Millisecond}
+	})
 	jobs := make([]couchq.NewJob, 100)
 	for i := range jobs {
 		jobs[i] = couchq.NewJob{Worker: "slowrl"}
@@ -239,17 +231,10 @@ func isLeavesRead(r *http.Request) bool {
 func slotTaker(t *testing.T, tb *testBundle) (*couchq.Client, *afterRequests) {
 	t.Helper()
 	hooks := &afterRequests{}
-	hc := couchq.NewHTTPClient()
-	hooks.next, hc.Transport = hc.Transport, hooks
-	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	taker, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log, AlwaysConfirm: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	taker := clientThrough(t, tb, couchq.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
+		hooks.next = next
+		return hooks
+	})
 	return taker, hooks
 }
 

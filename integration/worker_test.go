@@ -34,11 +34,17 @@ func fastWorker(tb *testBundle, handlers map[string]worker.Handler) worker.Confi
 // startWorker starts a worker and stops it when the test ends.
 func startWorker(t *testing.T, tb *testBundle, cfg worker.Config) *worker.Worker {
 	t.Helper()
-	w, err := worker.New(tb.client, cfg)
+	return runWorker(t, tb.ctx, tb.client, cfg)
+}
+
+// runWorker starts a worker on client and stops it when the test ends.
+func runWorker(t *testing.T, ctx context.Context, client *couchq.Client, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(tb.ctx); err != nil {
+	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
