@@ -63,13 +63,16 @@ func (c *Client) settleConflicts(ctx context.Context, by string, limit int, res 
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("listing conflicted jobs: %w", err)
 	}
+	if len(ids) == 0 {
+		return nil
+	}
+	all, err := c.leavesMany(ctx, ids) // one _bulk_get on Apache CouchDB
+	if err != nil {
+		c.log.Warn().Err(err).Int("jobs", len(ids)).Msg("cannot read the conflicted jobs' revisions; settling them next sweep")
+		return nil
+	}
 	for _, id := range ids {
-		leaves, err := c.Leaves(ctx, id)
-		if err != nil {
-			c.log.Warn().Err(err).Str("job", id).Msg("cannot read a conflicted job's revisions; settling it next sweep")
-			continue
-		}
-		if n, _ := c.settle(ctx, id, leaves, by); n > 0 {
+		if n, _ := c.settle(ctx, id, all[id], by); n > 0 {
 			res.Settled++
 		}
 	}
@@ -119,18 +122,32 @@ const sweepRounds = 10
 // sweepItems returns each expired claim of a page to the queue.
 func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items []*WorkItem, res *SweepResult) error {
 	var majority majorityCheck
+	expired := func(it *WorkItem) bool { return it.Claimed && it.LeaseUntil <= ToUnix(now) }
+	var all map[string][]Leaf
+	if c.confirming() {
+		// On a cluster the expired claim may be one branch of a conflicted
+		// job: requeueing it would make a second live branch. The page's
+		// leaves are read together (one _bulk_get on Apache CouchDB); a
+		// job is settled first and requeued once whole.
+		var ids []string
+		for _, it := range items {
+			if expired(it) {
+				ids = append(ids, it.ID)
+			}
+		}
+		if len(ids) > 0 {
+			var err error
+			if all, err = c.leavesMany(ctx, ids); err != nil {
+				return err
+			}
+		}
+	}
 	for _, it := range items {
-		if !it.Claimed || it.LeaseUntil > ToUnix(now) {
+		if !expired(it) {
 			continue // renewed since the view was built
 		}
 		if c.confirming() {
-			// On a cluster the expired claim may be one branch of a
-			// conflicted job: requeueing it would make a second live
-			// branch. Settle the job first; it is requeued once whole.
-			leaves, err := c.Leaves(ctx, it.ID)
-			if err != nil {
-				return err
-			}
+			leaves := all[it.ID]
 			if !whole(leaves, it.Rev) {
 				if n, _ := c.settle(ctx, it.ID, leaves, by); n > 0 {
 					res.Settled++
