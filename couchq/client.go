@@ -176,29 +176,28 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 			return "", fmt.Errorf("creating database %s: %w", dbName, err)
 		}
 	}
-	claim, err := designdocs.Default()
+	docs, err := designdocs.Defaults()
 	if err != nil {
-		return "", fmt.Errorf("building design document: %w", err)
-	}
-	ops, err := designdocs.DefaultOps()
-	if err != nil {
-		return "", fmt.Errorf("building design document: %w", err)
+		return "", err
 	}
 	db := client.DB(dbName)
-	outcome, err := designdocs.Install(ctx, db, claim, opts.Validation, log)
+	outcome, err := designdocs.Install(ctx, db, docs[0], opts.Validation, log)
 	if err != nil {
 		return "", err
 	}
-	opsOutcome, err := designdocs.Install(ctx, db, ops, designdocs.ValidationKept, log)
-	if err != nil {
-		return "", err
-	}
-	// One outcome for both: the claim document's, unless only the ops
-	// document's content changed. Its creation beside an unchanged claim
-	// document is not reported: concurrent installers of a new database
-	// race for it, and exactly one of them reports "created".
-	if outcome == designdocs.Unchanged && opsOutcome == designdocs.Upgraded {
-		outcome = designdocs.Upgraded
+	for _, d := range docs[1:] {
+		o, err := designdocs.Install(ctx, db, d, designdocs.ValidationKept, log)
+		if err != nil {
+			return "", err
+		}
+		// One outcome for all: the claim document's, unless only another
+		// document's content changed. Another's creation beside an
+		// unchanged claim document is not reported: concurrent installers
+		// of a new database race for it, and exactly one of them reports
+		// "created".
+		if outcome == designdocs.Unchanged && o == designdocs.Upgraded {
+			outcome = designdocs.Upgraded
+		}
 	}
 	return outcome, nil
 }

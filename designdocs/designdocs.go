@@ -1,15 +1,19 @@
 // Package designdocs holds couchq's CouchDB design documents and installs them.
 //
-// There are two. _design/couchq (tree couchq/) holds what workers need on
-// every claim: the claim views, the changes filter and validate_doc_update.
+// There are three. _design/couchq (tree couchq/) holds what workers need on
+// every claim: the due views, the changes filter and validate_doc_update.
+// _design/couchq-sweep (tree couchq-sweep/) holds the views the sweeper,
+// agents and slot reservations read (leases, conflicts, held, free_slots).
 // _design/couchq-ops (tree couchq-ops/) holds the views people and couchq's
 // ops commands read (status, events, timings…), with autoupdate off. All
 // views of one design document share one index, brought up to date before
-// any of its views answers: kept together, every claim would first run
-// every ops view's map over every changed job, and CouchDB would index ops
-// views in the background while workers claim. Apart, ops views are
-// indexed only when read, once per document however many revisions it went
-// through in between (claimed, then done).
+// any of its views answers: kept together, every claim's due query would
+// first run every other view's map over every changed job, and CouchDB
+// would index ops views in the background while workers claim. Apart, the
+// sweep views are brought up to date by the sweeps (every SweepInterval,
+// many revisions at once) and in the background, and ops views only when
+// read, once per document however many revisions it went through in
+// between (claimed, then done).
 //
 // Every function the server runs (maps, reduces, the changes filter,
 // validate_doc_update) is a real JavaScript file, embedded into the binary.
@@ -34,7 +38,7 @@ import (
 	"strings"
 )
 
-//go:embed couchq couchq-ops
+//go:embed couchq couchq-sweep couchq-ops
 var embedded embed.FS
 
 // ID is the claim design document's id in every couchq database.
@@ -47,11 +51,17 @@ const Name = "couchq"
 // OpsID is the ops design document's id.
 const OpsID = "_design/couchq-ops"
 
+// SweepID is the id of the design document of the sweeper's, agents' and
+// slot reservations' views.
+const SweepID = "_design/couchq-sweep"
+
 // DocFor is the id of the design document that holds view.
 func DocFor(view string) string {
 	switch view {
 	case "activity", "attempt_times", "by_status", "depth", "events", "failed", "status", "timings", "workers":
 		return OpsID
+	case "leases", "conflicts", "held", "free_slots":
+		return SweepID
 	}
 	return ID
 }
@@ -63,7 +73,11 @@ func DocFor(view string) string {
 //
 // Schema 2 records whether validation is on (Meta.Validation), so that a
 // couchq of schema 1, which would put validation back, leaves it alone.
-const SchemaVersion = 2
+// Schema 3 moves leases, conflicts, held and free_slots from _design/couchq
+// to _design/couchq-sweep, so that a couchq of schema 2 does not put them
+// back (its sweeps fail, logged, until it is upgraded: a rolling deploy's
+// new workers sweep for every worker).
+const SchemaVersion = 3
 
 // Validation says whether a design document carries validate_doc_update.
 //
@@ -98,6 +112,9 @@ func ParseValidation(s string) (Validation, error) {
 
 // Source returns the embedded claim design document tree (rooted at couchq/).
 func Source() fs.FS { return subtree("couchq") }
+
+// SweepSource returns the embedded sweep design document tree (couchq-sweep/).
+func SweepSource() fs.FS { return subtree("couchq-sweep") }
 
 // OpsSource returns the embedded ops design document tree (couchq-ops/).
 func OpsSource() fs.FS { return subtree("couchq-ops") }
@@ -150,6 +167,9 @@ func Build(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, ID, schema
 // BuildOps reads the ops design document's tree: its views are indexed
 // only when read (autoupdate false).
 func BuildOps(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, OpsID, schema) }
+
+// BuildSweep reads the sweep design document's tree.
+func BuildSweep(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, SweepID, schema) }
 
 func build(fsys fs.FS, id string, schema int) (*Doc, error) {
 	doc := &Doc{ID: id, Language: "javascript", Views: map[string]View{}, Filters: map[string]string{}}
@@ -230,6 +250,25 @@ func Default() (*Doc, error) {
 // DefaultOps is the ops design document embedded in this build of couchq.
 func DefaultOps() (*Doc, error) {
 	return BuildOps(OpsSource(), SchemaVersion)
+}
+
+// DefaultSweep is the sweep design document embedded in this build of couchq.
+func DefaultSweep() (*Doc, error) {
+	return BuildSweep(SweepSource(), SchemaVersion)
+}
+
+// Defaults are every design document of this build of couchq, the claim
+// document first.
+func Defaults() ([]*Doc, error) {
+	var docs []*Doc
+	for _, build := range []func() (*Doc, error){Default, DefaultSweep, DefaultOps} {
+		d, err := build()
+		if err != nil {
+			return nil, fmt.Errorf("building design documents: %w", err)
+		}
+		docs = append(docs, d)
+	}
+	return docs, nil
 }
 
 // contentHash digests everything the server runs, in a stable order.

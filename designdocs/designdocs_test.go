@@ -17,10 +17,22 @@ func TestBuildReadsTheTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"due", "leases", "conflicts", "due_priority", "free_slots", "held"} {
-		if doc.Views[v].Map == "" || ops.Views[v].Map != "" {
+	sweep, err := DefaultSweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"due", "due_priority"} {
+		if doc.Views[v].Map == "" || ops.Views[v].Map != "" || sweep.Views[v].Map != "" {
 			t.Errorf("claim view %s is not (only) in %s", v, ID)
 		}
+	}
+	for _, v := range []string{"leases", "conflicts", "free_slots", "held"} {
+		if sweep.Views[v].Map == "" || ops.Views[v].Map != "" || doc.Views[v].Map != "" {
+			t.Errorf("sweep view %s is not (only) in %s", v, SweepID)
+		}
+	}
+	if len(doc.Views) != 2 {
+		t.Errorf("%s has views %v: every view there is brought up to date by each claim's due query", ID, doc.Views)
 	}
 	for _, v := range []string{"status", "by_status", "failed", "workers", "events", "timings", "attempt_times", "activity", "depth"} {
 		if ops.Views[v].Map == "" || doc.Views[v].Map != "" {
@@ -33,13 +45,15 @@ func TestBuildReadsTheTree(t *testing.T) {
 	if doc.ValidateDocUpdate == "" || doc.Filters["work"] == "" || doc.Couchq.Validation != ValidationOn {
 		t.Error("validate_doc_update or the work filter is missing")
 	}
-	if doc.Autoupdate != nil || ops.Autoupdate == nil || *ops.Autoupdate {
-		t.Errorf("autoupdate: claim %v, ops %v; want the ops document's views indexed only when read", doc.Autoupdate, ops.Autoupdate)
+	if doc.Autoupdate != nil || sweep.Autoupdate != nil || ops.Autoupdate == nil || *ops.Autoupdate {
+		t.Errorf("autoupdate: claim %v, sweep %v, ops %v; want the ops document's views indexed only when read", doc.Autoupdate, sweep.Autoupdate, ops.Autoupdate)
 	}
-	if ops.ValidateDocUpdate != "" || len(ops.Filters) != 0 || ops.Couchq.Validation != ValidationKept {
-		t.Errorf("the ops document has more than views: %+v", ops.Couchq)
+	for _, d := range []*Doc{ops, sweep} {
+		if d.ValidateDocUpdate != "" || len(d.Filters) != 0 || d.Couchq.Validation != ValidationKept {
+			t.Errorf("%s has more than views: %+v", d.ID, d.Couchq)
+		}
 	}
-	for _, d := range []*Doc{doc, ops} {
+	for _, d := range []*Doc{doc, ops, sweep} {
 		if d.Couchq.Schema != SchemaVersion || d.Couchq.Hash != d.contentHash() {
 			t.Errorf("%s: meta %+v", d.ID, d.Couchq)
 		}
@@ -48,11 +62,11 @@ func TestBuildReadsTheTree(t *testing.T) {
 
 // DocFor, which the queries use, names the document each view is in.
 func TestDocForFollowsTheTrees(t *testing.T) {
-	for _, d := range []func() (*Doc, error){Default, DefaultOps} {
-		doc, err := d()
-		if err != nil {
-			t.Fatal(err)
-		}
+	docs, err := Defaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range docs {
 		for v := range doc.Views {
 			if got := DocFor(v); got != doc.ID {
 				t.Errorf("DocFor(%q) = %s, but the view is in %s", v, got, doc.ID)

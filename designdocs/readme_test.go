@@ -13,11 +13,11 @@ import (
 // neither drifts when a view is added or removed.
 func TestReadmeListsTheViews(t *testing.T) {
 	var views []string
-	for _, d := range []func() (*Doc, error){Default, DefaultOps} {
-		doc, err := d()
-		if err != nil {
-			t.Fatal(err)
-		}
+	docs, err := Defaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range docs {
 		for v := range doc.Views {
 			views = append(views, v)
 		}

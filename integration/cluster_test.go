@@ -595,7 +595,7 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 	waitAllDone(t, cb.clients[0], ids, time.Minute)
 	t.Logf("node 3 serves all %d jobs as done %s after the partition healed", len(ids), time.Since(healed).Round(time.Millisecond))
 	waitFor(t, time.Minute, "the sweepers to settle every conflict", func() bool {
-		rows := cb.clients[0].DB().Query(cb.ctx, designdocs.ID, "_view/conflicts", kivik.Param("limit", 1))
+		rows := cb.clients[0].DB().Query(cb.ctx, designdocs.DocFor("conflicts"), "_view/conflicts", kivik.Param("limit", 1))
 		defer rows.Close()
 		return !rows.Next() && rows.Err() == nil
 	})

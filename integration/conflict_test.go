@@ -559,7 +559,7 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 		map[string]any{"at": cb.clock.Now().UTC().Format(couchq.HistoryTimeFormat), "event": "done", "by": "host-b/2/b", "attempt": 1})
 	cb.child(t, it.Rev, other)
 
-	rows := cb.db.Query(cb.ctx, designdocs.ID, "_view/conflicts", kivik.Param("key", "twice"))
+	rows := cb.db.Query(cb.ctx, designdocs.DocFor("conflicts"), "_view/conflicts", kivik.Param("key", "twice"))
 	listed := 0
 	for rows.Next() {
 		id, _ := rows.ID()

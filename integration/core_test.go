@@ -213,10 +213,10 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 	if err := ddocs.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Fatalf("%d design documents, want 2 (claims and ops)", n)
+	if n != 3 {
+		t.Fatalf("%d design documents, want 3 (claims, sweeps and ops)", n)
 	}
-	for _, id := range []string{designdocs.ID, designdocs.OpsID} {
+	for _, id := range []string{designdocs.ID, designdocs.SweepID, designdocs.OpsID} {
 		var stored map[string]any
 		if err := db.Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&stored); err != nil {
 			t.Fatal(err)

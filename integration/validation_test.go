@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -145,49 +147,77 @@ func (vt validationTarget) rawPut(t *testing.T, id, body string) (int, string) {
 	return rawRequest(vt.ctx, t, vt.byHand, vt.db, http.MethodPut, "/"+id, body)
 }
 
-// A database installed by a couchq of schema 1 (one design document with
-// every view) is upgraded to the two documents: the claim document loses
-// the ops views, the ops document holds them, indexed only when read, and
-// the ops commands read them there.
+// A database installed by an older couchq is upgraded to the three
+// documents: schema 1 had one design document with every view, schema 2
+// the claim document with the sweep views beside the ops document. After
+// the upgrade the claim document holds the due views only, the sweep
+// document the sweeper's and agents' views, the ops document (indexed only
+// when read) the rest, and each is read there: counts through the ops
+// views, a claim that ran out through the sweep views.
 func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{})
-	old, err := designdocs.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops, err := designdocs.DefaultOps()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, v := range ops.Views {
-		old.Views[name] = v
-	}
-	old.Couchq.Schema, old.Couchq.Validation = 1, ""
-	if _, err := tb.db.Put(tb.ctx, designdocs.ID, old); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "mail"}); err != nil {
-		t.Fatal(err)
-	}
-	if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
-		t.Fatalf("init over schema 1: %v %v", o, err)
-	}
-	claim, err := designdocs.Stored(tb.ctx, tb.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := claim.Views["status"]; ok || claim.Couchq.Schema != designdocs.SchemaVersion || !claim.Validating() {
-		t.Errorf("claim document after the upgrade: views %d, meta %+v", len(claim.Views), claim.Couchq)
-	}
-	var stored map[string]any
-	if err := tb.db.Get(tb.ctx, designdocs.OpsID).ScanDoc(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if stored["autoupdate"] != false || stored["views"].(map[string]any)["status"] == nil {
-		t.Errorf("ops document: autoupdate %v, views %v", stored["autoupdate"], stored["views"])
-	}
-	counts, err := tb.client.Counts(tb.ctx)
-	if err != nil || counts["mail"][couchq.StatusQueued] != 1 {
-		t.Errorf("counts through the ops document: %v %v", counts, err)
+	for _, schema := range []int{1, 2} {
+		t.Run(fmt.Sprintf("schema %d", schema), func(t *testing.T) {
+			tb := setupWithout(t, couchq.Config{})
+			docs, err := designdocs.Defaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := *docs[0]
+			old.Views = maps.Clone(old.Views)
+			maps.Copy(old.Views, docs[1].Views) // the sweep views
+			old.Couchq.Schema = schema
+			if schema == 1 {
+				maps.Copy(old.Views, docs[2].Views) // the ops views
+				old.Couchq.Validation = ""
+			} else if _, err := tb.db.Put(tb.ctx, designdocs.OpsID, docs[2]); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tb.db.Put(tb.ctx, designdocs.ID, old); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "mail"}); err != nil {
+				t.Fatal(err)
+			}
+			held, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "held"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tb.client.Claim(tb.ctx, held, "gone/1", time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
+				t.Fatalf("init over schema %d: %v %v", schema, o, err)
+			}
+			claim, err := designdocs.Stored(tb.ctx, tb.db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(claim.Views) != len(docs[0].Views) || claim.Couchq.Schema != designdocs.SchemaVersion || !claim.Validating() {
+				t.Errorf("claim document after the upgrade: %d views, meta %+v", len(claim.Views), claim.Couchq)
+			}
+			for id, view := range map[string]string{designdocs.OpsID: "status", designdocs.SweepID: "leases"} {
+				var stored map[string]any
+				if err := tb.db.Get(tb.ctx, id).ScanDoc(&stored); err != nil {
+					t.Fatal(err)
+				}
+				if stored["views"].(map[string]any)[view] == nil {
+					t.Errorf("%s has no view %s: %v", id, view, stored["views"])
+				}
+				if (stored["autoupdate"] == false) != (id == designdocs.OpsID) {
+					t.Errorf("%s: autoupdate %v", id, stored["autoupdate"])
+				}
+			}
+			counts, err := tb.client.Counts(tb.ctx)
+			if err != nil || counts["mail"][couchq.StatusQueued] != 1 {
+				t.Errorf("counts through the ops document: %v %v", counts, err)
+			}
+			waitFor(t, 10*time.Second, "the sweep views find the claim whose lease ran out", func() bool {
+				res, err := tb.client.Sweep(tb.ctx, "sweeper", 10)
+				if err != nil {
+					t.Fatalf("sweep through the sweep document: %v", err)
+				}
+				return res.Requeued+res.Failed > 0
+			})
+		})
 	}
 }

@@ -164,13 +164,14 @@ func printInit(w io.Writer, res *initResult, asJSON bool) error {
 		db = "created database " + res.Database
 	}
 	var dd string
+	all := fmt.Sprintf("%s, %s and %s", designdocs.ID, designdocs.SweepID, designdocs.OpsID)
 	switch res.DesignDoc {
 	case designdocs.Created:
-		dd = fmt.Sprintf("installed design documents %s and %s (schema %d)", designdocs.ID, designdocs.OpsID, res.Schema)
+		dd = fmt.Sprintf("installed design documents %s (schema %d)", all, res.Schema)
 	case designdocs.Upgraded:
-		dd = fmt.Sprintf("upgraded design documents %s and %s to schema %d", designdocs.ID, designdocs.OpsID, res.Schema)
+		dd = fmt.Sprintf("upgraded design documents %s to schema %d", all, res.Schema)
 	case designdocs.Unchanged:
-		dd = fmt.Sprintf("design documents %s and %s are up to date (schema %d)", designdocs.ID, designdocs.OpsID, res.Schema)
+		dd = fmt.Sprintf("design documents %s are up to date (schema %d)", all, res.Schema)
 	case designdocs.KeptNewer:
 		dd = fmt.Sprintf("kept design document %s: it comes from a newer couchq (ours is schema %d)", designdocs.ID, res.Schema)
 	case designdocs.KeptStored:
