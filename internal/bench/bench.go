@@ -37,6 +37,9 @@ type run struct {
 	procRSS []uint64
 	// earlier is how many servers this process measured before this one.
 	earlier int
+	// notes are what sections explain beyond their rows (what a server
+	// could not measure, and why).
+	notes []string
 }
 
 // Run measures each server of the configuration in turn (planServers: the
@@ -130,7 +133,7 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 		}
 		log.Info().Int("section", id).Float64("seconds", s.Seconds).Msg("section done")
 	}
-	rep.Notes = b.standardNotes(rep)
+	rep.Notes = append(b.standardNotes(rep), b.notes...)
 	rep.WallSeconds = time.Since(start).Seconds()
 	rep.Host.LoadEnd = loadAverage()
 	return rep, errors.Join(errs...)
@@ -158,6 +161,8 @@ func (b *run) section(ctx context.Context, s *Section) error {
 		return b.runMemory(ctx, s)
 	case SectionFeatures:
 		return b.runFeatures(ctx, s)
+	case SectionClaimIndex:
+		return b.runClaimIndex(ctx, s)
 	}
 	return fmt.Errorf("unknown section %d", s.ID)
 }

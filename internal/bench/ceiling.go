@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -173,7 +174,8 @@ func (w *docWriter) do(ctx context.Context, method, u string, body []byte, out a
 		return fmt.Errorf("%s %s: reading answer: %w", method, u, err)
 	}
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, bytes.TrimSpace(data))
+		answer := fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(data))
+		return &statusError{status: resp.StatusCode, answer: answer, msg: fmt.Sprintf("%s %s: %s", method, u, answer)}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -181,6 +183,33 @@ func (w *docWriter) do(ctx context.Context, method, u string, body []byte, out a
 		}
 	}
 	return nil
+}
+
+// statusError is a server's answer other than 2xx to a docWriter request.
+type statusError struct {
+	status      int
+	answer, msg string // the status and body; the whole message
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+// answerOf is the server's answer in a docWriter error (status and body,
+// without the URL), else the error's text.
+func answerOf(err error) string {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.answer
+	}
+	return err.Error()
+}
+
+// httpStatusOf is the HTTP status of a docWriter error, 0 for none.
+func httpStatusOf(err error) int {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.status
+	}
+	return 0
 }
 
 // job writes one document three times: insert, claim, finish.

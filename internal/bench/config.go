@@ -25,6 +25,7 @@ const (
 	SectionBacklog    = 5
 	SectionMemory     = 6
 	SectionFeatures   = 7
+	SectionClaimIndex = 8
 )
 
 var sectionNames = map[int]string{
@@ -35,6 +36,7 @@ var sectionNames = map[int]string{
 	SectionBacklog:    "backlog scaling",
 	SectionMemory:     "memory",
 	SectionFeatures:   "feature costs",
+	SectionClaimIndex: "claim index",
 }
 
 // Targets printed next to the figures.
@@ -152,7 +154,7 @@ func ContentionWorkersDefault() []int { return []int{1, 4, 16} }
 
 // AllSections lists every section number.
 func AllSections() []int {
-	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures}
+	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex}
 }
 
 // WithDefaults fills in every unset field.
@@ -229,7 +231,7 @@ func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Sections {
 		if sectionNames[s] == "" {
-			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-7)", s))
+			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-8)", s))
 		}
 	}
 	check := func(name string, v, lo, hi int) {
@@ -301,7 +303,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	sections := fs.String("sections", "1,2,3,4,5,6,7", "sections to run, comma-separated")
+	sections := fs.String("sections", "1,2,3,4,5,6,7,8", "sections to run, comma-separated")
 	servers := fs.String("servers", "", "local servers to start and measure in turn, comma-separated: "+
 		strings.Join(LocalServers(), ",")+" (default: every one available; not with --url)")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
@@ -317,9 +319,9 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.DurationVar(&c.Duration, "duration", DurationDefault, "section 3: how long to enqueue")
 	fs.IntVar(&c.ContentionJobs, "contention-jobs", ContentionJobsDefault, "section 4: backlog of each run")
 	fs.IntVar(&c.ContentionConcurrency, "contention-concurrency", ContentionConcurrencyDefault, "section 4: concurrency of each claimant")
-	fs.IntVar(&c.BacklogSmall, "backlog-small", BacklogSmallDefault, "section 5: small backlog of due jobs")
+	fs.IntVar(&c.BacklogSmall, "backlog-small", BacklogSmallDefault, "sections 5 and 8: small backlog of due jobs")
 	fs.IntVar(&c.BacklogLarge, "backlog-large", BacklogLargeDefault, "section 5: large backlog of due jobs")
-	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "section 5: timed claims per backlog")
+	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "sections 5 and 8: timed claims per backlog (section 8: per index)")
 	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --contention-jobs and --backlog-large, as a share of the given ones")
 	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")

@@ -162,6 +162,9 @@ func (p *pool) waitCompleted(ctx context.Context, n int64, stall time.Duration) 
 // jobTimes are what the stored documents say about a finished backlog.
 type jobTimes struct {
 	done, other int
+	// conflicted counts the jobs not done whose documents have stored
+	// conflicts (a cluster).
+	conflicted int
 	// reruns counts attempts beyond the first (a job run twice).
 	reruns int
 	// firstStart is the earliest started_at, lastFinish the latest finished_at.
@@ -177,7 +180,11 @@ const settleTimeout = 15 * time.Second
 // readDone reads the jobs of a backlog the workers reported done, and
 // checks that all n are. On a cluster a read may reach a shard copy that
 // has not yet applied the last outcomes (acknowledged by two copies of
-// three), so a short count is read again until the copies catch up.
+// three), so a short count is read again until the copies catch up. And a
+// job can still carry a claim its claimant conceded beside the branch that
+// ran it, which CouchDB may pick as the document's winner: the workers'
+// sweepers settle such a job once every lease on it ran out, but the pool
+// was stopped, so the bench sweeps as they would before reading again.
 func readDone(ctx context.Context, c *couchq.Client, n int) (jobTimes, error) {
 	deadline := time.Now().Add(settleTimeout)
 	for {
@@ -188,8 +195,14 @@ func readDone(ctx context.Context, c *couchq.Client, n int) (jobTimes, error) {
 		if jt.done == n && jt.other == 0 {
 			return jt, nil
 		}
+		if jt.conflicted > 0 {
+			if _, err := c.Sweep(ctx, "couchq-bench", 0); err != nil {
+				return jt, fmt.Errorf("settling jobs with stored conflicts: %w", err)
+			}
+		}
 		if time.Now().After(deadline) || !sleepCtx(ctx, 250*time.Millisecond) {
-			return jt, fmt.Errorf("after the run %d jobs are done and %d are not, of %d (read again for %s)", jt.done, jt.other, n, settleTimeout)
+			return jt, fmt.Errorf("after the run %d jobs are done and %d are not (%d of them with stored conflicts), of %d (read again for %s)",
+				jt.done, jt.other, jt.conflicted, n, settleTimeout)
 		}
 	}
 }
@@ -201,7 +214,7 @@ func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
 	startKey := "job:"
 	for range maxJobs/page + 1 {
 		rows := c.DB().AllDocs(ctx, kivik.Params(map[string]any{
-			"startkey": startKey, "endkey": "job:\ufff0", "include_docs": true, "limit": page + 1,
+			"startkey": startKey, "endkey": "job:\ufff0", "include_docs": true, "conflicts": true, "limit": page + 1,
 		}))
 		n := 0
 		next := ""
@@ -240,6 +253,9 @@ func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
 func (jt *jobTimes) add(it *couchq.WorkItem) {
 	if it.Status != couchq.StatusDone {
 		jt.other++
+		if len(it.Conflicts) > 0 {
+			jt.conflicted++
+		}
 		return
 	}
 	jt.done++

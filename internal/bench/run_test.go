@@ -82,6 +82,7 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		}
 	}
 	checkCeilingAndThroughputRows(t, rep, true)
+	checkClaimIndexRows(t, rep)
 	// Every database the bench made is gone.
 	dbs, err := srv.Client(t).AllDBs(context.Background())
 	if err != nil {
@@ -102,6 +103,39 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		t.Fatalf("JSON report: %v", err)
 	}
 	t.Logf("\n%s", table.String())
+}
+
+// checkClaimIndexRows checks section 8: every kind of index is measured
+// where the server has it (Apache CouchDB has Mango and partitioned
+// databases), and one it lacks says why instead of failing the section.
+func checkClaimIndexRows(t *testing.T, rep *Report) {
+	t.Helper()
+	caps := srv.Caps()
+	has := map[string]bool{
+		"couchq's claim design document": true,
+		"the due view alone":             true,
+		"a Mango index":                  caps.Vendor == "couchdb",
+		"partitioned database":           slices.Contains(caps.Features, "partitioned"),
+	}
+	for kind, must := range has {
+		measured, skipped := false, ""
+		for _, r := range rep.Sections[len(rep.Sections)-1].Rows {
+			if !strings.Contains(r.Metric, kind) {
+				continue
+			}
+			if strings.HasPrefix(r.Text, "not measured") {
+				skipped = r.Text
+			} else if strings.Contains(r.Metric, "index build") && r.Value > 0 {
+				measured = true
+			}
+		}
+		switch {
+		case must && !measured:
+			t.Errorf("section 8: %s not measured (%q)", kind, skipped)
+		case !measured && skipped == "":
+			t.Errorf("section 8: %s neither measured nor skipped with a reason", kind)
+		}
+	}
 }
 
 // rowsByMetric indexes a report's rows by "section/metric".
