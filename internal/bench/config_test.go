@@ -85,7 +85,7 @@ func TestParseArgsSectionsAndScale(t *testing.T) {
 
 func TestParseArgsRejects(t *testing.T) {
 	for _, args := range [][]string{
-		{"--sections", "8"},
+		{"--sections", "9"},
 		{"--sections", "x"},
 		{"--sections", ""},
 		{"--jobs", "-5"},
