@@ -783,18 +783,29 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 	}
 }
 
-// settleRank orders the leaves of a conflicted job: what went furthest stays.
+// settleRank orders the leaves of a conflicted job: a finished one stays;
+// else a conceded claim, then a queued leaf, then an expired claim.
+//
+// A conceded claim outranks what its claim found beside it because the
+// claim may have withdrawn that: a claim withdraws every stale branch (a
+// queued leaf, an expired claim) before it runs, and when a withdrawal
+// reaches fewer than a majority of the copies the claim does not run but
+// is conceded, while the withdrawal may still land. A sweep that kept the
+// stale branch and withdrew the concession could leave the job with no
+// leaf at all; keeping the concession agrees with what the claim did. An
+// expired claim that ran loses its attempt that way, but not its trace:
+// the kept leaf's history names it (traceWithdrawn).
 func settleRank(l *Leaf) int {
 	switch {
 	case l.Item == nil:
 		return 0
 	case l.Status.Terminal():
 		return 4
-	case l.Status == StatusQueued && !l.Claimed:
-		return 3
 	case l.conceded():
-		return 1 // it never ran: a claim that did keeps its attempt
-	default:
+		return 3
+	case l.Status == StatusQueued && !l.Claimed:
 		return 2
+	default:
+		return 1
 	}
 }

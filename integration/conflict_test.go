@@ -483,6 +483,54 @@ func TestSweepRequeuesConcededClaims(t *testing.T) {
 	}
 }
 
+// A claim that could not withdraw a stale branch does not run: the
+// withdrawal reached fewer than a majority of the copies, so it may land a
+// moment later or never. Its claimant concedes, and the sweep that follows
+// must keep the concession, not that branch: it kept the branch and
+// withdrew the concession, and when the first withdrawal landed nothing of
+// the job was left (TestClusterPeriodicOneJobPerTick missed a tick: two
+// creations of the tick's job, one claimed, both leaves withdrawn). Here the
+// stale branch is a second creation of the job, queued.
+func TestSettleKeepsAConcessionOverTheBranchItsClaimWithdrew(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "dup")
+	root := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	other := asDoc(t, it)
+	other["_rev"], other["_revisions"] = "1-"+root, map[string]any{"start": 1, "ids": []string{root}}
+	cb.injectRevision(t, other)
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	conceded := cb.child(t, a.Rev, cb.concededDoc(t, it, "host-a/1/a"))
+	if n := len(liveLeaves(t, cb.ctx, cb.client, it.ID)); n != 2 {
+		t.Fatalf("the job has %d live leaves, want 2", n)
+	}
+	if _, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil {
+		t.Fatal(err)
+	}
+	leaves, err := cb.client.Leaves(cb.ctx, it.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := 0
+	for _, l := range leaves {
+		onOther := l.Rev == "1-"+root || l.Parent == "1-"+root
+		switch {
+		case onOther && !(l.Deleted && l.Withdrawn):
+			t.Errorf("the other creation's branch was kept: %s over %s, %s", l.Rev, l.Parent, l.Status)
+		case !l.Deleted && (l.Rev == conceded || l.Parent == conceded):
+			kept++
+			if l.Item == nil || l.Item.Claimed || l.Item.Status != couchq.StatusQueued || l.Item.Attempts != 0 {
+				t.Errorf("the concession was kept but not requeued uncharged: %+v", l.Item)
+			}
+		}
+	}
+	if kept != 1 {
+		for _, l := range leaves {
+			t.Logf("leaf %s over %s: deleted %v, withdrawn %v, %s", l.Rev, l.Parent, l.Deleted, l.Withdrawn, l.Status)
+		}
+		t.Fatalf("want the concession's branch kept, requeued")
+	}
+}
+
 // A committed claim treats a sibling claim its claimant already conceded
 // as what it was, a claim of the same revision: it withdraws it and runs.
 func TestCommittedClaimWithdrawsAConcededSibling(t *testing.T) {
