@@ -59,30 +59,66 @@ func (c *Client) Due(ctx context.Context, worker string, limit int) (*Batch, err
 // Next returns when the first job of type worker due at or after `after`
 // is due; ok is false when none is scheduled. Pass the time a Due query
 // used, so that a job falling due between the two queries is not missed.
+//
+// It reads the due_priority view, which workers keep up to date with their
+// claims, rather than the due view (an ops view, indexed when read): the
+// first row of each priority's range after `after`, in one multi-range
+// request where the server has one, and the earliest of them.
 func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at time.Time, ok bool, err error) {
-	now := ToUnix(after)
-	rows := c.view(ctx, "due", kivik.Params(map[string]any{
-		"startkey": []any{worker, now},
-		"endkey":   []any{worker, map[string]any{}},
-		"reduce":   false,
-		"limit":    1,
-	}))
-	defer rows.Close()
-	for rows.Next() {
-		var key []json.RawMessage
-		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
-			continue
-		}
-		var date float64
-		if json.Unmarshal(key[1], &date) != nil {
-			continue
-		}
-		return FromUnix(date), true, nil
+	from := ToUnix(after)
+	ranges := make([]map[string]any, 0, PriorityLowest)
+	for p := PriorityHighest; p <= PriorityLowest; p++ {
+		ranges = append(ranges, map[string]any{
+			"startkey": []any{worker, p, from},
+			"endkey":   []any{worker, p, map[string]any{}},
+			"reduce":   false,
+			"limit":    1,
+		})
 	}
-	if err := rows.Err(); err != nil {
-		return time.Time{}, false, fmt.Errorf("finding next scheduled %s job: %w", worker, err)
+	var first float64
+	found := func(rows *kivik.ResultSet) {
+		for rows.Next() {
+			var key []json.RawMessage
+			if err := rows.ScanKey(&key); err != nil || len(key) != 3 {
+				continue
+			}
+			var date float64
+			if json.Unmarshal(key[2], &date) != nil {
+				continue
+			}
+			if !ok || date < first {
+				first, ok = date, true
+			}
+		}
 	}
-	return time.Time{}, false, nil
+	what := fmt.Sprintf("finding next scheduled %s job", worker)
+	if !c.singleQueries.Load() {
+		rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
+		for rows.NextResultSet() {
+			found(rows)
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		switch {
+		case err == nil:
+			return FromUnix(first), ok, nil
+		case !multiUnsupported(err):
+			return time.Time{}, false, fmt.Errorf("%s: %w", what, err)
+		}
+		c.singleQueries.Store(true)
+		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
+		first, ok = 0, false
+	}
+	for _, r := range ranges {
+		rows := c.view(ctx, "due_priority", kivik.Params(r))
+		found(rows)
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return FromUnix(first), ok, nil
 }
 
 // Get reads one job.

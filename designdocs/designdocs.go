@@ -1,11 +1,12 @@
 // Package designdocs holds couchq's CouchDB design documents and installs them.
 //
 // There are three. _design/couchq (tree couchq/) holds what workers need on
-// every claim: the due views, the changes filter and validate_doc_update.
+// every claim: the due_priority view, the changes filter and
+// validate_doc_update.
 // _design/couchq-sweep (tree couchq-sweep/) holds the views the sweeper,
 // agents and slot reservations read (leases, conflicts, held, free_slots).
 // _design/couchq-ops (tree couchq-ops/) holds the views people and couchq's
-// ops commands read (status, events, timings…), with autoupdate off. All
+// ops commands read (due, status, events, timings…), with autoupdate off. All
 // views of one design document share one index, brought up to date before
 // any of its views answers: kept together, every claim's due query would
 // first run every other view's map over every changed job, and CouchDB
@@ -58,7 +59,7 @@ const SweepID = "_design/couchq-sweep"
 // DocFor is the id of the design document that holds view.
 func DocFor(view string) string {
 	switch view {
-	case "activity", "attempt_times", "by_status", "depth", "events", "failed", "status", "timings", "workers":
+	case "activity", "attempt_times", "by_status", "depth", "due", "events", "failed", "status", "timings", "workers":
 		return OpsID
 	case "leases", "conflicts", "held", "free_slots":
 		return SweepID
@@ -74,9 +75,10 @@ func DocFor(view string) string {
 // Schema 2 records whether validation is on (Meta.Validation), so that a
 // couchq of schema 1, which would put validation back, leaves it alone.
 // Schema 3 moves leases, conflicts, held and free_slots from _design/couchq
-// to _design/couchq-sweep, so that a couchq of schema 2 does not put them
-// back (its sweeps fail, logged, until it is upgraded: a rolling deploy's
-// new workers sweep for every worker).
+// to _design/couchq-sweep and due to _design/couchq-ops, so that a couchq
+// of schema 2 does not put them back (its sweeps and its Next queries
+// fail, logged, until it is upgraded: a rolling deploy's new workers sweep
+// for every worker).
 const SchemaVersion = 3
 
 // Validation says whether a design document carries validate_doc_update.

@@ -167,6 +167,23 @@ func TestScheduledJobsWaitForTheirDate(t *testing.T) {
 	if due := tb.due(t, "other-type"); len(due) != 0 {
 		t.Fatalf("another type sees the job: %v", due)
 	}
+	// The next scheduled job is the earliest, whatever its priority.
+	soon, later := clock.Now().Add(4*time.Second), clock.Now().Add(6*time.Second)
+	for _, j := range []couchq.NewJob{
+		{Worker: "digest", At: later, Priority: couchq.PriorityHighest},
+		{Worker: "digest", At: soon, Priority: couchq.PriorityLowest},
+		{Worker: "digest", At: clock.Now().Add(8 * time.Second)},
+	} {
+		if _, err := tb.client.Enqueue(tb.ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if next, ok, err := tb.client.Next(tb.ctx, "digest", clock.Now()); err != nil || !ok || !next.Equal(soon) {
+		t.Fatalf("next digest = %v %v %v, want the lowest priority's %v", next, ok, err, soon)
+	}
+	if _, ok, err := tb.client.Next(tb.ctx, "digest", clock.Now().Add(9*time.Second)); err != nil || ok {
+		t.Fatalf("next digest after every date: ok %v, %v", ok, err)
+	}
 }
 
 // Eight installers race on a database that does not exist yet: all
@@ -228,8 +245,8 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 
 	// An edited function (as a newer couchq would ship) is upgraded.
 	edited := copyFS(t, designdocs.Source())
-	edited["views/due/map.js"].Data = []byte(strings.Replace(string(edited["views/due/map.js"].Data),
-		"emit([doc.worker, date], value);", "emit([doc.worker, date], 'v2');", 1))
+	edited["views/due_priority/map.js"].Data = []byte(strings.Replace(string(edited["views/due_priority/map.js"].Data),
+		"emit([doc.worker, p, date], null);", "emit([doc.worker, p, date], 'v2');", 1))
 	newer, err := designdocs.Build(edited, designdocs.SchemaVersion+1)
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +268,7 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 	if _, err := client.Enqueue(ctx, couchq.NewJob{Worker: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	rows := db.Query(ctx, designdocs.ID, "_view/due", kivik.Param("reduce", false))
+	rows := db.Query(ctx, designdocs.ID, "_view/due_priority")
 	defer rows.Close()
 	var value string
 	for rows.Next() {

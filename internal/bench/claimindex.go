@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 )
 
@@ -43,15 +46,24 @@ type dueJob struct{ ID, Rev string }
 // server, and the due view in a partitioned database, queried in the job
 // type's partition. A server that lacks one says so in its row.
 func (b *run) runClaimIndex(ctx context.Context, s *Section) error {
-	dueMap, err := fs.ReadFile(designdocs.Source(), "views/due/map.js")
+	docs, err := designdocs.Defaults()
 	if err != nil {
-		return fmt.Errorf("reading the due view: %w", err)
+		return err
+	}
+	var dueMap string
+	for _, d := range docs {
+		if v, ok := d.Views["due"]; ok {
+			dueMap = v.Map
+		}
+	}
+	if dueMap == "" {
+		return fmt.Errorf("no design document has the due view")
 	}
 	viewDesign := func(partitioned bool) map[string]any {
 		doc := map[string]any{
 			"_id":      "_design/claimindex",
 			"language": "javascript",
-			"views":    map[string]any{"due": map[string]string{"map": string(dueMap)}},
+			"views":    map[string]any{"due": map[string]string{"map": dueMap}},
 		}
 		if partitioned {
 			doc["options"] = map[string]bool{"partitioned": true}
@@ -67,23 +79,22 @@ func (b *run) runClaimIndex(ctx context.Context, s *Section) error {
 			return w.do(ctx, http.MethodPut, w.docURL("_design/claimindex"), body, nil)
 		}
 	}
-	claim, err := designdocs.Default()
-	if err != nil {
-		return err
-	}
+	claim := docs[0]
 	kinds := []claimIndex{
-		{name: fmt.Sprintf("couchq's claim design document (%d views, validation off)", len(claim.Views)),
+		{name: fmt.Sprintf("couchq's claim design document (%s; validation off)", strings.Join(slices.Sorted(maps.Keys(claim.Views)), ", ")),
 			due: func(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {
-				return w.viewDue(ctx, "/_design/"+designdocs.Name+"/_view/due", now)
+				// What workers read: the due_priority view, here the default
+				// priority's range (the backlog has no other).
+				return w.viewDue(ctx, "/_design/"+designdocs.Name+"/_view/due_priority", now, couchq.PriorityDefault)
 			}},
 		{name: "the due view alone (JavaScript)", install: putDesign(false),
 			due: func(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {
-				return w.viewDue(ctx, "/_design/claimindex/_view/due", now)
+				return w.viewDue(ctx, "/_design/claimindex/_view/due", now, 0)
 			}},
 		{name: "a Mango index on [worker, date]", install: installMangoDue, due: mangoDue},
 		{name: "the due view in a partitioned database (partition per job type)", partitioned: true, install: putDesign(true),
 			due: func(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {
-				return w.viewDue(ctx, "/_partition/"+claimIndexWorker+"/_design/claimindex/_view/due", now)
+				return w.viewDue(ctx, "/_partition/"+claimIndexWorker+"/_design/claimindex/_view/due", now, 0)
 			}},
 	}
 	for _, k := range kinds {
@@ -250,12 +261,17 @@ func (w *docWriter) dueBacklog(ctx context.Context, n int, now float64) error {
 	return nil
 }
 
-// viewDue reads due jobs from a due view (path under the database), as a
+// viewDue reads due jobs from the due view (path under the database), or
+// with priority > 0 that priority's range of the due_priority view, as a
 // worker does: include_docs, oldest first.
-func (w *docWriter) viewDue(ctx context.Context, path string, now float64) ([]dueJob, error) {
+func (w *docWriter) viewDue(ctx context.Context, path string, now float64, priority int) ([]dueJob, error) {
+	start, end := fmt.Sprintf(`[%q,0]`, claimIndexWorker), fmt.Sprintf(`[%q,%f]`, claimIndexWorker, now)
+	if priority > 0 {
+		start, end = fmt.Sprintf(`[%q,%d,0]`, claimIndexWorker, priority), fmt.Sprintf(`[%q,%d,%f]`, claimIndexWorker, priority, now)
+	}
 	q := url.Values{
-		"startkey":     {fmt.Sprintf(`[%q,0]`, claimIndexWorker)},
-		"endkey":       {fmt.Sprintf(`[%q,%f]`, claimIndexWorker, now)},
+		"startkey":     {start},
+		"endkey":       {end},
 		"limit":        {fmt.Sprint(claimIndexLimit)},
 		"include_docs": {"true"},
 		"reduce":       {"false"},
