@@ -36,11 +36,14 @@ func (b *run) runContention(ctx context.Context, s *Section) error {
 		traffic0 := b.t.stats.snapshot()
 		cpu0 := b.t.cpu()
 		conc := slices.Repeat([]int{cfg.ContentionConcurrency}, n)
+		// Timed from before the workers start: the first ones claim while
+		// the others are still starting, and on a small backlog (the
+		// cluster's) they can finish it before the last one has started.
+		began := time.Now()
 		p, err := startPool(ctx, b.t, db, h, conc, cfg)
 		if err != nil {
 			return err
 		}
-		began := time.Now()
 		waitErr := p.waitCompleted(ctx, int64(cfg.ContentionJobs), stallTimeout)
 		wall := time.Since(began)
 		p.stop(ctx)
