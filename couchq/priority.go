@@ -1,9 +1,13 @@
 package couchq
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -37,60 +41,162 @@ func (c *Client) DueFirst(ctx context.Context, worker string, limit int) (*Batch
 		limit = 100
 	}
 	now := c.now()
-	ranges := make([]map[string]any, 0, PriorityLowest)
-	for p := PriorityHighest; p <= PriorityLowest; p++ {
-		ranges = append(ranges, map[string]any{
-			"startkey":     []any{worker, p},
-			"endkey":       []any{worker, p, ToUnix(now)},
-			"include_docs": true,
-			"reduce":       false,
-			"limit":        limit,
-		})
-	}
-	what := fmt.Sprintf("listing due %s jobs by priority", worker)
-	if !c.singleQueries.Load() {
-		b, err := c.dueMulti(ctx, ranges)
-		switch {
-		case err == nil:
-			b.At = now
-			return b, nil
-		case !multiUnsupported(err):
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		c.singleQueries.Store(true)
-		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
-	}
 	b := &Batch{At: now}
-	for _, r := range ranges {
-		part, err := c.scan(c.view(ctx, "due_priority", kivik.Params(r)), what)
-		if err != nil {
-			return nil, err
-		}
-		b.Items = append(b.Items, part.Items...)
-		b.Malformed = append(b.Malformed, part.Malformed...)
-		if len(b.Items)+len(b.Malformed) >= limit {
-			break
-		}
+	err := c.dueRanges(ctx, dueRanges(worker, now, limit, true), fmt.Sprintf("listing due %s jobs by priority", worker),
+		func(rows *kivik.ResultSet) (bool, error) {
+			for rows.Next() {
+				if err := c.scanRow(rows, b); err != nil {
+					return false, err
+				}
+			}
+			return len(b.Items)+len(b.Malformed) >= limit, nil
+		})
+	if err != nil {
+		return nil, err
 	}
 	return b, nil
 }
 
-// dueMulti reads every range of the due_priority view in one request.
-func (c *Client) dueMulti(ctx context.Context, ranges []map[string]any) (*Batch, error) {
-	rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
-	defer rows.Close()
-	b := &Batch{}
-	for rows.NextResultSet() {
-		for rows.Next() {
-			if err := c.scanRow(rows, b); err != nil {
-				return nil, err
+// DueCandidate is a row of the due_priority view: a job that was due and
+// not claimed when the view was read, without its document.
+type DueCandidate struct {
+	ID string
+	// Priority is the job's level as the view keys it (a malformed
+	// priority is keyed PriorityHighest, so that it is seen first).
+	Priority int
+}
+
+// DueCandidates lists up to limit due jobs of type worker in DueFirst's
+// order, from the same view but without their documents, and the time
+// they were listed up to. Reading a job's document costs the server about
+// as much as the rest of the query: a worker that picks a few among many
+// candidates reads only the documents of those it picked (FetchDue).
+func (c *Client) DueCandidates(ctx context.Context, worker string, limit int) ([]DueCandidate, time.Time, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	now := c.now()
+	var cands []DueCandidate
+	err := c.dueRanges(ctx, dueRanges(worker, now, limit, false), fmt.Sprintf("listing due %s jobs by priority", worker),
+		func(rows *kivik.ResultSet) (bool, error) {
+			for rows.Next() {
+				var key []json.RawMessage
+				id, _ := rows.ID()
+				if err := rows.ScanKey(&key); err != nil || len(key) != 3 || id == "" {
+					continue // not a row the map emits
+				}
+				cand := DueCandidate{ID: id, Priority: PriorityHighest}
+				_ = json.Unmarshal(key[1], &cand.Priority)
+				cands = append(cands, cand)
 			}
+			return len(cands) >= limit, nil
+		})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return cands, now, nil
+}
+
+// FetchDue reads the documents of due jobs listed by DueCandidates, in
+// one request, and returns those still due and unclaimed as a Batch in the
+// order of ids, setting malformed documents aside as DueFirst does. A job
+// claimed, finished, deleted or rescheduled since it was listed is left
+// out: claiming it would only earn a 409.
+func (c *Client) FetchDue(ctx context.Context, ids []string) (*Batch, error) {
+	now := c.now()
+	b := &Batch{At: now}
+	if len(ids) == 0 {
+		return b, nil
+	}
+	what := fmt.Sprintf("reading %d due jobs", len(ids))
+	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{"keys": ids, "include_docs": true}))
+	defer rows.Close()
+	for rows.Next() {
+		// A job deleted since it was listed has a deleted stub for a
+		// value, and an id never stored an error row without one.
+		var stub struct {
+			Rev     string `json:"rev"`
+			Deleted bool   `json:"deleted"`
+		}
+		if err := rows.ScanValue(&stub); err != nil || stub.Rev == "" || stub.Deleted {
+			continue
+		}
+		if err := c.scanRow(rows, b); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
+	b.Items = slices.DeleteFunc(b.Items, func(it *WorkItem) bool { return !it.dueAt(now) })
 	return b, nil
+}
+
+// dueAt reports whether the due_priority view lists the job at now: not
+// claimed, not running or finished, and its date come.
+func (w *WorkItem) dueAt(now time.Time) bool {
+	switch w.Status {
+	case StatusRunning, StatusDone, StatusFailed, StatusCancelled:
+		return false
+	}
+	return !w.Claimed && w.Date <= ToUnix(now)
+}
+
+// dueRanges are the due_priority view's ranges of worker's jobs due by now,
+// one per priority, highest first.
+func dueRanges(worker string, now time.Time, limit int, docs bool) []map[string]any {
+	ranges := make([]map[string]any, 0, PriorityLowest)
+	for p := PriorityHighest; p <= PriorityLowest; p++ {
+		r := map[string]any{
+			"startkey": []any{worker, p},
+			"endkey":   []any{worker, p, ToUnix(now)},
+			"reduce":   false,
+			"limit":    limit,
+		}
+		if docs {
+			r["include_docs"] = true
+		}
+		ranges = append(ranges, r)
+	}
+	return ranges
+}
+
+// dueRanges reads ranges of the due_priority view in order, in one
+// multi-range request where the server has one (CouchDB's .../queries),
+// else range by range until each reports it has enough.
+func (c *Client) dueRanges(ctx context.Context, ranges []map[string]any, what string, each func(*kivik.ResultSet) (enough bool, err error)) error {
+	if !c.singleQueries.Load() {
+		rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
+		var scanErr error
+		for scanErr == nil && rows.NextResultSet() {
+			_, scanErr = each(rows)
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		switch {
+		case scanErr != nil:
+			return fmt.Errorf("%s: %w", what, scanErr)
+		case err == nil:
+			return nil
+		case !multiUnsupported(err):
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		c.singleQueries.Store(true)
+		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
+	}
+	for _, r := range ranges {
+		rows := c.view(ctx, "due_priority", kivik.Params(r))
+		enough, scanErr := each(rows)
+		err := rows.Err()
+		_ = rows.Close()
+		if err = cmp.Or(scanErr, err); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if enough {
+			break
+		}
+	}
+	return nil
 }
 
 // multiUnsupported reports an answer that means "no multi-range queries

@@ -91,32 +91,12 @@ func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at t
 			}
 		}
 	}
-	what := fmt.Sprintf("finding next scheduled %s job", worker)
-	if !c.singleQueries.Load() {
-		rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
-		for rows.NextResultSet() {
-			found(rows)
-		}
-		err := rows.Err()
-		_ = rows.Close()
-		switch {
-		case err == nil:
-			return FromUnix(first), ok, nil
-		case !multiUnsupported(err):
-			return time.Time{}, false, fmt.Errorf("%s: %w", what, err)
-		}
-		c.singleQueries.Store(true)
-		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
-		first, ok = 0, false
-	}
-	for _, r := range ranges {
-		rows := c.view(ctx, "due_priority", kivik.Params(r))
+	err = c.dueRanges(ctx, ranges, fmt.Sprintf("finding next scheduled %s job", worker), func(rows *kivik.ResultSet) (bool, error) {
 		found(rows)
-		err := rows.Err()
-		_ = rows.Close()
-		if err != nil {
-			return time.Time{}, false, fmt.Errorf("%s: %w", what, err)
-		}
+		return false, nil
+	})
+	if err != nil {
+		return time.Time{}, false, err
 	}
 	return FromUnix(first), ok, nil
 }

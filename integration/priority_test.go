@@ -2,11 +2,13 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/worker"
 )
@@ -128,7 +130,92 @@ func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 			t.Fatalf("DueFirst: %v, want %v", got, want)
 		}
 	}
+	// Workers list the same rows without their documents.
+	cands, _, err := tb.client.DueCandidates(tb.ctx, "p", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, c := range cands {
+		got = append(got, c.ID)
+		if c.Priority < couchq.PriorityHighest || c.Priority > couchq.PriorityLowest {
+			t.Errorf("candidate %s: priority %d", c.ID, c.Priority)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("DueCandidates: %v, want %v", got, want)
+	}
 	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", Priority: 6}); err == nil {
 		t.Fatal("priority 6 accepted")
+	}
+}
+
+// FetchDue reads the documents of the candidates a worker picked and keeps
+// only those still due: a job claimed, finished, deleted or rescheduled
+// since the view listed it would only earn a 409. A malformed document is
+// set aside for quarantine, and an id that never existed is skipped.
+func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	tb := setupWithout(t, couchq.Config{Now: clk.Now})
+	// Without validation, so that the malformed job can be written.
+	if _, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"claimed", "done", "deleted", "later", "malformed", "still-due", "also-due"}
+	for _, id := range ids {
+		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "f", ID: id, At: clk.Now().Add(-time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cands, _, err := tb.client.DueCandidates(tb.ctx, "f", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cands) != len(ids) {
+		t.Fatalf("%d candidates, want %d", len(cands), len(ids))
+	}
+	// What happens between the view query and the read of the documents.
+	get := func(id string) *couchq.WorkItem {
+		it, err := tb.client.Get(tb.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return it
+	}
+	if _, err := tb.client.Claim(tb.ctx, get("claimed"), "other/1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	done, err := tb.client.Claim(tb.ctx, get("done"), "other/1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.client.Complete(tb.ctx, done, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.db.Delete(tb.ctx, "deleted", get("deleted").Rev); err != nil {
+		t.Fatal(err)
+	}
+	later := get("later")
+	later.Date = couchq.ToUnix(clk.Now().Add(time.Hour))
+	if _, err := tb.db.Put(tb.ctx, later.ID, later); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]any{"_id": "malformed", "_rev": get("malformed").Rev, "type": "WorkItem", "worker": "f", "date": 0, "attempts": "many"}
+	if _, err := tb.db.Put(tb.ctx, "malformed", bad); err != nil {
+		t.Fatal(err)
+	}
+	b, err := tb.client.FetchDue(tb.ctx, append(ids, "never-was"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, it := range b.Items {
+		got = append(got, it.ID)
+	}
+	if want := []string{"still-due", "also-due"}; !slices.Equal(got, want) {
+		t.Errorf("FetchDue kept %v, want %v", got, want)
+	}
+	if len(b.Malformed) != 1 || b.Malformed[0].ID != "malformed" {
+		t.Errorf("malformed: %+v, want the malformed job", b.Malformed)
 	}
 }

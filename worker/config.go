@@ -25,7 +25,7 @@ import (
 const (
 	ConcurrencyDefault       = 4
 	LeaseDurationDefault     = 30 * time.Second
-	ClaimBatchDefault        = 16
+	ClaimBatchDefault        = 100
 	PickAmongDefault         = 32
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FeedTimeoutDefault       = 60 * time.Second
@@ -50,7 +50,10 @@ type Config struct {
 	// HeartbeatInterval is how often running jobs' leases are renewed and
 	// the worker's registry document is updated; default LeaseDuration/3.
 	HeartbeatInterval time.Duration
-	// ClaimBatch is the most jobs claimed in one _bulk_docs request.
+	// ClaimBatch is the most jobs claimed in one _bulk_docs request: a
+	// claim round takes as many due jobs as there are free slots, up to
+	// this. It bounds rounds only at Concurrency above it (a server takes
+	// 100 documents in one request many times faster than in several).
 	ClaimBatch int
 	// PickAmong is K: each claim round picks among the first K due jobs
 	// (the ones that hash to this worker's rank among its live peers

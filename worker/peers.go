@@ -97,14 +97,14 @@ func peerSlots(infos []*couchq.WorkerInfo, self string, types []string, now time
 }
 
 // ownFirst orders each run of jobs of one priority in items (which
-// DueFirst returns highest priority first, then oldest first): the jobs
+// DueCandidates returns highest priority first, then oldest first): the jobs
 // that hash to rank of n come first, oldest first, then the others in
 // random order. With n = 1 every job is the worker's own, in random order
 // (the pick among K).
-func ownFirst(items []*couchq.WorkItem, rank, n int) {
+func ownFirst(items []couchq.DueCandidate, rank, n int) {
 	for start := 0; start < len(items); {
 		end := start + 1
-		for end < len(items) && items[end].EffectivePriority() == items[start].EffectivePriority() {
+		for end < len(items) && items[end].Priority == items[start].Priority {
 			end++
 		}
 		run := items[start:end]
@@ -113,7 +113,7 @@ func ownFirst(items []*couchq.WorkItem, rank, n int) {
 			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
 			continue
 		}
-		var own, rest []*couchq.WorkItem
+		var own, rest []couchq.DueCandidate
 		for _, it := range run {
 			if jobSlot(it.ID, n) == rank {
 				own = append(own, it)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,29 +175,51 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	r.w.stats.queries.Add(1)
 	began := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-	batch, err := r.w.client.DueFirst(qctx, r.typ, k)
+	cands, upTo, err := r.w.client.DueCandidates(qctx, r.typ, k)
 	cancel()
 	r.dueTook = time.Since(began)
 	if err != nil {
 		return false, time.Time{}, err
 	}
-	upTo = batch.At
-	repaired := 0
-	if len(batch.Malformed) > 0 {
-		repaired = r.quarantine(ctx, batch.Malformed)
-	}
-	items := batch.Items
-	if len(items) == 0 {
-		// Look again only if quarantining made room; an unrepairable
-		// document must not make the runner spin.
-		return repaired > 0, upTo, nil
+	listed := len(cands)
+	cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
+		_, skip := r.unrepairable[c.ID]
+		return skip
+	})
+	if len(cands) == 0 {
+		return false, upTo, nil
 	}
 	// The worker's own jobs first, then at random among the first K, so
 	// that workers polling the same view spread over the candidates
 	// instead of all racing for row one — within each priority: a higher
-	// one always goes first.
-	ownFirst(items, rank, peers)
-	n := min(free, r.w.cfg.ClaimBatch, len(items))
+	// one always goes first. Only the picked jobs' documents are read.
+	// Slots freed while the query ran count (jobs finish meanwhile).
+	ownFirst(cands, rank, peers)
+	n := min(r.free(), r.w.cfg.ClaimBatch, len(cands))
+	ids := make([]string, n)
+	for i, c := range cands[:n] {
+		ids[i] = c.ID
+	}
+	qctx, cancel = context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+	batch, err := r.w.client.FetchDue(qctx, ids)
+	cancel()
+	if err != nil {
+		return false, time.Time{}, err
+	}
+	repaired := 0
+	if len(batch.Malformed) > 0 {
+		repaired = r.quarantine(ctx, batch.Malformed)
+	}
+	// Claimed, finished or malformed since the query: the next round
+	// looks again.
+	more = listed == k || n < len(cands) || len(batch.Items) < n
+	items := batch.Items
+	if len(items) == 0 {
+		// Look again only if something changed; an unrepairable document
+		// must not make the runner spin.
+		return repaired > 0 || (more && len(batch.Malformed) == 0), upTo, nil
+	}
+	n = len(items)
 	rl, limited := r.w.cfg.RateLimits[r.typ]
 	if limited {
 		if n = r.takeStarts(ctx, rl, n); n == 0 {
@@ -268,7 +291,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if limited && r.tokenWindow.Equal(rl.Window(r.w.cfg.Now())) {
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
 	}
-	return len(items) == k || conflicts > 0 || n < len(items), upTo, nil
+	return more || conflicts > 0, upTo, nil
 }
 
 // concedeLater gives up claims that were stored but will not run (a

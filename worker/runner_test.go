@@ -11,15 +11,15 @@ import (
 // The pick among the first K never lets a lower priority overtake a
 // higher one, with or without peers.
 func TestOwnFirstKeepsPriorityOrder(t *testing.T) {
-	var items []*couchq.WorkItem
-	for i, p := range []int{1, 1, 1, 2, 0, 0, 3, 3, 5} { // 0 is the default, 3
-		items = append(items, &couchq.WorkItem{ID: fmt.Sprint("job-", i), Priority: p})
+	var items []couchq.DueCandidate
+	for i, p := range []int{1, 1, 1, 2, 3, 3, 3, 3, 5} {
+		items = append(items, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: p})
 	}
 	for round := range 100 {
 		ownFirst(items, round%3, 1+round%3)
 		for i := 1; i < len(items); i++ {
-			if items[i].EffectivePriority() < items[i-1].EffectivePriority() {
-				t.Fatalf("priority %d after %d at %d", items[i].EffectivePriority(), items[i-1].EffectivePriority(), i)
+			if items[i].Priority < items[i-1].Priority {
+				t.Fatalf("priority %d after %d at %d", items[i].Priority, items[i-1].Priority, i)
 			}
 		}
 	}
@@ -29,14 +29,14 @@ func TestOwnFirstKeepsPriorityOrder(t *testing.T) {
 // oldest first, whatever rows their due queries returned.
 func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 	const peers = 4
-	var all []*couchq.WorkItem
+	var all []couchq.DueCandidate
 	for i := range 200 {
-		all = append(all, &couchq.WorkItem{ID: fmt.Sprintf("job:%04d", i)})
+		all = append(all, couchq.DueCandidate{ID: fmt.Sprintf("job:%04d", i), Priority: couchq.PriorityDefault})
 	}
 	taken := map[string]int{}
 	for rank := range peers {
 		// Each saw a different window of the queue (views lag).
-		items := append([]*couchq.WorkItem(nil), all[rank*5:rank*5+120]...)
+		items := append([]couchq.DueCandidate(nil), all[rank*5:rank*5+120]...)
 		ownFirst(items, rank, peers)
 		own := 0
 		for own < len(items) && jobSlot(items[own].ID, peers) == rank {

@@ -129,7 +129,8 @@ func TestClassify(t *testing.T) {
 		want        int
 	}{
 		{"GET", "http://h/db/_design/couchq/_view/due?include_docs=true&limit=32", kindDue},
-		{"GET", "http://h/db/_design/couchq/_view/due?limit=1&reduce=false", kindNext},
+		{"POST", "http://h/db/_design/couchq/_view/due_priority/queries", kindDue},
+		{"POST", "http://h/db/_all_docs", kindFetch},
 		{"GET", "http://h/db/_design/couchq/_view/leases?include_docs=true", kindView},
 		{"GET", "http://h/db/_changes?feed=longpoll", kindChanges},
 		{"POST", "http://h/db/_changes", kindChanges},

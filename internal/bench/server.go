@@ -288,8 +288,8 @@ type httpStats struct {
 
 // The kinds of request told apart.
 const (
-	kindDue      = iota // due view with documents (Due)
-	kindNext            // due view without documents (Next)
+	kindDue      = iota // due views (a claim round's candidates, Next)
+	kindFetch           // _all_docs (the documents a claim round picked)
 	kindView            // any other view (sweeps, listings)
 	kindChanges         // _changes long-polls
 	kindBulk            // _bulk_docs (bulk enqueue, ClaimMany)
@@ -301,7 +301,7 @@ const (
 )
 
 var kindNames = [numKinds]string{
-	"due view with docs (Due)", "due view, no docs (Next)", "other views", "_changes", "_bulk_docs",
+	"due views (claim candidates, Next)", "_all_docs (picked jobs' documents)", "other views", "_changes", "_bulk_docs",
 	"job PUT/DELETE", "job GET", "worker registry", "other",
 }
 
@@ -397,10 +397,9 @@ func classify(req *http.Request) int {
 	p := req.URL.Path
 	switch {
 	case strings.Contains(p, "/_view/due"):
-		if req.URL.Query().Get("include_docs") == "true" {
-			return kindDue
-		}
-		return kindNext
+		return kindDue
+	case strings.HasSuffix(p, "/_all_docs"):
+		return kindFetch
 	case strings.Contains(p, "/_view/"):
 		return kindView
 	case strings.HasSuffix(p, "/_changes"):
