@@ -71,11 +71,23 @@ type DueCandidate struct {
 // they were listed up to. Reading a job's document costs the server about
 // as much as the rest of the query: a worker that picks a few among many
 // candidates reads only the documents of those it picked (FetchDue).
-func (c *Client) DueCandidates(ctx context.Context, worker string, limit int) ([]DueCandidate, time.Time, error) {
+//
+// With stale, Apache CouchDB answers from the view as it stands and
+// indexes the changes since it was last brought up to date after
+// answering (update=lazy), instead of before: the rows may then list jobs
+// claimed since, which FetchDue leaves out, and miss jobs made due since.
+// A worker working through a backlog reads it so, its rounds no longer
+// waiting for the index to take its own last claims and outcomes. Other
+// servers always index first.
+func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, stale bool) ([]DueCandidate, time.Time, error) {
 	if limit <= 0 {
 		limit = 100
 	}
 	now := c.now()
+	var opts []kivik.Option
+	if stale && c.couch != nil {
+		opts = append(opts, kivik.Param("update", "lazy"))
+	}
 	var cands []DueCandidate
 	err := c.dueRanges(ctx, dueRanges(worker, now, limit, false), fmt.Sprintf("listing due %s jobs by priority", worker),
 		func(rows *kivik.ResultSet) (bool, error) {
@@ -90,7 +102,7 @@ func (c *Client) DueCandidates(ctx context.Context, worker string, limit int) ([
 				cands = append(cands, cand)
 			}
 			return len(cands) >= limit, nil
-		})
+		}, opts...)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -163,10 +175,11 @@ func dueRanges(worker string, now time.Time, limit int, docs bool) []map[string]
 
 // dueRanges reads ranges of the due_priority view in order, in one
 // multi-range request where the server has one (CouchDB's .../queries),
-// else range by range until each reports it has enough.
-func (c *Client) dueRanges(ctx context.Context, ranges []map[string]any, what string, each func(*kivik.ResultSet) (enough bool, err error)) error {
+// else range by range until each reports it has enough; opts apply to
+// every range.
+func (c *Client) dueRanges(ctx context.Context, ranges []map[string]any, what string, each func(*kivik.ResultSet) (enough bool, err error), opts ...kivik.Option) error {
 	if !c.singleQueries.Load() {
-		rows := c.view(ctx, "due_priority", kivik.Param("queries", ranges))
+		rows := c.view(ctx, "due_priority", append(slices.Clip(opts), kivik.Param("queries", ranges))...)
 		var scanErr error
 		for scanErr == nil && rows.NextResultSet() {
 			_, scanErr = each(rows)
@@ -185,7 +198,7 @@ func (c *Client) dueRanges(ctx context.Context, ranges []map[string]any, what st
 		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
 	}
 	for _, r := range ranges {
-		rows := c.view(ctx, "due_priority", kivik.Params(r))
+		rows := c.view(ctx, "due_priority", append(slices.Clip(opts), kivik.Params(r))...)
 		enough, scanErr := each(rows)
 		err := rows.Err()
 		_ = rows.Close()

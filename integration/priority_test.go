@@ -131,7 +131,7 @@ func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 		}
 	}
 	// Workers list the same rows without their documents.
-	cands, _, err := tb.client.DueCandidates(tb.ctx, "p", 100)
+	cands, _, err := tb.client.DueCandidates(tb.ctx, "p", 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cands, _, err := tb.client.DueCandidates(tb.ctx, "f", 100)
+	cands, _, err := tb.client.DueCandidates(tb.ctx, "f", 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"runtime/debug"
 	"slices"
@@ -33,11 +34,20 @@ type runner struct {
 	w       *Worker
 	typ     string
 	handler Handler
-	slots   chan struct{} // one token per running job
-	wake    chan struct{} // capacity 1: "look for due work"
+	slots   chan struct{} // one token per job whose handler runs
+	// finishing holds one token per job whose handler returned and whose
+	// outcome is being written: the run slot is free for the next job
+	// meanwhile (a claim round need not wait for a server's write), and
+	// a server slow to take outcomes holds run slots once this is full.
+	finishing chan struct{}
+	wake      chan struct{} // capacity 1: "look for due work"
 	// behind records that the last fetch left due work behind, so that a
 	// finished job's freed slot should look for more.
 	behind atomic.Bool
+	// news records that the feed (or a sweep) reported claimable work
+	// since the last due query: the next one must see every change, not
+	// read the view as it stands (see fetch).
+	news atomic.Bool
 	// paused mirrors the type's control document: a paused runner claims
 	// nothing and waits for the feed to say it was resumed.
 	paused atomic.Bool
@@ -57,7 +67,17 @@ type runner struct {
 	// unrepairable holds malformed documents quarantine could not fix;
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
+	// claimedAt holds the jobs this runner claimed in the last
+	// recentClaims, which a view read as it stands may still list as due;
+	// touched only by the runner's own loop.
+	claimedAt map[string]time.Time
 }
+
+// recentClaims is how long a runner remembers its claims, to skip them in
+// a due view read as it stands: longer than such a view lags behind a busy
+// runner's claims (about one claim round, as each stale read has the
+// server index what it missed).
+const recentClaims = 2 * time.Second
 
 func (r *runner) nudge() {
 	select {
@@ -68,6 +88,9 @@ func (r *runner) nudge() {
 
 func (r *runner) free() int { return cap(r.slots) - len(r.slots) }
 
+// idleSlots reports that no job of the runner runs or is being finished.
+func (r *runner) idleSlots() bool { return len(r.slots) == 0 && len(r.finishing) == 0 }
+
 // loop finds and claims due work until claiming stops. In drain mode it
 // returns (calling drained) once nothing is due and nothing runs; otherwise
 // drained is called when the loop ends.
@@ -77,7 +100,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 	backoff, nextBackoff := 100*time.Millisecond, 100*time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
 		if r.paused.Load() {
-			if r.w.cfg.Drain && len(r.slots) == 0 {
+			if r.w.cfg.Drain && r.idleSlots() {
 				return // a paused type has nothing to drain
 			}
 			if !r.idle(ctx, r.w.cfg.FallbackPoll) {
@@ -108,7 +131,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if more && r.free() > 0 {
 			continue
 		}
-		if r.w.cfg.Drain && !more && len(r.slots) == 0 {
+		if r.w.cfg.Drain && !more && r.idleSlots() {
 			return
 		}
 		wait := r.w.cfg.FallbackPoll
@@ -171,21 +194,47 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if peers > 1 {
 		want = max(want, ownShareRows*peers*min(free, r.w.cfg.ClaimBatch))
 	}
-	k := min(want+len(r.unrepairable), maxDueLimit)
-	r.w.stats.queries.Add(1)
 	began := time.Now()
-	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-	cands, upTo, err := r.w.client.DueCandidates(qctx, r.typ, k)
-	cancel()
-	r.dueTook = time.Since(began)
-	if err != nil {
-		return false, time.Time{}, err
+	// Working through a backlog, the runner reads the view as it stands
+	// (the server indexes the changes after answering), so that a round
+	// does not wait for the index to take the last round's claims and
+	// outcomes: those rows are its own recent claims, skipped here, and
+	// jobs others claimed, which FetchDue leaves out. It reads the view
+	// brought up to date when idle, when the feed reported new work (a
+	// new job of a higher priority must not wait a round), or when the
+	// view as it stood did not list enough.
+	news := r.news.Swap(false)
+	stale := r.behind.Load() && !news
+	now := time.Now()
+	maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return now.Sub(at) > recentClaims })
+	var cands []couchq.DueCandidate
+	var listed, k int
+	for {
+		k = want + len(r.unrepairable)
+		if stale {
+			// Its last round's claims may still be listed first.
+			k += min(len(r.claimedAt), 2*free)
+		}
+		k = min(k, maxDueLimit)
+		r.w.stats.queries.Add(1)
+		qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+		cands, upTo, err = r.w.client.DueCandidates(qctx, r.typ, k, stale)
+		cancel()
+		if err != nil {
+			return false, time.Time{}, err
+		}
+		listed = len(cands)
+		cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
+			_, unrepairable := r.unrepairable[c.ID]
+			_, mine := r.claimedAt[c.ID]
+			return unrepairable || (stale && mine)
+		})
+		if !stale || len(cands) >= r.free() {
+			break
+		}
+		stale = false
 	}
-	listed := len(cands)
-	cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
-		_, skip := r.unrepairable[c.ID]
-		return skip
-	})
+	r.dueTook = time.Since(began)
 	if len(cands) == 0 {
 		return false, upTo, nil
 	}
@@ -200,7 +249,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	for i, c := range cands[:n] {
 		ids[i] = c.ID
 	}
-	qctx, cancel = context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
 	batch, err := r.w.client.FetchDue(qctx, ids)
 	cancel()
 	if err != nil {
@@ -266,6 +315,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		switch {
 		case res.Err == nil:
 			r.w.stats.claimed.Add(1)
+			r.claimedAt[res.Item.ID] = now
 			var slot *couchq.RunSlot
 			if len(runSlots) > 0 {
 				slot, runSlots = runSlots[0], runSlots[1:]
@@ -379,9 +429,9 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 	w.jobs.Add(1)
 	go func() {
 		defer w.jobs.Done()
-		defer func() {
+		handlerDone := func() {
+			r.finishing <- struct{}{}
 			w.mu.Lock()
-			delete(w.running, item.ID)
 			w.busy += w.cfg.Now().Sub(rj.started)
 			w.mu.Unlock()
 			w.cfg.Metrics.jobEnded(r.typ)
@@ -391,17 +441,27 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 			if r.behind.Load() || r.w.cfg.Drain {
 				r.nudge()
 			}
+		}
+		defer func() {
+			w.mu.Lock()
+			delete(w.running, item.ID)
+			w.mu.Unlock()
+			<-r.finishing
+			if r.w.cfg.Drain {
+				r.nudge() // drain ends once the last outcome is written
+			}
 		}()
 		defer cancel(nil)
-		r.run(ctx, rj)
+		r.run(ctx, rj, handlerDone)
 		if rj.slot != nil {
 			r.releaseRunSlots([]*couchq.RunSlot{rj.slot})
 		}
 	}()
 }
 
-// run executes one attempt: handler plus heartbeat, then records the outcome.
-func (r *runner) run(ctx context.Context, rj *runningJob) {
+// run executes one attempt: handler plus heartbeat, then records the
+// outcome, calling handlerDone (which frees the job's run slot) between.
+func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	w := r.w
 	item := rj.item
 	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
@@ -422,6 +482,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob) {
 	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
 	<-hbStopped
+	handlerDone()
 
 	rj.mu.Lock()
 	defer rj.mu.Unlock()

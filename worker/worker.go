@@ -113,8 +113,10 @@ func New(client *couchq.Client, cfg Config) (*Worker, error) {
 		w.runners = append(w.runners, &runner{
 			w: w, typ: typ, handler: cfg.Handlers[typ],
 			slots:        make(chan struct{}, cfg.Concurrency),
+			finishing:    make(chan struct{}, cfg.Concurrency),
 			wake:         make(chan struct{}, 1),
 			unrepairable: map[string]struct{}{},
+			claimedAt:    map[string]time.Time{},
 		})
 	}
 	return w, nil
@@ -346,9 +348,10 @@ func (w *Worker) noteFeed(err error) {
 // Drained is closed when every type has drained (Drain mode only).
 func (w *Worker) Drained() <-chan struct{} { return w.drained }
 
-// wakeAll nudges every runner to look for due work.
+// wakeAll nudges every runner to look for due work that is new to it.
 func (w *Worker) wakeAll() {
 	for _, r := range w.runners {
+		r.news.Store(true)
 		r.nudge()
 	}
 }
