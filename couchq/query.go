@@ -101,20 +101,73 @@ func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at t
 	return FromUnix(first), ok, nil
 }
 
-// Get reads one job.
+// Get reads one job. A job with a stored conflict (two claims through
+// different nodes of a cluster) is read as the sweeper will settle it
+// (Settle): the claim holding a live lease, else the leaf that went
+// furthest. So a job finished on one branch reads as finished while a
+// claim conceded on another is still CouchDB's winner.
 func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
-	var it WorkItem
-	if err := c.db.Get(ctx, id).ScanDoc(&it); err != nil {
+	var raw map[string]json.RawMessage
+	if err := c.db.Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&raw); err != nil {
 		if isStatus(err, http.StatusNotFound) {
 			return nil, fmt.Errorf("reading job %s: %w (%w)", id, ErrNotFound, err)
 		}
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	conflicted := len(raw["_conflicts"]) > 0
+	delete(raw, "_conflicts") // not the job's: never written back
+	doc, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	var it WorkItem
+	if err := json.Unmarshal(doc, &it); err != nil {
 		var m *MalformedError
 		if errors.As(err, &m) {
+			if m.ID == "" {
+				m.ID = id
+			}
 			return nil, fmt.Errorf("reading job %s: %w", id, m)
 		}
 		return nil, fmt.Errorf("reading job %s: %w", id, err)
 	}
+	if conflicted {
+		if kept := c.asSettled(ctx, id); kept != nil {
+			return kept, nil
+		}
+	}
 	return &it, nil
+}
+
+// asSettled is the leaf of a conflicted job that settling it keeps, read
+// from a majority of the copies: a claim holding a live lease (its holder
+// may be running it), else the live leaf of the highest settleRank, ties
+// to CouchDB's winner. It is nil when the leaves cannot be read, or when
+// the job was deleted on a branch (settling deletes it).
+func (c *Client) asSettled(ctx context.Context, id string) *WorkItem {
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		c.log.Debug().Err(err).Str("job", id).Msg("could not read a conflicted job's leaves; reading its winner")
+		return nil
+	}
+	now := ToUnix(c.now())
+	var keep *Leaf
+	for i := range leaves {
+		l := &leaves[i]
+		switch {
+		case l.finishedTombstone():
+			return nil
+		case l.Deleted || l.Item == nil:
+		case l.live(now):
+			return l.Item
+		case keep == nil || settleRank(l) > settleRank(keep):
+			keep = l
+		}
+	}
+	if keep == nil {
+		return nil
+	}
+	return keep.Item
 }
 
 // ListOptions narrow List.

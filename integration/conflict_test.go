@@ -661,3 +661,51 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 		t.Fatalf("second sweep: %+v %v, want nothing left to settle", res, err)
 	}
 }
+
+// A job finished on one branch while a claim conceded on another is still
+// CouchDB's winner (the two claims went through different nodes; the
+// sweeper has not settled it yet) reads as finished: Get reads a stored
+// conflict as the sweeper will settle it, not as CouchDB's winner.
+func TestGetReadsAConflictAsItWillBeSettled(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "settle-read")
+	a := cb.claimDirectly(t, it, "host-a/1/a")
+	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	b := asDoc(t, it)
+	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
+	revB := cb.child(t, it.Rev, b)
+	// Grown to the done branch's length, the concession is CouchDB's winner
+	// when its revision id sorts higher: make it so.
+	pos, parentHash, _ := strings.Cut(revB, "-")
+	if pos != "2" || !strings.HasPrefix(a.Rev, "3-") {
+		t.Fatalf("claim branch %s, done branch %s: want generations 2 and 3", revB, a.Rev)
+	}
+	var hash string
+	for hash == "" || "3-"+hash <= a.Rev {
+		hash = fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	}
+	conceded := "3-" + hash
+	doc := cb.concededDoc(t, it, "host-b/2/b")
+	doc["_rev"] = conceded
+	doc["_revisions"] = map[string]any{"start": 3, "ids": []string{hash, parentHash}}
+	cb.injectRevision(t, doc)
+	winner := map[string]any{}
+	if err := cb.db.Get(cb.ctx, it.ID).ScanDoc(&winner); err != nil {
+		t.Fatal(err)
+	}
+	if winner["_rev"] != conceded {
+		t.Fatalf("CouchDB's winner is %v, want the concession %s (the done branch is %s)", winner["_rev"], conceded, a.Rev)
+	}
+	got, err := cb.client.Get(cb.ctx, it.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != couchq.StatusDone || got.Claimed || got.Rev != a.Rev {
+		t.Fatalf("Get read %s (claimed %v, rev %s), want the done branch %s", got.Status, got.Claimed, got.Rev, a.Rev)
+	}
+	if _, ok := got.Extra("_conflicts"); ok {
+		t.Fatal("Get kept _conflicts in the job, which a write would send back")
+	}
+}
