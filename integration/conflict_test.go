@@ -80,6 +80,18 @@ func (cb *conflictBundle) claimDirectly(t *testing.T, it *couchq.WorkItem, by st
 	return next
 }
 
+// doneBy enqueues a job of worker, and claims and completes it as by: the
+// job as enqueued, and as completed.
+func (cb *conflictBundle) doneBy(t *testing.T, worker, by string) (enqueued, done *couchq.WorkItem) {
+	t.Helper()
+	enqueued = cb.enqueued(t, worker)
+	done = cb.claimDirectly(t, enqueued, by)
+	if err := cb.client.Complete(cb.ctx, done, nil); err != nil {
+		t.Fatal(err)
+	}
+	return enqueued, done
+}
+
 func (cb *conflictBundle) enqueued(t *testing.T, worker string) *couchq.WorkItem {
 	t.Helper()
 	job, err := cb.client.Enqueue(cb.ctx, couchq.NewJob{Worker: worker})
@@ -595,11 +607,7 @@ func TestHeldWriteStandsUnlessContested(t *testing.T) {
 // sweep keeps one branch, and the other's run shows in its history.
 func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 	cb := setupConflict(t)
-	it := cb.enqueued(t, "twice")
-	a := cb.claimDirectly(t, it, "host-a/1/a")
-	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
-		t.Fatal(err)
-	}
+	it, _ := cb.doneBy(t, "twice", "host-a/1/a")
 	other := asDoc(t, it)
 	other["status"], other["attempts"], other["finished_at"] = "done", 1, couchq.ToUnix(cb.clock.Now())
 	other["history"] = append(other["history"].([]any),
@@ -668,11 +676,7 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 // conflict as the sweeper will settle it, not as CouchDB's winner.
 func TestGetReadsAConflictAsItWillBeSettled(t *testing.T) {
 	cb := setupConflict(t)
-	it := cb.enqueued(t, "settle-read")
-	a := cb.claimDirectly(t, it, "host-a/1/a")
-	if err := cb.client.Complete(cb.ctx, a, nil); err != nil {
-		t.Fatal(err)
-	}
+	it, a := cb.doneBy(t, "settle-read", "host-a/1/a")
 	b := asDoc(t, it)
 	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
 	revB := cb.child(t, it.Rev, b)
