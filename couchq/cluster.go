@@ -702,12 +702,7 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 	}
 	keep := -1
 	if !ended {
-		keep = 0
-		for i := range live {
-			if settleRank(&live[i]) > settleRank(&live[keep]) {
-				keep = i // live is in CouchDB's order: ties keep its winner
-			}
-		}
+		keep = keptLeaf(live)
 	}
 	var gone []Leaf
 	for i, l := range live {
@@ -781,6 +776,19 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 	case trace.uncommitted(next.ID, rev):
 		c.log.Debug().Str("job", next.ID).Msg("the withdrawn branches' history reached a minority of the copies")
 	}
+}
+
+// keptLeaf is the index of the leaf settling keeps among a job's live
+// leaves: the highest settleRank, ties to CouchDB's winner (live is in its
+// order, as Leaves returns them).
+func keptLeaf(live []Leaf) int {
+	keep := 0
+	for i := range live {
+		if settleRank(&live[i]) > settleRank(&live[keep]) {
+			keep = i
+		}
+	}
+	return keep
 }
 
 // settleRank orders the leaves of a conflicted job: a finished one stays;

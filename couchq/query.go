@@ -151,23 +151,22 @@ func (c *Client) asSettled(ctx context.Context, id string) *WorkItem {
 		return nil
 	}
 	now := ToUnix(c.now())
-	var keep *Leaf
-	for i := range leaves {
-		l := &leaves[i]
+	var live []Leaf
+	for _, l := range leaves {
 		switch {
 		case l.finishedTombstone():
 			return nil
 		case l.Deleted || l.Item == nil:
 		case l.live(now):
 			return l.Item
-		case keep == nil || settleRank(l) > settleRank(keep):
-			keep = l
+		default:
+			live = append(live, l)
 		}
 	}
-	if keep == nil {
+	if len(live) == 0 {
 		return nil
 	}
-	return keep.Item
+	return live[keptLeaf(live)].Item
 }
 
 // ListOptions narrow List.
