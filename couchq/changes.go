@@ -26,6 +26,9 @@ type FeedChanges struct {
 	// Controls are the job types whose control document changed (a pause
 	// or a resume, see TypeControl).
 	Controls []string
+	// Joined is how many worker processes of these types registered
+	// (WorkerInfo.Joined): the peers a worker shares its jobs with changed.
+	Joined int
 }
 
 // WaitForChanges long-polls the _changes feed from since ("now" for only
@@ -64,6 +67,8 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 	for _, id := range ids {
 		if typ, ok := isControlID(id); ok {
 			fc.Controls = append(fc.Controls, typ)
+		} else if strings.HasPrefix(id, workerIDPrefix) {
+			fc.Joined++
 		} else {
 			fc.Jobs++
 		}

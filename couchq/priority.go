@@ -113,7 +113,8 @@ func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, st
 // one request, and returns those still due and unclaimed as a Batch in the
 // order of ids, setting malformed documents aside as DueFirst does. A job
 // claimed, finished, deleted or rescheduled since it was listed is left
-// out: claiming it would only earn a 409.
+// out (claiming it would only earn a 409), and the claimant of each one
+// claimed is in the Batch's ClaimedBy.
 func (c *Client) FetchDue(ctx context.Context, ids []string) (*Batch, error) {
 	now := c.now()
 	b := &Batch{At: now}
@@ -140,7 +141,12 @@ func (c *Client) FetchDue(ctx context.Context, ids []string) (*Batch, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	b.Items = slices.DeleteFunc(b.Items, func(it *WorkItem) bool { return !it.dueAt(now) })
+	b.Items = slices.DeleteFunc(b.Items, func(it *WorkItem) bool {
+		if it.Claimed && it.ClaimedBy != "" && !slices.Contains(b.ClaimedBy, it.ClaimedBy) {
+			b.ClaimedBy = append(b.ClaimedBy, it.ClaimedBy)
+		}
+		return !it.dueAt(now)
+	})
 	return b, nil
 }
 

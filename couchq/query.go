@@ -23,6 +23,10 @@ type Batch struct {
 	Malformed []Malformed
 	// At is the "now" a Due query listed jobs up to.
 	At time.Time
+	// ClaimedBy are, for FetchDue, the claimants of the jobs it left out
+	// because they were claimed since they were listed (once each): who
+	// else claims these jobs.
+	ClaimedBy []string
 }
 
 // Malformed is a stored WorkItem that failed to decode.

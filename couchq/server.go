@@ -107,7 +107,11 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	if len(types) > 0 {
 		control["worker"] = map[string]any{"$in": types}
 	}
-	selector := map[string]any{"$or": []any{claimableSelector(types), control}}
+	joined := map[string]any{"type": WorkerDocType, "joined": true}
+	if len(types) > 0 {
+		joined["types"] = map[string]any{"$elemMatch": map[string]any{"$in": types}}
+	}
+	selector := map[string]any{"$or": []any{claimableSelector(types), control, joined}}
 	q := url.Values{
 		"feed":    {"longpoll"},
 		"since":   {since},

@@ -39,6 +39,11 @@ type WorkerInfo struct {
 	LastHeartbeat float64 `json:"last_heartbeat"`
 	// HeartbeatInterval is how often (seconds) the process reports.
 	HeartbeatInterval float64 `json:"heartbeat_interval"`
+	// Joined is true in the write that registers the process, and only
+	// there: the changes feed passes that write to the workers of the same
+	// types (FeedChanges.Joined), so they count the newcomer among their
+	// peers at once instead of at their next heartbeat.
+	Joined bool `json:"joined,omitempty"`
 	// BusySeconds sums the run time of finished jobs: utilization is
 	// BusySeconds / (uptime × concurrency × len(Types)).
 	BusySeconds float64 `json:"busy_seconds"`

@@ -215,6 +215,9 @@ func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 	if want := []string{"still-due", "also-due"}; !slices.Equal(got, want) {
 		t.Errorf("FetchDue kept %v, want %v", got, want)
 	}
+	if want := []string{"other/1"}; !slices.Equal(b.ClaimedBy, want) {
+		t.Errorf("FetchDue says %v claimed jobs since they were listed, want %v (once)", b.ClaimedBy, want)
+	}
 	if len(b.Malformed) != 1 || b.Malformed[0].ID != "malformed" {
 		t.Errorf("malformed: %+v, want the malformed job", b.Malformed)
 	}

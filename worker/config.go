@@ -27,6 +27,7 @@ const (
 	LeaseDurationDefault     = 30 * time.Second
 	ClaimBatchDefault        = 100
 	PickAmongDefault         = 32
+	StealAfterDefault        = 500 * time.Millisecond
 	ShutdownTimeoutDefault   = 30 * time.Second
 	FeedTimeoutDefault       = 60 * time.Second
 	QueryTimeoutDefault      = 30 * time.Second
@@ -62,6 +63,15 @@ type Config struct {
 	// Rounds that lose claims to other workers widen it (up to 8 times),
 	// and it narrows back once claims stop being lost.
 	PickAmong int
+	// StealAfter is how long a worker leaves a due job to the live peer it
+	// hashes to (its owner) when that peer would take it in its next round
+	// (it is among the peer's oldest, as many as the peer runs at once), so
+	// that workers do not race for the same jobs (each race costs the loser
+	// a 409 and a round) even when few are due. Past StealAfter the job is
+	// its owner's and one other peer's (its thief, also by hash), past
+	// twice StealAfter anyone's: a busy or dead owner's jobs still run. It
+	// is what a new job may wait when its owner is busy and others idle.
+	StealAfter time.Duration
 	// SweepInterval is how often this process sweeps expired leases;
 	// default LeaseDuration/2. Negative disables the sweeper.
 	SweepInterval time.Duration
@@ -138,6 +148,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PickAmong <= 0 {
 		c.PickAmong = PickAmongDefault
+	}
+	if c.StealAfter <= 0 {
+		c.StealAfter = StealAfterDefault
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = c.LeaseDuration / 2

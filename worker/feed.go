@@ -55,6 +55,9 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 				}
 			})
 		}
+		if fc.Joined > 0 {
+			w.refreshPeers(ctx) // share the jobs with the newcomer from now on
+		}
 		if fc.Jobs > 0 {
 			w.wakeAll()
 		}

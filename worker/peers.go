@@ -2,7 +2,7 @@ package worker
 
 import (
 	"context"
-	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -12,38 +12,48 @@ import (
 )
 
 // peers is what this worker knows of the other live workers that claim the
-// same job types, from the registry: for each type, how many claim it and
-// this worker's rank among them. Workers reading the same due view pick the
-// same first rows; picking at random among K (PickAmong) spreads them, but
-// 16 claimants still lost about 0.4 claims per job won. With its rank, a
-// worker first takes the jobs that hash to it (ownFirst): claimants that
-// agree on who is live take disjoint jobs, whatever rows each one's view
-// query returned, and fall back to the others' jobs only when theirs run
-// out. Ranks that disagree for a moment (a worker started or died) only
-// cost 409s, as before.
+// same job types, from the registry: for each type, how many claim it,
+// this worker's rank among them and how many jobs each runs at once.
+// Workers reading the same due view pick the same first rows; picking at
+// random among K (PickAmong) spreads them, but 16 claimants still lost
+// about 0.4 claims per job won. With its rank, a worker first takes the
+// jobs that hash to it, and others' jobs only as ownFirst allows:
+// claimants that agree on who is live take disjoint jobs, whatever rows
+// each one's view query returned. Ranks that disagree for a moment (a
+// worker started or died) only cost 409s. A worker learns of a newcomer
+// from the changes feed (its registration), from a job FetchDue found
+// claimed by a claimant it does not know, or from a lost claim; of a
+// worker gone, at its next heartbeat.
 type peers struct {
 	mu        sync.Mutex
 	slots     map[string]peerSlot // job type -> slot
+	known     map[string]bool     // the live claimants read, any type
 	refreshed time.Time           // monotonic; zero before the first refresh
 }
 
-// peerSlot is a worker's rank among the n live workers claiming a type.
-type peerSlot struct{ rank, n int }
+// peerSlot is a worker's rank among the n live workers claiming a type,
+// their claimant names by rank, and how many jobs each rank runs at once
+// (its Concurrency: the jobs of its own it takes in one round).
+type peerSlot struct {
+	rank, n int
+	names   []string
+	takes   []int
+}
 
 // slot returns the worker's rank among the workers claiming typ, and how
 // many they are (1 when it knows of no other).
-func (p *peers) slot(typ string) (rank, n int) {
+func (p *peers) slot(typ string) peerSlot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s, ok := p.slots[typ]; ok {
-		return s.rank, s.n
+		return s
 	}
-	return 0, 1
+	return peerSlot{rank: 0, n: 1}
 }
 
 // peerRefreshAfterLoss bounds how often lost claims make a runner read the
 // registry again (a new peer is the likely cause).
-const peerRefreshAfterLoss = time.Second
+const peerRefreshAfterLoss = 200 * time.Millisecond
 
 // refreshPeers reads the registry and works out this worker's slot for each
 // of its types. On failure it keeps what it knew.
@@ -58,9 +68,16 @@ func (w *Worker) refreshPeers(ctx context.Context) {
 		w.log.Debug().Err(err).Msg("reading the worker registry for peers failed")
 		return
 	}
-	slots := peerSlots(infos, w.by, w.Types(), w.cfg.Now())
+	now := w.cfg.Now()
+	slots := peerSlots(infos, w.by, w.cfg.Concurrency, w.Types(), now)
+	known := map[string]bool{w.by: true}
+	for _, info := range infos {
+		if alive, _ := info.Liveness(now); alive {
+			known[info.Claimant] = true
+		}
+	}
 	w.peers.mu.Lock()
-	w.peers.slots = slots
+	w.peers.slots, w.peers.known = slots, known
 	w.peers.mu.Unlock()
 }
 
@@ -75,33 +92,65 @@ func (w *Worker) refreshPeersAfterLoss(ctx context.Context) {
 	}
 }
 
+// refreshPeersIfNew refreshes the peers when one of claimants (who claimed
+// jobs this worker meant to) is not a live peer it knows of: a worker that
+// joined since. A worker that keeps winning its claims never loses one to
+// learn of it, and would keep taking the newcomer's jobs from under it.
+// At most once per peerRefreshAfterLoss, as refreshPeersAfterLoss.
+func (w *Worker) refreshPeersIfNew(ctx context.Context, claimants []string) {
+	w.peers.mu.Lock()
+	unknown := slices.ContainsFunc(claimants, func(c string) bool { return !w.peers.known[c] })
+	w.peers.mu.Unlock()
+	if unknown {
+		w.refreshPeersAfterLoss(ctx)
+	}
+}
+
 // peerSlots ranks the live claimants of each type (by claimant name);
-// self counts whether or not its registry document was read.
-func peerSlots(infos []*couchq.WorkerInfo, self string, types []string, now time.Time) map[string]peerSlot {
+// self, running concurrency jobs of each type, counts whether or not its
+// registry document was read.
+func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types []string, now time.Time) map[string]peerSlot {
 	out := make(map[string]peerSlot, len(types))
 	for _, typ := range types {
-		names := []string{self}
+		takes := map[string]int{self: concurrency}
 		for _, info := range infos {
 			if alive, _ := info.Liveness(now); !alive || info.Claimant == self || info.Claimant == "" {
 				continue
 			}
 			if slices.Contains(info.Types, typ) {
-				names = append(names, info.Claimant)
+				takes[info.Claimant] = max(info.Concurrency, 1)
 			}
 		}
-		slices.Sort(names)
-		names = slices.Compact(names)
-		out[typ] = peerSlot{rank: slices.Index(names, self), n: len(names)}
+		names := slices.Sorted(maps.Keys(takes))
+		s := peerSlot{rank: slices.Index(names, self), n: len(names), names: names, takes: make([]int, len(names))}
+		for i, name := range names {
+			s.takes[i] = takes[name]
+		}
+		out[typ] = s
 	}
 	return out
 }
 
 // ownFirst orders each run of jobs of one priority in items (which
-// DueCandidates returns highest priority first, then oldest first): the jobs
-// that hash to rank of n come first, oldest first, then the others in
-// random order. With n = 1 every job is the worker's own, in random order
-// (the pick among K).
-func ownFirst(items []couchq.DueCandidate, rank, n int) {
+// DueCandidates returns highest priority first, then oldest first) and says
+// how many of the first items the worker may claim now.
+//
+// Each job has an order of preference among the n live peers: first its
+// owner, then one thief (choices), then anyone. The worker's
+// own jobs come first, oldest first. Then the others' jobs it is the thief
+// of, newest first, but not those the owner takes in its next round (its
+// oldest, as many as it runs at once: the zone) until they were left there
+// for stealAfter (waited says how long; see runner.leftSince), for the owner
+// is busy or gone. Last (stealOrder) the jobs left in a zone for twice
+// stealAfter, when the thief did not take them either. The rest go after the
+// claimable ones. Workers that agree on who is live thus never race for a
+// job while every owner keeps up, even when few are due, and a busy or dead
+// owner's jobs still run. With n = 1 every job is the worker's own, in
+// random order (the pick among K).
+func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
+	var rest []couchq.DueCandidate
+	zone := make([]int, s.n) // each owner's jobs met so far, in the order it takes them
+	ordered := make([]couchq.DueCandidate, 0, len(items))
 	for start := 0; start < len(items); {
 		end := start + 1
 		for end < len(items) && items[end].Priority == items[start].Priority {
@@ -109,26 +158,118 @@ func ownFirst(items []couchq.DueCandidate, rank, n int) {
 		}
 		run := items[start:end]
 		start = end
-		if n <= 1 {
+		if s.n <= 1 {
 			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+			ordered = append(ordered, run...)
 			continue
 		}
-		var own, rest []couchq.DueCandidate
+		var own, thief []couchq.DueCandidate
+		anyone := make([][]couchq.DueCandidate, s.n)
 		for _, it := range run {
-			if jobSlot(it.ID, n) == rank {
+			o, t := s.choices(it.ID)
+			if o == s.rank {
 				own = append(own, it)
-			} else {
-				rest = append(rest, it)
+				continue
+			}
+			mine := t == s.rank
+			zone[o]++
+			if zone[o] > s.take(o) {
+				// Past what its owner takes next: its thief's.
+				if mine {
+					thief = append(thief, it)
+				} else {
+					rest = append(rest, it)
+				}
+				continue
+			}
+			switch w := waited(it.ID); {
+			case w >= 2*stealAfter:
+				anyone[o] = append(anyone[o], it)
+			case w >= stealAfter && mine:
+				thief = append(thief, it)
+			default:
+				rest = append(rest, it) // its owner's next round takes it
 			}
 		}
-		rand.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
-		copy(run, append(own, rest...))
+		slices.Reverse(thief) // newest first: their owners take the oldest
+		ordered = append(append(append(ordered, own...), thief...), stealOrder(anyone)...)
 	}
+	claimable = len(ordered)
+	copy(items, append(ordered, rest...))
+	return claimable
 }
 
-// jobSlot is the rank of n a job belongs to.
-func jobSlot(id string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
-	return int(h.Sum32() % uint32(n))
+// take is how many of its own jobs rank o claims in one round.
+func (s peerSlot) take(o int) int {
+	if o < len(s.takes) {
+		return s.takes[o]
+	}
+	return 1
+}
+
+// stealOrder lists other workers' jobs (by owner, each oldest first) in the
+// order a worker takes them once its own ran out: newest first from each
+// owner, the owners in random order, one job of each in turn. Owners take
+// their jobs oldest first, so thief and owner meet only on an owner's last
+// jobs — the owner pops one end of a work-stealing deque and thieves the
+// other — and thieves spread over the owners instead of racing for the same
+// jobs.
+func stealOrder(byOwner [][]couchq.DueCandidate) []couchq.DueCandidate {
+	var out []couchq.DueCandidate
+	owners := rand.Perm(len(byOwner))
+	for taken := true; taken; {
+		taken = false
+		for _, o := range owners {
+			if jobs := byOwner[o]; len(jobs) > 0 {
+				out = append(out, jobs[len(jobs)-1])
+				byOwner[o] = jobs[:len(jobs)-1]
+				taken = true
+			}
+		}
+	}
+	return out
+}
+
+// choices are the ranks of a job's owner and of its thief: the peers with
+// the highest and second highest rendezvous score of the job (highest
+// random weight hashing). When a peer joins or leaves, only the jobs it
+// owns (or comes to own) change owner, about one in n: workers that have
+// not heard of the change yet disagree on those alone, where ranking
+// hash mod n reassigned nearly every job at each change.
+func (s peerSlot) choices(id string) (owner, thief int) {
+	if s.n <= 1 {
+		return 0, 0
+	}
+	var best, second uint64
+	owner, thief = -1, -1
+	for i, name := range s.names {
+		switch w := rendezvous(name, id); {
+		case owner < 0 || w > best:
+			second, thief = best, owner
+			best, owner = w, i
+		case thief < 0 || w > second:
+			second, thief = w, i
+		}
+	}
+	return owner, thief
+}
+
+// rendezvous is peer's score for job id: FNV-1a over both, then mixed
+// (splitmix64's finalizer) so that nearby names and ids spread.
+func rendezvous(peer, id string) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < len(peer); i++ {
+		h = (h ^ uint64(peer[i])) * prime
+	}
+	h *= prime // a zero byte between: ("ab", "c") and ("a", "bc") differ
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint64(id[i])) * prime
+	}
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return h
 }

@@ -36,7 +36,10 @@ func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
 func (w *Worker) register(ctx context.Context) error {
 	w.registry = &couchq.WorkerInfo{ID: couchq.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
 	w.registryInfo(w.registry)
-	if err := w.client.PutWorker(ctx, w.registry); err != nil {
+	w.registry.Joined = true
+	err := w.client.PutWorker(ctx, w.registry)
+	w.registry.Joined = false
+	if err != nil {
 		return err
 	}
 	w.refreshPeers(ctx)

@@ -71,6 +71,13 @@ type runner struct {
 	// recentClaims, which a view read as it stands may still list as due;
 	// touched only by the runner's own loop.
 	claimedAt map[string]time.Time
+	// leftSince holds the jobs of peers this runner leaves to them (those
+	// its last round found among what a peer takes next, see ownFirst) and
+	// since when: a job left for StealAfter is its thief's too, for twice
+	// that anyone's, since its owner is busy or gone. stealAt is when the
+	// next of them may be taken. Touched only by the runner's own loop.
+	leftSince map[string]time.Time
+	stealAt   time.Time
 }
 
 // recentClaims is how long a runner remembers its claims, to skip them in
@@ -131,7 +138,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if more && r.free() > 0 {
 			continue
 		}
-		if r.w.cfg.Drain && !more && r.idleSlots() {
+		if r.w.cfg.Drain && !more && r.idleSlots() && r.stealAt.IsZero() {
 			return
 		}
 		wait := r.w.cfg.FallbackPoll
@@ -154,6 +161,10 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 					wait = max(until, time.Millisecond)
 				}
 			}
+		}
+		if !r.stealAt.IsZero() && r.free() > 0 {
+			// Jobs left to their owners: take them if still due then.
+			wait = min(wait, max(time.Until(r.stealAt), time.Millisecond))
 		}
 		if !r.idle(ctx, wait) {
 			return
@@ -189,10 +200,10 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// view; read past them so they never starve the jobs behind.
 	// With n workers claiming the type, about one row in n is this
 	// worker's own (ownFirst): read enough rows to find its share.
-	rank, peers := r.w.peers.slot(r.typ)
+	slot := r.w.peers.slot(r.typ)
 	want := max(r.pick, r.w.cfg.PickAmong, free)
-	if peers > 1 {
-		want = max(want, ownShareRows*peers*min(free, r.w.cfg.ClaimBatch))
+	if slot.n > 1 {
+		want = max(want, ownShareRows*slot.n*min(free, r.w.cfg.ClaimBatch))
 	}
 	began := time.Now()
 	// Working through a backlog, the runner reads the view as it stands
@@ -238,13 +249,35 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if len(cands) == 0 {
 		return false, upTo, nil
 	}
-	// The worker's own jobs first, then at random among the first K, so
-	// that workers polling the same view spread over the candidates
-	// instead of all racing for row one — within each priority: a higher
-	// one always goes first. Only the picked jobs' documents are read.
-	// Slots freed while the query ran count (jobs finish meanwhile).
-	ownFirst(cands, rank, peers)
-	n := min(r.free(), r.w.cfg.ClaimBatch, len(cands))
+	// The worker's own jobs first, then others' it may take, at random
+	// among the first K without peers, so that workers polling the same
+	// view spread over the candidates instead of all racing for row one —
+	// within each priority: a higher one always goes first. Only the
+	// picked jobs' documents are read. Slots freed while the query ran
+	// count (jobs finish meanwhile).
+	left := make(map[string]time.Time, len(r.leftSince))
+	claimable := ownFirst(cands, slot, func(id string) time.Duration {
+		since, ok := r.leftSince[id]
+		if !ok {
+			since = now
+		}
+		left[id] = since
+		return now.Sub(since)
+	}, r.w.cfg.StealAfter)
+	// Look again when a job left to its owner may be taken (by this
+	// worker as its thief, or by anyone).
+	r.leftSince, r.stealAt = left, time.Time{}
+	for _, since := range left {
+		for _, at := range []time.Time{since.Add(r.w.cfg.StealAfter), since.Add(2 * r.w.cfg.StealAfter)} {
+			if at.After(now) && (r.stealAt.IsZero() || at.Before(r.stealAt)) {
+				r.stealAt = at
+			}
+		}
+	}
+	n := min(r.free(), r.w.cfg.ClaimBatch, claimable)
+	if n == 0 {
+		return false, upTo, nil // every job listed is another's, for now
+	}
 	ids := make([]string, n)
 	for i, c := range cands[:n] {
 		ids[i] = c.ID
@@ -255,13 +288,14 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if err != nil {
 		return false, time.Time{}, err
 	}
+	r.w.refreshPeersIfNew(ctx, batch.ClaimedBy)
 	repaired := 0
 	if len(batch.Malformed) > 0 {
 		repaired = r.quarantine(ctx, batch.Malformed)
 	}
 	// Claimed, finished or malformed since the query: the next round
 	// looks again.
-	more = listed == k || n < len(cands) || len(batch.Items) < n
+	more = listed == k || n < claimable || len(batch.Items) < n
 	items := batch.Items
 	if len(items) == 0 {
 		// Look again only if something changed; an unrepairable document

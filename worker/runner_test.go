@@ -2,22 +2,38 @@ package worker
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
 )
 
+// never is a waited func for ownFirst: no job was left to its owner before.
+func never(string) time.Duration { return 0 }
+
+// slotOf is the peerSlot of rank among n peers that each run take jobs.
+func slotOf(rank, n, take int) peerSlot {
+	s := peerSlot{rank: rank, n: n, names: make([]string, n), takes: make([]int, n)}
+	for i := range n {
+		s.names[i], s.takes[i] = fmt.Sprintf("host/1/w%02d", i), take
+	}
+	return s
+}
+
 // The pick among the first K never lets a lower priority overtake a
-// higher one, with or without peers.
+// higher one among the jobs a worker may claim, with or without peers.
 func TestOwnFirstKeepsPriorityOrder(t *testing.T) {
-	var items []couchq.DueCandidate
+	var listed []couchq.DueCandidate
 	for i, p := range []int{1, 1, 1, 2, 3, 3, 3, 3, 5} {
-		items = append(items, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: p})
+		listed = append(listed, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: p})
 	}
 	for round := range 100 {
-		ownFirst(items, round%3, 1+round%3)
-		for i := 1; i < len(items); i++ {
+		items := slices.Clone(listed)
+		peers := 1 + round%3
+		claimable := ownFirst(items, slotOf(round%peers, peers, 1), func(string) time.Duration { return time.Hour }, time.Second)
+		for i := 1; i < claimable; i++ {
 			if items[i].Priority < items[i-1].Priority {
 				t.Fatalf("priority %d after %d at %d", items[i].Priority, items[i-1].Priority, i)
 			}
@@ -37,9 +53,13 @@ func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 	for rank := range peers {
 		// Each saw a different window of the queue (views lag).
 		items := append([]couchq.DueCandidate(nil), all[rank*5:rank*5+120]...)
-		ownFirst(items, rank, peers)
+		s := slotOf(rank, peers, 4)
+		ownFirst(items, s, never, time.Second)
 		own := 0
-		for own < len(items) && jobSlot(items[own].ID, peers) == rank {
+		for own < len(items) {
+			if o, _ := s.choices(items[own].ID); o != rank {
+				break
+			}
 			own++
 		}
 		if own < 15 {
@@ -59,6 +79,86 @@ func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 	}
 }
 
+// Peers that read the same rows claim disjoint jobs, however few are due:
+// no two race for a job. An owner's next round (its oldest jobs, as many
+// as it runs at once) is its own; its later jobs are its thief's too. A job
+// left to a busy owner for StealAfter becomes its thief's too, and for
+// twice that anyone's.
+func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
+	const stealAfter = time.Second
+	for _, rows := range []int{1, 3, 10, 40, 200} {
+		for _, peers := range []int{2, 3, 16} {
+			var all []couchq.DueCandidate
+			for i := range rows {
+				all = append(all, couchq.DueCandidate{ID: fmt.Sprintf("job:%d:%d:%04d", rows, peers, i), Priority: 1 + i%2})
+			}
+			for _, tc := range []struct {
+				waited  time.Duration
+				takers  int // how many peers may claim a job in an owner's next round
+				zoneLen int // the jobs of each owner in its next round
+			}{{0, 1, 4}, {stealAfter, 2, 4}, {2 * stealAfter, peers, 4}} {
+				claimers := map[string]int{} // may claim it
+				claimed := map[string]int{}  // claim it in a round with every slot free
+				for rank := range peers {
+					items := slices.Clone(all)
+					n := ownFirst(items, slotOf(rank, peers, tc.zoneLen), func(string) time.Duration { return tc.waited }, stealAfter)
+					for i, it := range items[:n] {
+						claimers[it.ID]++
+						if i < tc.zoneLen {
+							claimed[it.ID]++
+						}
+					}
+					if got := slices.SortedFunc(slices.Values(items), func(a, b couchq.DueCandidate) int { return strings.Compare(a.ID, b.ID) }); !slices.Equal(got, all) {
+						t.Fatalf("rank %d: ownFirst lost or made up rows", rank)
+					}
+				}
+				// Each owner's oldest zoneLen jobs: those its next round takes.
+				zone := map[string]bool{}
+				seen := make([]int, peers)
+				for _, it := range all {
+					if o, _ := slotOf(0, peers, 0).choices(it.ID); seen[o] < tc.zoneLen {
+						seen[o]++
+						zone[it.ID] = true
+					}
+				}
+				for _, it := range all {
+					want := min(2, peers) // its owner and its thief
+					if zone[it.ID] {
+						want = tc.takers
+					}
+					if tc.waited == 0 && claimed[it.ID] > 1 {
+						t.Fatalf("%d rows, %d peers: job %s claimed by %d peers in one round", rows, peers, it.ID, claimed[it.ID])
+					}
+					if claimers[it.ID] != want {
+						t.Fatalf("%d rows, %d peers, left %s: job %s (zone %v) claimable by %d peers, want %d",
+							rows, peers, tc.waited, it.ID, zone[it.ID], claimers[it.ID], want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// A thief takes an owner's newest jobs first: the owner takes its oldest.
+func TestStealOrderTakesNewestFirstFromEachOwner(t *testing.T) {
+	byOwner := [][]couchq.DueCandidate{
+		{{ID: "a1"}, {ID: "a2"}, {ID: "a3"}},
+		{{ID: "b1"}},
+		nil,
+	}
+	got := stealOrder(byOwner)
+	pos := map[string]int{}
+	for i, c := range got {
+		pos[c.ID] = i
+	}
+	if len(got) != 4 || pos["a3"] > pos["a2"] || pos["a2"] > pos["a1"] {
+		t.Fatalf("steal order %v: want all four, a3 before a2 before a1", got)
+	}
+	if pos["b1"] > 1 {
+		t.Fatalf("steal order %v: one job of each owner in turn, want b1 among the first two", got)
+	}
+}
+
 // A worker's rank counts the live workers of its type, itself included
 // even before its own registry document can be read.
 func TestPeerSlots(t *testing.T) {
@@ -69,8 +169,14 @@ func TestPeerSlots(t *testing.T) {
 	dead := live("h/1/dead", "email")
 	dead.LastHeartbeat -= 60
 	infos := []*couchq.WorkerInfo{live("h/1/a", "email", "sms"), live("h/1/c", "email"), dead, live("h/1/d", "sms"), live("h/1/b", "email")}
-	got := peerSlots(infos, "h/1/b", []string{"email", "sms", "fax"}, now)
-	want := map[string]peerSlot{"email": {rank: 1, n: 3}, "sms": {rank: 1, n: 3}, "fax": {rank: 0, n: 1}}
+	infos[0].Concurrency = 8 // h/1/a
+	got := peerSlots(infos, "h/1/b", 2, []string{"email", "sms", "fax"}, now)
+	abc := []string{"h/1/a", "h/1/b", "h/1/c"}
+	want := map[string]peerSlot{
+		"email": {rank: 1, n: 3, names: abc, takes: []int{8, 2, 1}}, // a, b (self), c (no concurrency recorded: 1)
+		"sms":   {rank: 1, n: 3, names: []string{"h/1/a", "h/1/b", "h/1/d"}, takes: []int{8, 2, 1}},
+		"fax":   {rank: 0, n: 1, names: []string{"h/1/b"}, takes: []int{2}},
+	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("slots %v, want %v", got, want)
 	}
@@ -103,5 +209,38 @@ func TestWidenPick(t *testing.T) {
 	r.widenPick(1)
 	if r.pick != maxDueLimit {
 		t.Fatalf("K = %d, want at most one due page (%d)", r.pick, maxDueLimit)
+	}
+}
+
+// Jobs spread evenly over peers, and a peer joining takes about one job in
+// n from the others and moves no other: workers that have not heard of it
+// yet disagree on those jobs alone.
+func TestOwnersMoveLittleWhenAPeerJoins(t *testing.T) {
+	const jobs, peers = 4000, 16
+	before, after := slotOf(0, peers-1, 1), slotOf(0, peers, 1) // after adds host/1/w15
+	owned := make([]int, peers)
+	moved := 0
+	for i := range jobs {
+		id := fmt.Sprintf("job:%06d", i)
+		o1, t1 := before.choices(id)
+		o2, t2 := after.choices(id)
+		if o1 == t1 || o2 == t2 {
+			t.Fatalf("job %s: owner and thief are the same peer", id)
+		}
+		owned[o2]++
+		if before.names[o1] != after.names[o2] {
+			moved++
+			if after.names[o2] != "host/1/w15" {
+				t.Fatalf("job %s moved from %s to %s, not to the newcomer", id, before.names[o1], after.names[o2])
+			}
+		}
+	}
+	if share := jobs / peers; moved > 2*share || moved < share/2 {
+		t.Fatalf("%d of %d jobs moved to the 16th peer, want about %d", moved, jobs, share)
+	}
+	for rank, n := range owned {
+		if share := jobs / peers; n < share/2 || n > 3*share/2 {
+			t.Fatalf("peer %d owns %d of %d jobs, want about %d (%v)", rank, n, jobs, share, owned)
+		}
 	}
 }

@@ -3,8 +3,11 @@ function (doc, req) {
   // _selector filter (PouchDB Server). It passes only changes that can give
   // a worker something to claim — WorkItems that are unclaimed and not
   // running or finished, as in the due view — so that claims, renewals and
-  // completions do not wake every worker, and the control documents of job
-  // types (a pause or a resume). ?types=a,b narrows it to job types.
+  // completions do not wake every worker, the control documents of job
+  // types (a pause or a resume), and the registration of a worker process
+  // (its registry document's first write, marked joined), so that the
+  // others count it among their peers at once. ?types=a,b narrows it to
+  // job types.
   var types = req.query && req.query.types;
   function wanted(worker) {
     if (!types) {
@@ -20,6 +23,17 @@ function (doc, req) {
   }
   if (doc.type === 'TypeControl') {
     return wanted(doc.worker);
+  }
+  if (doc.type === 'Worker') {
+    if (doc.joined !== true || !doc.types || !doc.types.length) {
+      return false;
+    }
+    for (var j = 0; j < doc.types.length; j++) {
+      if (wanted(doc.types[j])) {
+        return true;
+      }
+    }
+    return false;
   }
   if (doc.type !== 'WorkItem' || doc.claimed === true) {
     return false;

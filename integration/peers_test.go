@@ -1,0 +1,156 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/worker"
+)
+
+// The changes feed passes a worker process's registration (its registry
+// document's first write) to the workers of its types, and not its
+// heartbeats or other types' registrations: the others count a newcomer
+// among their peers at once. Through the design document's filter and
+// CouchDB's _selector.
+func TestFeedReportsWorkersJoining(t *testing.T) {
+	eachFeedFilter(t, checkJoins)
+}
+
+func checkJoins(t *testing.T, tb *testBundle, c *couchq.Client) {
+	t.Helper()
+	_, since, err := c.WaitForWork(tb.ctx, "now", []string{"join"}, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := func(what string, want int) {
+		t.Helper()
+		fc, next, err := c.WaitForWork(tb.ctx, since, []string{"join"}, 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since = next
+		if fc.Joined != want || fc.Jobs != 0 {
+			t.Fatalf("after %s the feed reported %d workers joining and %d job changes, want %d and 0", what, fc.Joined, fc.Jobs, want)
+		}
+	}
+	info := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "a"), Claimant: "host/1/a", Types: []string{"other", "join"}, Joined: true}
+	if err := c.PutWorker(tb.ctx, info); err != nil {
+		t.Fatal(err)
+	}
+	feed("a worker of the type registered", 1)
+	info.Joined = false
+	if err := c.PutWorker(tb.ctx, info); err != nil {
+		t.Fatal(err)
+	}
+	feed("its heartbeat", 0)
+	other := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 2, "b"), Claimant: "host/2/b", Types: []string{"other"}, Joined: true}
+	if err := c.PutWorker(tb.ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	feed("a worker of another type registered", 0)
+}
+
+// Two idle workers that know each other share jobs enqueued one at a time
+// without a single lost claim: each job is its owner's, and the other
+// leaves it (before, the one without a job of its own took the other's,
+// and one of the two lost the claim to a 409).
+func TestPeersClaimTheirOwnJobsWithoutRacing(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	var mu sync.Mutex
+	ranBy := map[string]int{}
+	cfg := func(name string) worker.Config {
+		c := fastWorker(tb, map[string]worker.Handler{"share": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			mu.Lock()
+			ranBy[name]++
+			mu.Unlock()
+			return nil
+		})})
+		c.ID = name
+		c.StealAfter = time.Minute // an owner that keeps up never loses a job to the other
+		return c
+	}
+	a := startWorker(t, tb, cfg("a"))
+	b := startWorker(t, tb, cfg("b"))
+	// a learns of b from the feed (b's registration), b of a when it
+	// registered.
+	time.Sleep(time.Second)
+	const jobs = 20
+	var ids []string
+	for i := range jobs {
+		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "share", ID: fmt.Sprint("share-", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+		time.Sleep(30 * time.Millisecond)
+	}
+	for _, id := range ids {
+		waitStatus(t, tb, id, couchq.StatusDone, 20*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conflicts := a.Stats().Conflicts + b.Stats().Conflicts; conflicts != 0 {
+		t.Errorf("%d claims lost to 409 between two peers that know each other (ran: %v)", conflicts, ranBy)
+	}
+	if ranBy["a"] == 0 || ranBy["b"] == 0 {
+		t.Errorf("ran %v: both workers should have run their share", ranBy)
+	}
+}
+
+// A busy worker's jobs do not wait for it while a peer is idle: after
+// StealAfter the peer takes even the jobs the busy one would take next.
+func TestBusyPeersJobsRunOnAnIdlePeer(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var mu sync.Mutex
+	ranBy := map[string][]string{}
+	cfg := func(name string) worker.Config {
+		c := fastWorker(tb, map[string]worker.Handler{"busy": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			mu.Lock()
+			ranBy[name] = append(ranBy[name], job.ID)
+			mu.Unlock()
+			if job.ID == "blocker" {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})})
+		c.ID = name
+		c.Concurrency = 1
+		c.StealAfter = 100 * time.Millisecond
+		return c
+	}
+	startWorker(t, tb, cfg("a"))
+	startWorker(t, tb, cfg("b"))
+	time.Sleep(time.Second)
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "busy", ID: "blocker"}); err != nil {
+		t.Fatal(err)
+	}
+	blocker := waitStatus(t, tb, "blocker", couchq.StatusRunning, 10*time.Second)
+	// Jobs of both: whichever worker runs the blocker, half of them hash
+	// to it, one of those in what it takes next.
+	var ids []string
+	for i := range 6 {
+		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "busy", ID: fmt.Sprint("job-", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+	}
+	for _, id := range ids {
+		waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
+	}
+	if it, err := tb.client.Get(tb.ctx, "blocker"); err != nil || it.Status != couchq.StatusRunning {
+		t.Fatalf("the blocker is %+v (%v), want it still running: the test proves nothing", it, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("blocker run by %s; ran: %v", blocker.ClaimedBy, ranBy)
+}
