@@ -350,6 +350,7 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 	for node := 1; node <= 2; node++ {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
 		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
+		cfg.StealAfter = -1 // race for every job, not only for those whose owner is busy
 		workers = append(workers, runWorker(t, cb.ctx, cb.clients[node-1], cfg))
 	}
 	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {

@@ -71,6 +71,8 @@ type Config struct {
 	// its owner's and one other peer's (its thief, also by hash), past
 	// twice StealAfter anyone's: a busy or dead owner's jobs still run. It
 	// is what a new job may wait when its owner is busy and others idle.
+	// Negative: a worker leaves no job to its owner (workers race for
+	// every job, as before couchq gave jobs owners).
 	StealAfter time.Duration
 	// SweepInterval is how often this process sweeps expired leases;
 	// default LeaseDuration/2. Negative disables the sweeper.
@@ -149,7 +151,7 @@ func (c Config) WithDefaults() Config {
 	if c.PickAmong <= 0 {
 		c.PickAmong = PickAmongDefault
 	}
-	if c.StealAfter <= 0 {
+	if c.StealAfter == 0 {
 		c.StealAfter = StealAfterDefault
 	}
 	if c.SweepInterval == 0 {

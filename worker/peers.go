@@ -146,7 +146,8 @@ func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types [
 // claimable ones. Workers that agree on who is live thus never race for a
 // job while every owner keeps up, even when few are due, and a busy or dead
 // owner's jobs still run. With n = 1 every job is the worker's own, in
-// random order (the pick among K).
+// random order (the pick among K); with stealAfter < 0 every other's job is
+// anyone's.
 func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
 	var rest []couchq.DueCandidate
 	zone := make([]int, s.n) // each owner's jobs met so far, in the order it takes them
@@ -169,6 +170,10 @@ func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) ti
 			o, t := s.choices(it.ID)
 			if o == s.rank {
 				own = append(own, it)
+				continue
+			}
+			if stealAfter < 0 {
+				anyone[o] = append(anyone[o], it) // no job is left to its owner
 				continue
 			}
 			mine := t == s.rank

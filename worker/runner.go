@@ -192,6 +192,7 @@ func (r *runner) idle(ctx context.Context, d time.Duration) bool {
 // the time the due list ran up to (where "next scheduled" starts).
 func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err error) {
 	defer func() { r.behind.Store(more) }()
+	r.stealAt = time.Time{} // set again below if this round leaves jobs to peers
 	free := r.free()
 	if free == 0 {
 		return true, r.w.cfg.Now(), nil
@@ -266,7 +267,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	}, r.w.cfg.StealAfter)
 	// Look again when a job left to its owner may be taken (by this
 	// worker as its thief, or by anyone).
-	r.leftSince, r.stealAt = left, time.Time{}
+	r.leftSince = left
 	for _, since := range left {
 		for _, at := range []time.Time{since.Add(r.w.cfg.StealAfter), since.Add(2 * r.w.cfg.StealAfter)} {
 			if at.After(now) && (r.stealAt.IsZero() || at.Before(r.stealAt)) {

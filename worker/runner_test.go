@@ -244,3 +244,17 @@ func TestOwnersMoveLittleWhenAPeerJoins(t *testing.T) {
 		}
 	}
 }
+
+// With a negative StealAfter no job is left to its owner: every peer may
+// claim every job.
+func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
+	var items []couchq.DueCandidate
+	for i := range 50 {
+		items = append(items, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: couchq.PriorityDefault})
+	}
+	for rank := range 5 {
+		if n := ownFirst(slices.Clone(items), slotOf(rank, 5, 1), never, -1); n != len(items) {
+			t.Fatalf("rank %d may claim %d of %d jobs, want all", rank, n, len(items))
+		}
+	}
+}
