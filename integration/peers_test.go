@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -79,15 +78,7 @@ func TestPeersClaimTheirOwnJobsWithoutRacing(t *testing.T) {
 	// registered.
 	time.Sleep(time.Second)
 	const jobs = 20
-	var ids []string
-	for i := range jobs {
-		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "share", ID: fmt.Sprint("share-", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, it.ID)
-		time.Sleep(30 * time.Millisecond)
-	}
+	ids := enqueueSpaced(t, tb.ctx, func(int) *couchq.Client { return tb.client }, "share", jobs, 30*time.Millisecond)
 	for _, id := range ids {
 		waitStatus(t, tb, id, couchq.StatusDone, 20*time.Second)
 	}
@@ -136,14 +127,7 @@ func TestBusyPeersJobsRunOnAnIdlePeer(t *testing.T) {
 	blocker := waitStatus(t, tb, "blocker", couchq.StatusRunning, 10*time.Second)
 	// Jobs of both: whichever worker runs the blocker, half of them hash
 	// to it, one of those in what it takes next.
-	var ids []string
-	for i := range 6 {
-		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "busy", ID: fmt.Sprint("job-", i)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, it.ID)
-	}
+	ids := enqueueSpaced(t, tb.ctx, func(int) *couchq.Client { return tb.client }, "busy", 6, 0)
 	for _, id := range ids {
 		waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
 	}
@@ -168,15 +152,7 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	}
 	time.Sleep(time.Second) // w1 learns of w2 from the feed
 	const jobs = 20
-	var ids []string
-	for i := range jobs {
-		it, err := cb.clients[i%2].Enqueue(cb.ctx, couchq.NewJob{Worker: "share"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, it.ID)
-		time.Sleep(50 * time.Millisecond)
-	}
+	ids := enqueueSpaced(t, cb.ctx, func(i int) *couchq.Client { return cb.clients[i%2] }, "share", jobs, 50*time.Millisecond)
 	waitAllDone(t, cb.clients[0], ids, time.Minute)
 	var lost int64
 	for _, w := range workers {
@@ -201,4 +177,20 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	if twice := rc.twice(); len(twice) > 0 {
 		t.Fatalf("jobs run more than once: %v", twice)
 	}
+}
+
+// enqueueSpaced enqueues n jobs of type typ one at a time, the i-th
+// through client(i), gap apart, and returns their ids.
+func enqueueSpaced(t *testing.T, ctx context.Context, client func(i int) *couchq.Client, typ string, n int, gap time.Duration) []string {
+	t.Helper()
+	ids := make([]string, 0, n)
+	for i := range n {
+		it, err := client(i).Enqueue(ctx, couchq.NewJob{Worker: typ})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+		time.Sleep(gap)
+	}
+	return ids
 }

@@ -57,9 +57,9 @@ type Config struct {
 	// 100 documents in one request many times faster than in several).
 	ClaimBatch int
 	// PickAmong is K: each claim round picks among the first K due jobs
-	// (the ones that hash to this worker's rank among its live peers
-	// first, the rest at random), so that many workers do not all fight
-	// over the same rows.
+	// (with live peers: its own first, then those it may take from them,
+	// see StealAfter; alone: at random), so that many workers do not all
+	// fight over the same rows.
 	// Rounds that lose claims to other workers widen it (up to 8 times),
 	// and it narrows back once claims stop being lost.
 	PickAmong int
