@@ -35,10 +35,14 @@ type peers struct {
 // their claimant names by rank, and how many jobs each rank runs at once
 // (its Concurrency: the jobs of its own it takes in one round).
 type peerSlot struct {
-	rank, n int
-	names   []string
-	takes   []int
+	rank  int
+	names []string
+	takes []int
 }
+
+// size is how many live workers claim the type (1 when this worker knows
+// of no other).
+func (s peerSlot) size() int { return max(len(s.names), 1) }
 
 // slot returns the worker's rank among the workers claiming typ, and how
 // many they are (1 when it knows of no other).
@@ -48,7 +52,7 @@ func (p *peers) slot(typ string) peerSlot {
 	if s, ok := p.slots[typ]; ok {
 		return s
 	}
-	return peerSlot{rank: 0, n: 1}
+	return peerSlot{}
 }
 
 // peerRefreshAfterLoss bounds how often lost claims make a runner read the
@@ -122,7 +126,7 @@ func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types [
 			}
 		}
 		names := slices.Sorted(maps.Keys(takes))
-		s := peerSlot{rank: slices.Index(names, self), n: len(names), names: names, takes: make([]int, len(names))}
+		s := peerSlot{rank: slices.Index(names, self), names: names, takes: make([]int, len(names))}
 		for i, name := range names {
 			s.takes[i] = takes[name]
 		}
@@ -150,7 +154,7 @@ func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types [
 // anyone's.
 func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
 	var rest []couchq.DueCandidate
-	zone := make([]int, s.n) // each owner's jobs met so far, in the order it takes them
+	zone := make([]int, s.size()) // each owner's jobs met so far, in the order it takes them
 	ordered := make([]couchq.DueCandidate, 0, len(items))
 	for start := 0; start < len(items); {
 		end := start + 1
@@ -159,13 +163,13 @@ func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) ti
 		}
 		run := items[start:end]
 		start = end
-		if s.n <= 1 {
+		if s.size() <= 1 {
 			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
 			ordered = append(ordered, run...)
 			continue
 		}
 		var own, thief []couchq.DueCandidate
-		anyone := make([][]couchq.DueCandidate, s.n)
+		anyone := make([][]couchq.DueCandidate, s.size())
 		for _, it := range run {
 			o, t := s.choices(it.ID)
 			if o == s.rank {
@@ -242,7 +246,7 @@ func stealOrder(byOwner [][]couchq.DueCandidate) []couchq.DueCandidate {
 // not heard of the change yet disagree on those alone, where ranking
 // hash mod n reassigned nearly every job at each change.
 func (s peerSlot) choices(id string) (owner, thief int) {
-	if s.n <= 1 {
+	if s.size() <= 1 {
 		return 0, 0
 	}
 	var best, second uint64

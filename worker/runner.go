@@ -203,8 +203,8 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// worker's own (ownFirst): read enough rows to find its share.
 	slot := r.w.peers.slot(r.typ)
 	want := max(r.pick, r.w.cfg.PickAmong, free)
-	if slot.n > 1 {
-		want = max(want, ownShareRows*slot.n*min(free, r.w.cfg.ClaimBatch))
+	if slot.size() > 1 {
+		want = max(want, ownShareRows*slot.size()*min(free, r.w.cfg.ClaimBatch))
 	}
 	began := time.Now()
 	// Working through a backlog, the runner reads the view as it stands

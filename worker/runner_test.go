@@ -15,7 +15,7 @@ func never(string) time.Duration { return 0 }
 
 // slotOf is the peerSlot of rank among n peers that each run take jobs.
 func slotOf(rank, n, take int) peerSlot {
-	s := peerSlot{rank: rank, n: n, names: make([]string, n), takes: make([]int, n)}
+	s := peerSlot{rank: rank, names: make([]string, n), takes: make([]int, n)}
 	for i := range n {
 		s.names[i], s.takes[i] = fmt.Sprintf("host/1/w%02d", i), take
 	}
@@ -173,9 +173,9 @@ func TestPeerSlots(t *testing.T) {
 	got := peerSlots(infos, "h/1/b", 2, []string{"email", "sms", "fax"}, now)
 	abc := []string{"h/1/a", "h/1/b", "h/1/c"}
 	want := map[string]peerSlot{
-		"email": {rank: 1, n: 3, names: abc, takes: []int{8, 2, 1}}, // a, b (self), c (no concurrency recorded: 1)
-		"sms":   {rank: 1, n: 3, names: []string{"h/1/a", "h/1/b", "h/1/d"}, takes: []int{8, 2, 1}},
-		"fax":   {rank: 0, n: 1, names: []string{"h/1/b"}, takes: []int{2}},
+		"email": {rank: 1, names: abc, takes: []int{8, 2, 1}}, // a, b (self), c (no concurrency recorded: 1)
+		"sms":   {rank: 1, names: []string{"h/1/a", "h/1/b", "h/1/d"}, takes: []int{8, 2, 1}},
+		"fax":   {rank: 0, names: []string{"h/1/b"}, takes: []int{2}},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("slots %v, want %v", got, want)
