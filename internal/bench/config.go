@@ -68,7 +68,8 @@ type Config struct {
 	// (/opt/couchdb).
 	CouchDBHome string
 	// ClusterScale sizes sections 2, 4 and 5 on the cluster as this share
-	// of Jobs, ContentionJobs and BacklogLarge: three nodes replicating
+	// of Jobs, ContentionJobs and BacklogLarge, and section 3's Rate
+	// (enqueueing half as many jobs as on a node): three nodes replicating
 	// every write on the same cores run the queue at a fraction of a
 	// single node's speed, and the run must end in reasonable time.
 	ClusterScale float64
@@ -203,6 +204,15 @@ func (c Config) forServer(kind string) Config {
 	c.Jobs = scale(c.Jobs)
 	c.ContentionJobs = scale(c.ContentionJobs)
 	c.BacklogLarge = max(scale(c.BacklogLarge), c.BacklogSmall)
+	// Section 3 measures an idle worker: at the node's rate the cluster's
+	// three nodes need about all of this machine's CPU (97 ms of server
+	// CPU per job at 20 jobs/s on two cores), and a job waits for the
+	// rounds before its own. It enqueues at the scaled rate, for as long
+	// as it takes to enqueue half as many jobs as on a node, at most five
+	// times as long.
+	n := c.Rate * c.Duration.Seconds()
+	c.Rate *= c.ClusterScale
+	c.Duration = min(time.Duration(n/2/c.Rate*float64(time.Second)), 5*c.Duration)
 	return c
 }
 
@@ -322,7 +332,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.BacklogSmall, "backlog-small", BacklogSmallDefault, "sections 5 and 8: small backlog of due jobs")
 	fs.IntVar(&c.BacklogLarge, "backlog-large", BacklogLargeDefault, "section 5: large backlog of due jobs")
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "sections 5 and 8: timed claims per backlog (section 8: per index)")
-	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --contention-jobs and --backlog-large, as a share of the given ones")
+	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --contention-jobs, --backlog-large and --rate, as a share of the given ones")
 	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")

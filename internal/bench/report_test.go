@@ -87,7 +87,7 @@ func TestWriteTablesPerServer(t *testing.T) {
 		"nodes:   http://127.0.0.1:1 http://127.0.0.2:2 http://127.0.0.3:3\n",
 		"clients: queue clients: the node list with failover\n",
 		"server CPU: the 3 nodes summed\n",
-		"sizes:   --jobs 2000, --workers 16, --contention-jobs 160, --backlog-small 1000, --backlog-large 8000 (the cluster's: --jobs, --contention-jobs and --backlog-large scaled by --cluster-scale 0.4)\n",
+		"sizes:   --jobs 2000, --workers 16, --contention-jobs 160, --backlog-small 1000, --backlog-large 8000 (the cluster's: --jobs, --contention-jobs, --backlog-large and --rate scaled by --cluster-scale 0.4)\n",
 		"* a note\n\ncouchq-bench  2026-01-02T03:04:05Z  [couchdb]\nserver:  couchdb: skipped: no Apache CouchDB release at /x\n",
 	} {
 		if !strings.Contains(out, want) {

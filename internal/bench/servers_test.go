@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fakeRelease makes a directory that localserver.FindCouchDB takes for an
@@ -85,8 +86,8 @@ func TestPlanServers(t *testing.T) {
 	}
 }
 
-// The cluster runs smaller sections 2, 4 and 5; every other server the
-// sizes given.
+// The cluster runs smaller sections 2, 4 and 5 and a slower section 3;
+// every other server the sizes given.
 func TestForServerScalesTheCluster(t *testing.T) {
 	c := Config{Jobs: 5000, ContentionJobs: 400, BacklogSmall: 1000, BacklogLarge: 20000, Claims: 200, ClusterScale: 0.4}.WithDefaults()
 	for _, kind := range []string{ServerCouchDB, ServerPouchDB, serverURL} {
@@ -98,6 +99,10 @@ func TestForServerScalesTheCluster(t *testing.T) {
 	if got.Jobs != 2000 || got.ContentionJobs != 160 || got.BacklogLarge != 8000 || got.BacklogSmall != 1000 {
 		t.Errorf("cluster: jobs %d, contention %d, backlog %d / %d", got.Jobs, got.ContentionJobs, got.BacklogSmall, got.BacklogLarge)
 	}
+	// Section 3 enqueues at the scaled rate, half as many jobs (200 at 20/s for 10 s on a node).
+	if got.Rate != 8 || got.Duration != 12500*time.Millisecond {
+		t.Errorf("cluster: wake-up rate %g/s for %s, want 8/s for 12.5s", got.Rate, got.Duration)
+	}
 	if err := got.Validate(); err != nil {
 		t.Errorf("the scaled configuration is invalid: %v", err)
 	}
@@ -106,6 +111,9 @@ func TestForServerScalesTheCluster(t *testing.T) {
 	got = c.forServer(ServerCluster)
 	if got.Jobs != 5 || got.ContentionJobs != 1 || got.BacklogLarge != 1000 {
 		t.Errorf("scaled far down: jobs %d, contention %d, large backlog %d", got.Jobs, got.ContentionJobs, got.BacklogLarge)
+	}
+	if got.Duration != 50*time.Second {
+		t.Errorf("scaled far down: the wake-up section enqueues for %s, want at most five times 10s", got.Duration)
 	}
 	c.ClusterScale = 1
 	if got := c.forServer(ServerCluster); got.Jobs != 5000 || got.BacklogLarge != 20000 {
