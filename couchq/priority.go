@@ -64,6 +64,9 @@ type DueCandidate struct {
 	// Priority is the job's level as the view keys it (a malformed
 	// priority is keyed PriorityHighest, so that it is seen first).
 	Priority int
+	// doc is the job's document as the view included it
+	// (DueCandidatesWithDocs); FetchCandidates reads none for it.
+	doc json.RawMessage
 }
 
 // DueCandidates lists up to limit due jobs of type worker in DueFirst's
@@ -80,6 +83,27 @@ type DueCandidate struct {
 // waiting for the index to take its own last claims and outcomes. Other
 // servers always index first.
 func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, stale bool) ([]DueCandidate, time.Time, error) {
+	return c.dueCandidates(ctx, worker, limit, stale, false)
+}
+
+// DueCandidatesWithDocs is DueCandidates reading the view brought up to
+// date, with each job's document: FetchCandidates then reads none, one
+// request fewer before a claim. It suits a worker that expects to find
+// few jobs (an idle one woken by the feed), for whom that request is a
+// large share of the wake-up; through a backlog, reading every listed
+// job's document costs more than the request saved.
+//
+// On a cluster it lists them without: a view's rows and their documents
+// come from one copy of each shard, which may not hold a claim a majority
+// of the copies took, and a claim of that older revision would be stored
+// on the lagging copy as a second branch. FetchCandidates reads the
+// documents by id instead, as FetchDue does: CouchDB answers with the
+// newest revision among the copies it asks.
+func (c *Client) DueCandidatesWithDocs(ctx context.Context, worker string, limit int) ([]DueCandidate, time.Time, error) {
+	return c.dueCandidates(ctx, worker, limit, false, c.n <= 1)
+}
+
+func (c *Client) dueCandidates(ctx context.Context, worker string, limit int, stale, docs bool) ([]DueCandidate, time.Time, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -89,7 +113,7 @@ func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, st
 		opts = append(opts, kivik.Param("update", "lazy"))
 	}
 	var cands []DueCandidate
-	err := c.dueRanges(ctx, dueRanges(worker, now, limit, false), fmt.Sprintf("listing due %s jobs by priority", worker),
+	err := c.dueRanges(ctx, dueRanges(worker, now, limit, docs), fmt.Sprintf("listing due %s jobs by priority", worker),
 		func(rows *kivik.ResultSet) (bool, error) {
 			for rows.Next() {
 				var key []json.RawMessage
@@ -99,6 +123,11 @@ func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, st
 				}
 				cand := DueCandidate{ID: id, Priority: PriorityHighest}
 				_ = json.Unmarshal(key[1], &cand.Priority)
+				if docs {
+					if err := rows.ScanDoc(&cand.doc); err != nil {
+						return false, err
+					}
+				}
 				cands = append(cands, cand)
 			}
 			return len(cands) >= limit, nil
@@ -116,30 +145,59 @@ func (c *Client) DueCandidates(ctx context.Context, worker string, limit int, st
 // out (claiming it would only earn a 409), and the claimant of each one
 // claimed is in the Batch's ClaimedBy.
 func (c *Client) FetchDue(ctx context.Context, ids []string) (*Batch, error) {
+	cands := make([]DueCandidate, len(ids))
+	for i, id := range ids {
+		cands[i].ID = id
+	}
+	return c.FetchCandidates(ctx, cands)
+}
+
+// FetchCandidates is FetchDue for candidates as DueCandidates (or
+// DueCandidatesWithDocs) listed them: it reads, in one request, only the
+// documents of those listed without theirs.
+func (c *Client) FetchCandidates(ctx context.Context, cands []DueCandidate) (*Batch, error) {
 	now := c.now()
 	b := &Batch{At: now}
-	if len(ids) == 0 {
-		return b, nil
+	var missing []string
+	for _, cand := range cands {
+		if cand.doc == nil {
+			missing = append(missing, cand.ID)
+		}
 	}
-	what := fmt.Sprintf("reading %d due jobs", len(ids))
-	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{"keys": ids, "include_docs": true}))
-	defer rows.Close()
-	for rows.Next() {
-		// A job deleted since it was listed has a deleted stub for a
-		// value, and an id never stored an error row without one.
-		var stub struct {
-			Rev     string `json:"rev"`
-			Deleted bool   `json:"deleted"`
+	read := make(map[string]json.RawMessage, len(missing))
+	if len(missing) > 0 {
+		what := fmt.Sprintf("reading %d due jobs", len(missing))
+		rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{"keys": missing, "include_docs": true}))
+		defer rows.Close()
+		for rows.Next() {
+			// A job deleted since it was listed has a deleted stub for a
+			// value, and an id never stored an error row without one.
+			var stub struct {
+				Rev     string `json:"rev"`
+				Deleted bool   `json:"deleted"`
+			}
+			if err := rows.ScanValue(&stub); err != nil || stub.Rev == "" || stub.Deleted {
+				continue
+			}
+			id, _ := rows.ID()
+			var raw json.RawMessage
+			if err := rows.ScanDoc(&raw); err != nil {
+				return nil, fmt.Errorf("%s: %w", what, err)
+			}
+			read[id] = raw
 		}
-		if err := rows.ScanValue(&stub); err != nil || stub.Rev == "" || stub.Deleted {
-			continue
-		}
-		if err := c.scanRow(rows, b); err != nil {
+		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+	for _, cand := range cands {
+		raw := cand.doc
+		if raw == nil {
+			if raw = read[cand.ID]; raw == nil {
+				continue // deleted, or never stored
+			}
+		}
+		c.addDoc(b, cand.ID, raw)
 	}
 	b.Items = slices.DeleteFunc(b.Items, func(it *WorkItem) bool {
 		if it.Claimed && it.ClaimedBy != "" && !slices.Contains(b.ClaimedBy, it.ClaimedBy) {

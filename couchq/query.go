@@ -261,22 +261,29 @@ func (c *Client) scanRow(rows *kivik.ResultSet, b *Batch) error {
 	if err := rows.ScanDoc(&raw); err != nil {
 		return err
 	}
+	id, _ := rows.ID()
+	c.addDoc(b, id, raw)
+	return nil
+}
+
+// addDoc adds the document raw of the row for id to b: a job, a malformed
+// one, or nothing when the document is gone.
+func (c *Client) addDoc(b *Batch, id string, raw json.RawMessage) {
 	if gone(raw) {
 		// Every view couchq reads emits WorkItems only, so a row whose
 		// document is missing, deleted or no longer a WorkItem was
 		// indexed from a revision that has since been replaced: on a
 		// cluster the index and the document come from different
 		// copies. The job is gone from this view, not malformed.
-		id, _ := rows.ID()
 		c.log.Debug().Str("job", id).Msg("view row's document is gone; skipping")
-		return nil
+		return
 	}
 	var it WorkItem
 	if err := json.Unmarshal(raw, &it); err != nil {
 		m := &MalformedError{Field: "document", Reason: err.Error()}
 		errors.As(err, &m)
 		if m.ID == "" {
-			m.ID, _ = rows.ID()
+			m.ID = id
 		}
 		var meta struct {
 			Rev string `json:"_rev"`
@@ -285,10 +292,9 @@ func (c *Client) scanRow(rows *kivik.ResultSet, b *Batch) error {
 		c.log.Info().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
 			Msg("skipping malformed WorkItem")
 		b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
-		return nil
+		return
 	}
 	b.Items = append(b.Items, &it)
-	return nil
 }
 
 // gone reports whether a view row's included document is not (or no

@@ -713,8 +713,17 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 // open opens a client on node i of the test's database.
 func (cb *clusterBundle) open(t *testing.T, node int, cfg couchq.Config) *couchq.Client {
 	t.Helper()
+	return cb.openThrough(t, node, cfg, func(next http.RoundTripper) http.RoundTripper { return next })
+}
+
+// openThrough is open with requests passing through the transport wrap
+// makes of couchq's own.
+func (cb *clusterBundle) openThrough(t *testing.T, node int, cfg couchq.Config, wrap func(http.RoundTripper) http.RoundTripper) *couchq.Client {
+	t.Helper()
 	user, password := cb.cl.Node(node).Credentials()
-	srv, err := couchq.Connect(cb.ctx, cb.cl.Node(node).URL(), user, password)
+	hc := couchq.NewHTTPClient()
+	hc.Transport = wrap(hc.Transport)
+	srv, err := couchq.ConnectHTTP(cb.ctx, cb.cl.Node(node).URL(), user, password, hc)
 	if err != nil {
 		t.Fatal(err)
 	}

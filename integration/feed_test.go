@@ -1,9 +1,13 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +153,180 @@ func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
 	case <-ran:
 	case <-time.After(15 * time.Second):
 		t.Fatalf("a job enqueued right after Start did not run within 15 s (the fallback poll is %s)", cfg.FallbackPoll)
+	}
+}
+
+// slowNext delays queries for a type's next scheduled job (due_priority
+// ranges that end past every date, [worker, priority, {}]) while on.
+type slowNext struct {
+	next  http.RoundTripper
+	delay time.Duration
+	on    atomic.Bool
+	seen  atomic.Int64
+}
+
+func (s *slowNext) RoundTrip(r *http.Request) (*http.Response, error) {
+	if !s.on.Load() {
+		return s.next.RoundTrip(r)
+	}
+	r, query, err := readDueQuery(r)
+	if err != nil || query != dueNext {
+		return s.next.RoundTrip(r)
+	}
+	s.seen.Add(1)
+	select {
+	case <-time.After(s.delay):
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	return s.next.RoundTrip(r)
+}
+
+// What a request of the due_priority view asks for (readDueQuery).
+const (
+	notDue  = iota
+	dueNow  // jobs due now (DueCandidates): ranges end at a date
+	dueNext // the next scheduled job (Next): ranges end past every date
+)
+
+// readDueQuery tells which due_priority query r is, from its URL or body,
+// and returns a request that can still be sent.
+func readDueQuery(r *http.Request) (*http.Request, int, error) {
+	if !strings.Contains(r.URL.Path, "/_view/due_priority") {
+		return r, notDue, nil
+	}
+	query, _ := url.QueryUnescape(r.URL.RawQuery)
+	var body []byte
+	if r.Body != nil {
+		var err error
+		if body, err = io.ReadAll(r.Body); err != nil {
+			return r, notDue, err
+		}
+		_ = r.Body.Close()
+		r = r.Clone(r.Context())
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	if strings.Contains(query+string(body), ",{}]") {
+		return r, dueNext, nil
+	}
+	return r, dueNow, nil
+}
+
+// A job enqueued while an idle runner asks when its next scheduled job is
+// due runs at once: the wake-up does not wait for that query. On a
+// cluster the query is about a third of an idle round.
+func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	const delay = 6 * time.Second
+	var slow *slowNext
+	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		slow = &slowNext{next: next, delay: delay}
+		return slow
+	})
+	ran := make(chan struct{}, 1)
+	cfg := fastWorker(tb, map[string]worker.Handler{"woken": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		ran <- struct{}{}
+		return nil
+	})})
+	cfg.QueryTimeout = 2 * delay
+	slow.on.Store(true)
+	runWorker(t, tb.ctx, client, cfg)
+	// The runner found nothing due and is waiting on its slow query.
+	deadline := time.Now().Add(5 * time.Second)
+	for slow.seen.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if slow.seen.Load() == 0 {
+		t.Fatal("the idle runner never asked for its next scheduled job: the test proves nothing")
+	}
+	time.Sleep(200 * time.Millisecond)
+	began := time.Now()
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "woken"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+		t.Logf("ran %s after the enqueue", time.Since(began).Round(time.Millisecond))
+	case <-time.After(delay / 2):
+		t.Fatalf("the job did not run within %s: it waited for the next-scheduled query (%s)", delay/2, delay)
+	}
+}
+
+// laggingCopy answers the first query for due jobs after it is armed with
+// the answer to the one before: as a cluster answers a view query from a
+// copy that does not hold the newest jobs yet.
+type laggingCopy struct {
+	next     http.RoundTripper
+	mu       sync.Mutex
+	last     []byte // the last answer to a query for due jobs
+	arm      atomic.Bool
+	replayed atomic.Int64
+}
+
+func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
+	r, query, err := readDueQuery(r)
+	if err != nil || query != dueNow {
+		return l.next.RoundTrip(r)
+	}
+	l.mu.Lock()
+	last := l.last
+	l.mu.Unlock()
+	if last != nil && l.arm.CompareAndSwap(true, false) {
+		l.replayed.Add(1)
+		return &http.Response{
+			StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{"Content-Type": {"application/json"}},
+			Body:   io.NopCloser(bytes.NewReader(last)), ContentLength: int64(len(last)), Request: r,
+		}, nil
+	}
+	resp, err := l.next.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.last = body
+	l.mu.Unlock()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}
+
+// On a cluster the feed can report a job before the copy a due query reads
+// holds it: the round the feed woke finds nothing. The worker looks again
+// shortly after, so the job runs at once rather than at the next fallback
+// poll.
+func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var lag *laggingCopy
+	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		lag = &laggingCopy{next: next}
+		return lag
+	})
+	ran := make(chan struct{}, 1)
+	cfg := clusterWorker(cb.log, map[string]worker.Handler{"lagged": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		ran <- struct{}{}
+		return nil
+	})})
+	cfg.FallbackPoll = time.Minute // a test that passes proves the feed, not the poll
+	runWorker(t, cb.ctx, client, cfg)
+	time.Sleep(500 * time.Millisecond) // past the runner's first look, which found nothing
+	lag.arm.Store(true)
+	began := time.Now()
+	if _, err := cb.clients[1].Enqueue(cb.ctx, couchq.NewJob{Worker: "lagged"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+		t.Logf("ran %s after the enqueue", time.Since(began).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the job did not run within 10 s of a due query answered from a lagging copy (fallback poll %s)", cfg.FallbackPoll)
+	}
+	if lag.replayed.Load() != 1 {
+		t.Fatalf("%d due queries were answered from the lagging copy, want 1: the test proved nothing", lag.replayed.Load())
 	}
 }
 

@@ -2,8 +2,11 @@ package integration
 
 import (
 	"context"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -220,5 +223,113 @@ func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 	}
 	if len(b.Malformed) != 1 || b.Malformed[0].ID != "malformed" {
 		t.Errorf("malformed: %+v, want the malformed job", b.Malformed)
+	}
+}
+
+// countAllDocs counts _all_docs requests: reads of documents by id.
+type countAllDocs struct {
+	next  http.RoundTripper
+	reads atomic.Int64
+}
+
+func (c *countAllDocs) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/_all_docs") {
+		c.reads.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
+// An idle worker lists due jobs with their documents, and FetchCandidates
+// then reads none by id: the batch is the one DueCandidates and FetchDue
+// give, malformed documents set aside alike, one request fewer.
+func TestDueCandidatesWithDocsNeedNoSecondRead(t *testing.T) {
+	tb := setupWithout(t, couchq.Config{})
+	// Without validation, so that the malformed job can be written.
+	if _, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
+		t.Fatal(err)
+	}
+	var count *countAllDocs
+	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		count = &countAllDocs{next: next}
+		return count
+	})
+	for i := range 4 {
+		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "d", Priority: 1 + i%3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := map[string]any{"type": "WorkItem", "worker": "d", "date": 0, "attempts": "many"}
+	if _, err := tb.db.Put(tb.ctx, "malformed", bad); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(b *couchq.Batch) (items, malformed []string) {
+		for _, it := range b.Items {
+			items = append(items, it.ID)
+		}
+		for _, m := range b.Malformed {
+			malformed = append(malformed, m.ID)
+		}
+		return items, malformed
+	}
+	plain, _, err := client.DueCandidates(tb.ctx, "d", 100, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := client.FetchCandidates(tb.ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count.reads.Load() != 1 {
+		t.Fatalf("%d reads by id for candidates listed without documents, want 1", count.reads.Load())
+	}
+	wantItems, wantMalformed := ids(want)
+	if len(wantItems) != 4 || len(wantMalformed) != 1 {
+		t.Fatalf("DueCandidates and FetchCandidates: %v, malformed %v; want 4 jobs and 1 malformed", wantItems, wantMalformed)
+	}
+	withDocs, _, err := client.DueCandidatesWithDocs(tb.ctx, "d", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.FetchCandidates(tb.ctx, withDocs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count.reads.Load() != 1 {
+		t.Errorf("FetchCandidates read documents by id although the view included them")
+	}
+	gotItems, gotMalformed := ids(got)
+	if !slices.Equal(gotItems, wantItems) || !slices.Equal(gotMalformed, wantMalformed) {
+		t.Errorf("with documents: %v, malformed %v; want %v, %v", gotItems, gotMalformed, wantItems, wantMalformed)
+	}
+}
+
+// On a cluster the candidates come without documents, which FetchCandidates
+// reads by id: a view's copy may not hold a claim a majority took, and a
+// claim of the older revision it lists would start a second branch there.
+func TestClusterDueCandidatesWithDocsReadDocumentsByID(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var count *countAllDocs
+	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		count = &countAllDocs{next: next}
+		return count
+	})
+	ids := cb.enqueue(t, "d", 3)
+	var cands []couchq.DueCandidate
+	deadline := time.Now().Add(10 * time.Second)
+	for len(cands) < len(ids) && time.Now().Before(deadline) {
+		var err error
+		if cands, _, err = client.DueCandidatesWithDocs(cb.ctx, "d", 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := client.FetchCandidates(cb.ctx, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Items) != len(ids) {
+		t.Fatalf("%d jobs fetched, want %d", len(b.Items), len(ids))
+	}
+	if count.reads.Load() != 1 {
+		t.Errorf("%d reads by id, want 1: the documents a view included on a cluster were trusted", count.reads.Load())
 	}
 }

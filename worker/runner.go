@@ -78,6 +78,16 @@ type runner struct {
 	// next of them may be taken. Touched only by the runner's own loop.
 	leftSince map[string]time.Time
 	stealAt   time.Time
+	// longList records that the last due query listed as many jobs as it
+	// asked for: the next fresh one lists them without their documents,
+	// which only a short list (an idle runner's) saves a request with.
+	// Touched only by the runner's own loop.
+	longList bool
+	// nextPending brings the answer of the next-scheduled query in flight,
+	// if any, and queries counts it (nextScheduled); the loop waits for it
+	// before it ends. Touched only by the runner's own loop.
+	nextPending chan nextAnswer
+	queries     sync.WaitGroup
 }
 
 // recentClaims is how long a runner remembers its claims, to skip them in
@@ -103,6 +113,7 @@ func (r *runner) idleSlots() bool { return len(r.slots) == 0 && len(r.finishing)
 // drained is called when the loop ends.
 func (r *runner) loop(ctx context.Context, drained func()) {
 	defer drained()
+	defer r.queries.Wait() // a query left behind ends before the loop does
 	log := r.w.log.With().Str("type", r.typ).Logger()
 	backoff, nextBackoff := 100*time.Millisecond, 100*time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
@@ -145,9 +156,10 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if r.w.cfg.Drain {
 			wait = 100 * time.Millisecond // drain: wait only for running jobs
 		} else if r.free() > 0 {
-			qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-			at, ok, err := r.w.client.Next(qctx, r.typ, listedUpTo)
-			cancel()
+			at, ok, woken, err := r.nextScheduled(ctx, listedUpTo)
+			if woken {
+				continue // work arrived: look for it now, not after the query
+			}
 			switch {
 			case err != nil && ctx.Err() == nil:
 				// Not knowing when the next scheduled job is due must not
@@ -170,6 +182,47 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			return
 		}
 	}
+}
+
+// nextScheduled asks when the type's next scheduled job is due, unless a
+// wake-up (the feed reporting work, a slot freed) comes first: then woken
+// is true and the round it calls for goes ahead at once. On a cluster the
+// query takes about a third of an idle round, and a job enqueued while it
+// ran waited for it to end. A query left behind goes on, and the next call
+// takes its answer rather than ask again (its time is at worst early,
+// which only makes the runner look sooner): one is in flight at most.
+func (r *runner) nextScheduled(ctx context.Context, after time.Time) (at time.Time, ok, woken bool, err error) {
+	select {
+	case <-r.wake:
+		return time.Time{}, false, true, nil
+	default:
+	}
+	if r.nextPending == nil {
+		done := make(chan nextAnswer, 1)
+		r.nextPending = done
+		r.queries.Add(1)
+		go func() {
+			defer r.queries.Done()
+			qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+			defer cancel()
+			at, ok, err := r.w.client.Next(qctx, r.typ, after)
+			done <- nextAnswer{at, ok, err}
+		}()
+	}
+	select {
+	case a := <-r.nextPending:
+		r.nextPending = nil
+		return a.at, a.ok, false, a.err
+	case <-r.wake:
+		return time.Time{}, false, true, nil
+	}
+}
+
+// nextAnswer is what Client.Next answered (nextScheduled).
+type nextAnswer struct {
+	at  time.Time
+	ok  bool
+	err error
 }
 
 // idle waits for a wake-up, a timer, or the end.
@@ -230,12 +283,17 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		k = min(k, maxDueLimit)
 		r.w.stats.queries.Add(1)
 		qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-		cands, upTo, err = r.w.client.DueCandidates(qctx, r.typ, k, stale)
+		if stale || r.longList {
+			cands, upTo, err = r.w.client.DueCandidates(qctx, r.typ, k, stale)
+		} else {
+			cands, upTo, err = r.w.client.DueCandidatesWithDocs(qctx, r.typ, k)
+		}
 		cancel()
 		if err != nil {
 			return false, time.Time{}, err
 		}
 		listed = len(cands)
+		r.longList = listed == k
 		cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
 			_, mine := r.claimedAt[c.ID]
@@ -279,12 +337,8 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if n == 0 {
 		return false, upTo, nil // every job listed is another's, for now
 	}
-	ids := make([]string, n)
-	for i, c := range cands[:n] {
-		ids[i] = c.ID
-	}
 	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-	batch, err := r.w.client.FetchDue(qctx, ids)
+	batch, err := r.w.client.FetchCandidates(qctx, cands[:n])
 	cancel()
 	if err != nil {
 		return false, time.Time{}, err
