@@ -156,8 +156,9 @@ func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
 	}
 }
 
-// slowNext delays queries for a type's next scheduled job (due_priority
-// ranges that end past every date, [worker, priority, {}]) while on.
+// slowNext delays the answers to queries for a type's next scheduled job
+// (due_priority ranges that end past every date, [worker, priority, {}])
+// while on.
 type slowNext struct {
 	next  http.RoundTripper
 	delay time.Duration
@@ -174,12 +175,19 @@ func (s *slowNext) RoundTrip(r *http.Request) (*http.Response, error) {
 		return s.next.RoundTrip(r)
 	}
 	s.seen.Add(1)
+	// The server answers at once; the answer arrives late, describing
+	// the queue as it was when the query was sent.
+	resp, err := s.next.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case <-time.After(s.delay):
 	case <-r.Context().Done():
+		_ = resp.Body.Close()
 		return nil, r.Context().Err()
 	}
-	return s.next.RoundTrip(r)
+	return resp, nil
 }
 
 // What a request of the due_priority view asks for (readDueQuery).
@@ -249,6 +257,17 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 		t.Logf("ran %s after the enqueue", time.Since(began).Round(time.Millisecond))
 	case <-time.After(delay / 2):
 		t.Fatalf("the job did not run within %s: it waited for the next-scheduled query (%s)", delay/2, delay)
+	}
+	// A job scheduled since then runs when due, give or take one slow
+	// query: an answer to a query sent before it existed ("nothing
+	// scheduled") must not put the runner to sleep until the fallback poll.
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "woken", At: time.Now().Add(500 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(3 * delay):
+		t.Fatalf("a scheduled job did not run within %s (the fallback poll is %s)", 3*delay, cfg.FallbackPoll)
 	}
 }
 

@@ -83,11 +83,10 @@ type runner struct {
 	// which only a short list (an idle runner's) saves a request with.
 	// Touched only by the runner's own loop.
 	longList bool
-	// nextPending brings the answer of the next-scheduled query in flight,
-	// if any, and queries counts it (nextScheduled); the loop waits for it
-	// before it ends. Touched only by the runner's own loop.
-	nextPending chan nextAnswer
-	queries     sync.WaitGroup
+	// queries counts next-scheduled queries a wake-up cancelled that may
+	// still be ending (nextScheduled); the loop waits for them before it
+	// ends.
+	queries sync.WaitGroup
 }
 
 // recentClaims is how long a runner remembers its claims, to skip them in
@@ -186,43 +185,37 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 
 // nextScheduled asks when the type's next scheduled job is due, unless a
 // wake-up (the feed reporting work, a slot freed) comes first: then woken
-// is true and the round it calls for goes ahead at once. On a cluster the
-// query takes about a third of an idle round, and a job enqueued while it
-// ran waited for it to end. A query left behind goes on, and the next call
-// takes its answer rather than ask again (its time is at worst early,
-// which only makes the runner look sooner): one is in flight at most.
+// is true, the query is cancelled and the round the wake-up calls for goes
+// ahead at once. On a cluster the query takes about a third of an idle
+// round, and a job enqueued while it ran waited for it to end. An answer
+// that came after the wake-up could not be trusted anyway: it may predate
+// a job scheduled since.
 func (r *runner) nextScheduled(ctx context.Context, after time.Time) (at time.Time, ok, woken bool, err error) {
 	select {
 	case <-r.wake:
 		return time.Time{}, false, true, nil
 	default:
 	}
-	if r.nextPending == nil {
-		done := make(chan nextAnswer, 1)
-		r.nextPending = done
-		r.queries.Add(1)
-		go func() {
-			defer r.queries.Done()
-			qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
-			defer cancel()
-			at, ok, err := r.w.client.Next(qctx, r.typ, after)
-			done <- nextAnswer{at, ok, err}
-		}()
+	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
+	defer cancel()
+	type answer struct {
+		at  time.Time
+		ok  bool
+		err error
 	}
+	done := make(chan answer, 1)
+	r.queries.Add(1)
+	go func() {
+		defer r.queries.Done()
+		at, ok, err := r.w.client.Next(qctx, r.typ, after)
+		done <- answer{at, ok, err}
+	}()
 	select {
-	case a := <-r.nextPending:
-		r.nextPending = nil
+	case a := <-done:
 		return a.at, a.ok, false, a.err
 	case <-r.wake:
 		return time.Time{}, false, true, nil
 	}
-}
-
-// nextAnswer is what Client.Next answered (nextScheduled).
-type nextAnswer struct {
-	at  time.Time
-	ok  bool
-	err error
 }
 
 // idle waits for a wake-up, a timer, or the end.
