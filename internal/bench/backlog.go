@@ -35,11 +35,11 @@ func (b *run) runBacklog(ctx context.Context, s *Section) error {
 		if err != nil {
 			return err
 		}
-		others, err := buildOtherIndexes(ctx, b.t.srv.Client.DB(db))
+		others, err := b.buildOtherIndexes(ctx, db)
 		if err != nil {
 			return err
 		}
-		s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, due view build, other indexes' build", size),
+		s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, due view build, every index on every copy built", size),
 			fmt.Sprintf("%.1f s, %.1f s, %.1f s", took.Seconds(), built.Seconds(), others.Seconds())))
 		samples, err := timeClaims(ctx, c, cfg.Claims)
 		if err != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -205,6 +206,40 @@ func (t *target) dropDB(ctx context.Context, name string) error {
 		return fmt.Errorf("dropping database %s: %w", name, err)
 	}
 	return nil
+}
+
+// indexing reports how many of the server's index builds (CouchDB's
+// _active_tasks of type "indexer") work on db; on a cluster a build of each
+// copy of each shard counts. ok is false when the server does not say (no
+// _active_tasks, or not allowed to read it).
+func (t *target) indexing(ctx context.Context, db string) (n int, ok bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.base+"/_active_tasks", nil)
+	if err != nil {
+		return 0, false
+	}
+	req.Header.Set("Accept", "application/json")
+	if t.user != "" {
+		req.SetBasicAuth(t.user, t.password)
+	}
+	resp, err := t.raw.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	var tasks []struct {
+		Type     string `json:"type"`
+		Database string `json:"database"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&tasks) != nil {
+		return 0, false
+	}
+	for _, task := range tasks {
+		// A shard of db is "shards/<range>/<db>.<suffix>".
+		if task.Type == "indexer" && (task.Database == db || strings.Contains(task.Database, "/"+db+".")) {
+			n++
+		}
+	}
+	return n, true
 }
 
 // open returns a queue client on db, as the workers use it.
