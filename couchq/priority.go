@@ -65,8 +65,9 @@ type DueCandidate struct {
 	// priority is keyed PriorityHighest, so that it is seen first).
 	Priority int
 	// doc is the job's document as the view included it
-	// (DueCandidatesWithDocs); FetchCandidates reads none for it.
-	doc json.RawMessage
+	// (DueCandidatesWithDocs); FetchCandidates reads none for it. A string
+	// keeps DueCandidate comparable.
+	doc string
 }
 
 // DueCandidates lists up to limit due jobs of type worker in DueFirst's
@@ -124,9 +125,11 @@ func (c *Client) dueCandidates(ctx context.Context, worker string, limit int, st
 				cand := DueCandidate{ID: id, Priority: PriorityHighest}
 				_ = json.Unmarshal(key[1], &cand.Priority)
 				if docs {
-					if err := rows.ScanDoc(&cand.doc); err != nil {
+					var doc json.RawMessage
+					if err := rows.ScanDoc(&doc); err != nil {
 						return false, err
 					}
+					cand.doc = string(doc)
 				}
 				cands = append(cands, cand)
 			}
@@ -160,7 +163,7 @@ func (c *Client) FetchCandidates(ctx context.Context, cands []DueCandidate) (*Ba
 	b := &Batch{At: now}
 	var missing []string
 	for _, cand := range cands {
-		if cand.doc == nil {
+		if cand.doc == "" {
 			missing = append(missing, cand.ID)
 		}
 	}
@@ -191,8 +194,8 @@ func (c *Client) FetchCandidates(ctx context.Context, cands []DueCandidate) (*Ba
 		}
 	}
 	for _, cand := range cands {
-		raw := cand.doc
-		if raw == nil {
+		raw := json.RawMessage(cand.doc)
+		if cand.doc == "" {
 			if raw = read[cand.ID]; raw == nil {
 				continue // deleted, or never stored
 			}

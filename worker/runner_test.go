@@ -108,7 +108,7 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 							claimed[it.ID]++
 						}
 					}
-					if got := slices.SortedFunc(slices.Values(items), func(a, b couchq.DueCandidate) int { return strings.Compare(a.ID, b.ID) }); !slices.EqualFunc(got, all, sameCandidate) {
+					if got := slices.SortedFunc(slices.Values(items), func(a, b couchq.DueCandidate) int { return strings.Compare(a.ID, b.ID) }); !slices.Equal(got, all) {
 						t.Fatalf("rank %d: ownFirst lost or made up rows", rank)
 					}
 				}
@@ -258,5 +258,3 @@ func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
 		}
 	}
 }
-
-func sameCandidate(a, b couchq.DueCandidate) bool { return a.ID == b.ID && a.Priority == b.Priority }
