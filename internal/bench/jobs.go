@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -58,7 +59,7 @@ func enqueueBulk(ctx context.Context, c *couchq.Client, n int) (time.Duration, e
 // last one, which would otherwise land on the first timed claim.
 func buildViews(ctx context.Context, c *couchq.Client) (time.Duration, error) {
 	start := time.Now()
-	err := askWhileBuilding(start, func() error {
+	err := askWhileBuilding(ctx, start, func() error {
 		_, err := c.Due(ctx, jobType, 1)
 		return err
 	})
@@ -80,7 +81,7 @@ func (b *run) buildOtherIndexes(ctx context.Context, name string) (time.Duration
 	db := b.t.srv.Client.DB(name)
 	start := time.Now()
 	for _, ddoc := range []struct{ id, view string }{{designdocs.SweepID, "leases"}, {designdocs.OpsID, "by_status"}} {
-		err := askWhileBuilding(start, func() error {
+		err := askWhileBuilding(ctx, start, func() error {
 			rows := db.Query(ctx, ddoc.id, ddoc.view, kivik.Params(map[string]any{"limit": 0, "reduce": false}))
 			defer rows.Close()
 			for rows.Next() {
@@ -105,14 +106,25 @@ func (b *run) buildOtherIndexes(ctx context.Context, name string) (time.Duration
 // askWhileBuilding calls query until it answers, while it fails as a
 // cluster fails a query that waited longer than its fabric timeout for an
 // index to build (500 "timeout"; 100,000 jobs on this machine): the build
-// goes on, so it asks again, for at most viewBuildLimit since start.
-func askWhileBuilding(start time.Time, query func() error) error {
+// goes on, so it asks again, a second apart, for at most viewBuildLimit
+// since start. Any other failure is returned at once.
+func askWhileBuilding(ctx context.Context, start time.Time, query func() error) error {
 	for {
 		err := query()
-		if err == nil || kivik.HTTPStatus(err) != http.StatusInternalServerError || time.Since(start) > viewBuildLimit {
+		if err == nil || !buildTimedOut(err) || time.Since(start) > viewBuildLimit {
 			return err
 		}
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
 	}
+}
+
+// buildTimedOut reports CouchDB's answer to a request that outlasted its
+// fabric timeout: 500 with the reason below (the error is "timeout").
+func buildTimedOut(err error) bool {
+	return kivik.HTTPStatus(err) == http.StatusInternalServerError &&
+		strings.Contains(err.Error(), "could not be processed in a reasonable amount of time")
 }
 
 // viewBuildLimit bounds how long the bench asks again for an index still
