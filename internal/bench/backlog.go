@@ -4,20 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"net/http"
+	"slices"
 	"time"
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/worker"
 )
 
-// runBacklog times claims (one Due query plus one Claim, as a worker's
-// round) with a small and a large backlog of due jobs. Every index is
-// built before timing; each claim then leaves the index one document behind,
-// which the next query catches up on, as in production.
+// runBacklog times claim rounds, as a worker with one free slot makes
+// them (list due jobs from the claim view, read the picked one's document,
+// claim it), with a small and a large backlog of due jobs. Every index is
+// built before timing; each claim then leaves the index one document
+// behind, which the next query catches up on, as in production. It times
+// two kinds of round: one that reads the view brought up to date (an idle
+// worker's) and one that reads it as it stands (a worker behind a backlog,
+// which is what a worker meets with 100,000 jobs due).
 func (b *run) runBacklog(ctx context.Context, s *Section) error {
 	cfg := b.cfg
-	var means [2]time.Duration
+	var means [2][2]time.Duration // [size][stale]
+	var bare [2]time.Duration
+	kinds := []bool{false, true}
+	if b.t.info.Kind == ServerPouchDB {
+		kinds = kinds[:1] // it has no update=lazy: every read indexes first
+	}
 	for i, size := range []int{cfg.BacklogSmall, cfg.BacklogLarge} {
 		db, err := b.newDB(ctx, s, fmt.Sprintf("backlog%d", size))
 		if err != nil {
@@ -39,57 +51,199 @@ func (b *run) runBacklog(ctx context.Context, s *Section) error {
 		if err != nil {
 			return err
 		}
-		s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, due view build, every index on every copy built", size),
+		s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, claim view build, every index on every copy built", size),
 			fmt.Sprintf("%.1f s, %.1f s, %.1f s", took.Seconds(), built.Seconds(), others.Seconds())))
-		samples, err := timeClaims(ctx, c, cfg.Claims)
-		if err != nil {
-			return fmt.Errorf("%d due jobs: %w", size, err)
+		if idle, ok := b.idleServerCPU(ctx); ok {
+			s.add(textRow(fmt.Sprintf("%d due jobs: server CPU while nobody asks, before claims", size),
+				fmt.Sprintf("%s per second", formatDuration(idle))))
 		}
-		sum := Summarize(samples)
-		means[i] = sum.Mean
-		s.add(durRow(fmt.Sprintf("%d due jobs: claim latency mean (Due + Claim, %d claims)", size, sum.N), sum.Mean))
-		s.add(durRow(fmt.Sprintf("%d due jobs: claim latency p95", size), sum.P95))
+		for j, stale := range kinds {
+			what := fmt.Sprintf("%d due jobs, %s", size, roundKind(stale))
+			cpu0 := b.t.cpu()
+			times, err := timeClaims(ctx, c, cfg.Claims, stale)
+			if err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			sum := Summarize(times.total)
+			means[i][j] = sum.Mean
+			s.add(textRow(fmt.Sprintf("%s: claim round mean / p95 (%d claims)", what, sum.N),
+				fmt.Sprintf("%s / %s", formatDuration(sum.Mean), formatDuration(sum.P95))))
+			s.add(textRow(fmt.Sprintf("%s: of the mean, list / read / claim", what),
+				fmt.Sprintf("%s / %s / %s", formatDuration(Summarize(times.list).Mean),
+					formatDuration(Summarize(times.read).Mean), formatDuration(Summarize(times.claim).Mean))))
+			cpuRows(s, what+": ", cpu0, b.t.cpu(), sum.N)
+		}
 		if !cfg.Keep {
 			if err := b.t.dropDB(ctx, db); err != nil {
 				return err
 			}
 		}
+		if bare[i], err = b.timeBareUpdates(ctx, s, size, cfg.Claims); err != nil {
+			return fmt.Errorf("%d documents in a bare database: %w", size, err)
+		}
+		s.add(durRow(fmt.Sprintf("%d documents in a bare database: the server's own read and update of one, mean", size), bare[i]))
 	}
-	s.add(numRow(fmt.Sprintf("ratio %d / %d (should stay near 1)", cfg.BacklogLarge, cfg.BacklogSmall),
-		ratio(float64(means[1]), float64(means[0])), "x", 2))
+	s.add(numRow(fmt.Sprintf("ratio %d / %d, the server's own read and update (a yardstick for the rounds)", cfg.BacklogLarge, cfg.BacklogSmall),
+		ratio(float64(bare[1]), float64(bare[0])), "x", 2))
+	for j, stale := range kinds {
+		r := ratio(float64(means[1][j]), float64(means[0][j]))
+		row := numRow(fmt.Sprintf("ratio %d / %d, %s", cfg.BacklogLarge, cfg.BacklogSmall, roundKind(stale)), r, "x", 2)
+		row.target(fmt.Sprintf("<= %.1f", TargetBacklogRatio), r <= TargetBacklogRatio)
+		s.add(row)
+	}
 	return nil
 }
 
-// timeClaims claims n jobs one round at a time, as one worker with a free
-// slot does: list the first PickAmong due jobs, claim one at random. On a
-// cluster the view may still list a job this loop claimed (it is read from
-// a copy that has not caught up): the claim then conflicts and, as a
-// worker would, the round tries again; the sample includes the retries.
-func timeClaims(ctx context.Context, c *couchq.Client, n int) ([]time.Duration, error) {
-	samples := make([]time.Duration, 0, n)
+// timeBareUpdates times what a claim round asks of the server at its
+// simplest, without couchq: read one document and write it back changed,
+// in a database of size job documents with no design document, n times.
+// How this grows from the small backlog to the large one is the server's
+// own: a claim round cannot grow less.
+func (b *run) timeBareUpdates(ctx context.Context, s *Section, size, n int) (time.Duration, error) {
+	db, err := b.newBareDB(ctx, s, fmt.Sprintf("backlogbare%d", size))
+	if err != nil {
+		return 0, err
+	}
+	w := &docWriter{t: b.t, db: db}
+	if err := w.fill(ctx, size, enqueueBatch); err != nil {
+		return 0, err
+	}
+	// Let the server settle after the writes (a cluster's copies catching
+	// up), as the claims wait for their indexes.
+	if !sleepCtx(ctx, idleWindow) {
+		return 0, ctx.Err()
+	}
+	n = min(n, size)
+	var total time.Duration
+	for _, k := range rand.Perm(size)[:n] {
+		id := bulkID(int64(k + 1))
+		start := time.Now()
+		var doc struct {
+			Rev string `json:"_rev"`
+		}
+		if err := w.do(ctx, http.MethodGet, w.docURL(id), nil, &doc); err != nil {
+			return 0, fmt.Errorf("reading %s: %w", id, err)
+		}
+		body, err := w.jobDoc(id, doc.Rev, 1)
+		if err != nil {
+			return 0, err
+		}
+		if err := w.do(ctx, http.MethodPut, w.docURL(id), body, nil); err != nil {
+			return 0, fmt.Errorf("updating %s: %w", id, err)
+		}
+		total += time.Since(start)
+	}
+	if !b.cfg.Keep {
+		if err := b.t.dropDB(ctx, db); err != nil {
+			return 0, err
+		}
+	}
+	return total / time.Duration(n), nil
+}
+
+func roundKind(stale bool) string {
+	if stale {
+		return "view as it stands"
+	}
+	return "view brought up to date"
+}
+
+// idleWindow is how long idleServerCPU watches the server.
+const idleWindow = 2 * time.Second
+
+// idleServerCPU is the server's CPU per second while the bench sends it
+// nothing: work the server does on its own (an index build, compaction)
+// that timed claims would share the machine with. ok is false where the
+// bench cannot read the server's CPU.
+func (b *run) idleServerCPU(ctx context.Context) (perSecond time.Duration, ok bool) {
+	before, start := b.t.cpu(), time.Now()
+	if !sleepCtx(ctx, idleWindow) {
+		return 0, false
+	}
+	after, took := b.t.cpu(), time.Since(start)
+	if !before.serverOK || !after.serverOK {
+		return 0, false
+	}
+	return time.Duration(float64(after.server-before.server) / took.Seconds()), true
+}
+
+// claimTimes holds one sample per timed claim: its whole time, and the
+// parts of it spent listing due jobs, reading the picked job's document
+// and claiming it (summed over the claim's tries), so a backlog that slows
+// claims shows which step grew.
+type claimTimes struct {
+	total, list, read, claim []time.Duration
+}
+
+// timeClaims claims n jobs one round at a time, as a worker's runner with
+// one free slot does: list the first PickAmong due jobs (DueCandidates,
+// with stale as the runner reads it behind a backlog), pick one at random
+// among those it did not claim itself in the last recentClaims, read its
+// document (FetchCandidates) and claim it. The view may still list a job
+// this loop claimed (read as it stands, or on a cluster from a copy that
+// has not caught up): reading it then leaves it out, or the claim
+// conflicts, and the round tries again, as a runner's would; the sample
+// includes the retries.
+func timeClaims(ctx context.Context, c *couchq.Client, n int, stale bool) (claimTimes, error) {
+	times := claimTimes{
+		total: make([]time.Duration, 0, n),
+		list:  make([]time.Duration, 0, n),
+		read:  make([]time.Duration, 0, n),
+		claim: make([]time.Duration, 0, n),
+	}
+	claimedAt := map[string]time.Time{}
 	for range n {
-		t0 := time.Now()
+		var list, read, claim time.Duration
 		for tries := 1; ; tries++ {
-			batch, err := c.Due(ctx, jobType, worker.PickAmongDefault)
+			if tries > maxClaimTries {
+				return times, fmt.Errorf("no claim after %d rounds", maxClaimTries)
+			}
+			t0 := time.Now()
+			cands, _, err := c.DueCandidates(ctx, jobType, worker.PickAmongDefault, stale)
+			list += time.Since(t0)
 			if err != nil {
-				return samples, err
+				return times, err
+			}
+			maps.DeleteFunc(claimedAt, func(_ string, at time.Time) bool { return time.Since(at) > recentClaims })
+			cands = slices.DeleteFunc(cands, func(cand couchq.DueCandidate) bool { _, mine := claimedAt[cand.ID]; return mine })
+			if len(cands) == 0 {
+				if stale {
+					continue // the view as it stands lists only our claims
+				}
+				return times, errors.New("the due view ran dry")
+			}
+			pick := cands[rand.IntN(len(cands))]
+			t1 := time.Now()
+			batch, err := c.FetchCandidates(ctx, []couchq.DueCandidate{pick})
+			read += time.Since(t1)
+			if err != nil {
+				return times, err
 			}
 			if len(batch.Items) == 0 {
-				return samples, errors.New("the due view ran dry")
+				continue // claimed since it was listed
 			}
-			item := batch.Items[rand.IntN(len(batch.Items))]
-			_, err = c.Claim(ctx, item, "bench/backlog", time.Hour)
+			t2 := time.Now()
+			_, err = c.Claim(ctx, batch.Items[0], "bench/backlog", time.Hour)
+			claim += time.Since(t2)
 			if err == nil {
+				claimedAt[pick.ID] = time.Now()
 				break
 			}
-			if !errors.Is(err, couchq.ErrClaimConflict) || tries >= maxClaimTries {
-				return samples, fmt.Errorf("claiming %s (try %d): %w", item.ID, tries, err)
+			if !errors.Is(err, couchq.ErrClaimConflict) {
+				return times, fmt.Errorf("claiming %s (try %d): %w", pick.ID, tries, err)
 			}
 		}
-		samples = append(samples, time.Since(t0))
+		times.total = append(times.total, list+read+claim)
+		times.list = append(times.list, list)
+		times.read = append(times.read, read)
+		times.claim = append(times.claim, claim)
 	}
-	return samples, nil
+	return times, nil
 }
+
+// recentClaims is how long timeClaims skips a job it claimed, as a
+// worker's runner does (a view read as it stands may still list it).
+const recentClaims = 2 * time.Second
 
 // maxClaimTries bounds the rounds of one timed claim: a view that lists
 // only jobs already claimed for this long is a failure, not lag.

@@ -267,38 +267,60 @@ func (w *docWriter) puts(ctx context.Context, clients int, d time.Duration) (flo
 // bulk posts batches of new job documents for d and returns documents
 // stored per second.
 func (w *docWriter) bulk(ctx context.Context, batch int, d time.Duration) (float64, error) {
-	u := w.t.base + "/" + url.PathEscape(w.db) + "/_bulk_docs"
 	var written int64
 	start := time.Now()
 	for time.Since(start) < d && written < maxCeilingWrites {
-		docs := make([]json.RawMessage, batch)
-		for i := range docs {
-			doc, err := w.jobDoc(fmt.Sprintf("bulk:%012d", w.seq.Add(1)), "", 0)
-			if err != nil {
-				return 0, err
-			}
-			docs[i] = doc
-		}
-		body, err := json.Marshal(map[string]any{"docs": docs})
-		if err != nil {
+		if err := w.postBatch(ctx, batch); err != nil {
 			return 0, err
-		}
-		var res []struct {
-			Error  string `json:"error"`
-			Reason string `json:"reason"`
-		}
-		if err := w.do(ctx, http.MethodPost, u, body, &res); err != nil {
-			return 0, err
-		}
-		for _, r := range res {
-			if r.Error != "" {
-				return 0, fmt.Errorf("_bulk_docs refused a document: %s: %s", r.Error, r.Reason)
-			}
-		}
-		if len(res) != batch {
-			return 0, fmt.Errorf("_bulk_docs answered %d results for %d documents", len(res), batch)
 		}
 		written += int64(batch)
 	}
 	return rate(written, time.Since(start)), nil
+}
+
+// fill stores n new job documents, batch at a time: their ids are
+// bulkID(1) to bulkID(n) in a docWriter that wrote nothing before.
+func (w *docWriter) fill(ctx context.Context, n, batch int) error {
+	for done := 0; done < n; done += batch {
+		if err := w.postBatch(ctx, min(batch, n-done)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bulkID is the id of the i-th document bulk and fill write.
+func bulkID(i int64) string { return fmt.Sprintf("bulk:%012d", i) }
+
+// postBatch stores batch new job documents in one _bulk_docs request.
+func (w *docWriter) postBatch(ctx context.Context, batch int) error {
+	u := w.t.base + "/" + url.PathEscape(w.db) + "/_bulk_docs"
+	docs := make([]json.RawMessage, batch)
+	for i := range docs {
+		doc, err := w.jobDoc(bulkID(w.seq.Add(1)), "", 0)
+		if err != nil {
+			return err
+		}
+		docs[i] = doc
+	}
+	body, err := json.Marshal(map[string]any{"docs": docs})
+	if err != nil {
+		return err
+	}
+	var res []struct {
+		Error  string `json:"error"`
+		Reason string `json:"reason"`
+	}
+	if err := w.do(ctx, http.MethodPost, u, body, &res); err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Error != "" {
+			return fmt.Errorf("_bulk_docs refused a document: %s: %s", r.Error, r.Reason)
+		}
+	}
+	if len(res) != batch {
+		return fmt.Errorf("_bulk_docs answered %d results for %d documents", len(res), batch)
+	}
+	return nil
 }

@@ -44,6 +44,7 @@ const (
 	TargetThroughputShare = 0.80                   // of the server's ceiling / 3
 	TargetWakeupP99       = 250 * time.Millisecond // idle enqueue -> handler start
 	TargetConflicts       = 0.2                    // 409s per claimed job at 16 claimants
+	TargetBacklogRatio    = 1.2                    // claim round, large backlog vs small
 	targetConflictWorkers = 16
 )
 

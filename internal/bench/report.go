@@ -117,6 +117,11 @@ func durRow(metric string, d time.Duration) Row {
 	return Row{Metric: metric, Value: ms, Unit: "ms", Text: formatMillis(ms)}
 }
 
+// formatDuration prints d as durRow does, for rows that hold several.
+func formatDuration(d time.Duration) string {
+	return formatMillis(float64(d) / float64(time.Millisecond))
+}
+
 // textRow is a figure that is not a number (a note, "n/a").
 func textRow(metric, text string) Row { return Row{Metric: metric, Text: text} }
 

@@ -58,7 +58,12 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	s.add(durRow(fmt.Sprintf("due view build over %d jobs (before timing)", cfg.Jobs), built))
+	others, err := b.buildOtherIndexes(ctx, db)
+	if err != nil {
+		return err
+	}
+	s.add(textRow(fmt.Sprintf("%d jobs: claim view build, every index on every copy built (before timing)", cfg.Jobs),
+		fmt.Sprintf("%.1f s, %.1f s", built.Seconds(), others.Seconds())))
 
 	traffic0 := b.t.stats.snapshot()
 	alloc0 := heapAllocated()
