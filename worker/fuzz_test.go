@@ -58,7 +58,7 @@ type (
 // DecodePayload (and encoding/json) produce, and its error is returned as
 // it is.
 func FuzzTypedPayload(f *testing.F) {
-	for _, s := range []string{``, `null`, `{}`, `{"to":"a@b","priority":1}`, `{"count":"3"}`, `[`, `"x"`} {
+	for _, s := range []string{``, `null`, `{}`, `{"to":"a@b","priority":1}`, `{"count":"3"}`, `[`, `"x"`, `{"due":"0000-01-01T0:00:00+24:00"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -136,9 +136,10 @@ func mustEncode(t *testing.T, v any) []byte {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
-		// Decoded values always re-encode except time.Time outside years
-		// 0-9999, which json.Unmarshal cannot produce from RFC 3339 text.
-		t.Fatalf("re-encoding decoded %T: %v", v, err)
+		// json.Unmarshal accepts RFC 3339 text that time.Time cannot
+		// encode again (an offset of +24:00, say): compare such values by
+		// the error, which names what will not encode.
+		return []byte("not encodable: " + err.Error())
 	}
 	return b
 }
