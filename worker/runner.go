@@ -261,18 +261,8 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// brought up to date when idle, when the feed reported new work (a
 	// new job of a higher priority must not wait a round), or when the
 	// view as it stood did not list enough.
-	//
-	// On a cluster it always reads the view brought up to date. There a
-	// view as it stands lists jobs a peer claimed well after the claim
-	// (each copy indexes on its own), so a runner that leaves a peer's
-	// job to it sees it left for StealAfter and takes it while its owner
-	// holds it: two peers lost 0-4 claims of 20 that way, none in ten
-	// runs reading it up to date (TestClusterPeersShareJobsWithoutRacing).
-	// It won nothing there either: a round read as it stands took longer
-	// and cost the cluster more CPU than one brought up to date (bench,
-	// section 5), and throughput did not move (section 2).
 	news := r.news.Swap(false)
-	stale := r.behind.Load() && !news && r.w.client.Replicas() <= 1
+	stale := r.behind.Load() && !news
 	now := time.Now()
 	maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return now.Sub(at) > recentClaims })
 	var cands []couchq.DueCandidate
