@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -366,11 +365,10 @@ func (d *dueCounter) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // On a cluster the runners look again after the feed reported a job only
-// while no round has found it (listed it and read it as due): the round
-// the feed woke finds it (nearly always), and the three looks after it
-// cost three due queries for nothing. Before, an idle cluster worker made
-// four per job.
-func TestClusterFeedLooksAgainOnlyForJobsNotFound(t *testing.T) {
+// while no round has listed it: the round the feed woke lists it (nearly
+// always), and the three looks after it cost three due queries for
+// nothing. Before, an idle cluster worker made four per job.
+func TestClusterFeedLooksAgainOnlyForUnlistedJobs(t *testing.T) {
 	cb := setupCluster(t, couchq.Config{})
 	var due *dueCounter
 	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
@@ -401,85 +399,6 @@ func TestClusterFeedLooksAgainOnlyForJobsNotFound(t *testing.T) {
 		if n := due.n.Load() - before; n > 2 {
 			t.Errorf("job %d: %d due queries, want at most 2", i, n)
 		}
-	}
-}
-
-// missedRead answers the next read of jobs by id (_all_docs with keys)
-// as copies that do not hold them yet would, once armed: not found.
-type missedRead struct {
-	next   http.RoundTripper
-	arm    atomic.Bool
-	missed atomic.Int64
-}
-
-func (m *missedRead) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.URL.Path, "/_all_docs") || r.Method != http.MethodPost || !m.arm.Load() {
-		return m.next.RoundTrip(r)
-	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return nil, err
-	}
-	_ = r.Body.Close()
-	var req struct {
-		Keys []string `json:"keys"`
-	}
-	if err := json.Unmarshal(body, &req); err != nil || len(req.Keys) == 0 || !m.arm.CompareAndSwap(true, false) {
-		r = r.Clone(r.Context())
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		return m.next.RoundTrip(r)
-	}
-	m.missed.Add(1)
-	type row struct {
-		Key   string `json:"key"`
-		Error string `json:"error"`
-	}
-	var answer struct {
-		Rows []row `json:"rows"`
-	}
-	for _, k := range req.Keys {
-		answer.Rows = append(answer.Rows, row{Key: k, Error: "not_found"})
-	}
-	data, _ := json.Marshal(answer)
-	return &http.Response{
-		StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{"Content-Type": {"application/json"}},
-		Body:   io.NopCloser(bytes.NewReader(data)), ContentLength: int64(len(data)), Request: r,
-	}, nil
-}
-
-// A job the round listed but could not read by id (the read asked copies
-// that did not hold it yet) still runs at once, by the runner's next round
-// (a round that read fewer jobs than it picked looks again) and the feed's
-// looks, which only a job found, listed and read as due, ends.
-func TestClusterFeedLooksAgainForAJobListedButNotRead(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	var miss *missedRead
-	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
-		miss = &missedRead{next: next}
-		return miss
-	})
-	ran := make(chan struct{}, 1)
-	cfg := clusterWorker(cb.log, map[string]worker.Handler{"unread": worker.HandlerFunc(func(context.Context, *worker.Job) error {
-		ran <- struct{}{}
-		return nil
-	})})
-	cfg.FallbackPoll = time.Minute // a test that passes proves the looks, not the poll
-	runWorker(t, cb.ctx, client, cfg)
-	time.Sleep(500 * time.Millisecond) // past the runner's first look
-	miss.arm.Store(true)
-	began := time.Now()
-	if _, err := cb.clients[1].Enqueue(cb.ctx, couchq.NewJob{Worker: "unread"}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ran:
-		t.Logf("ran %s after the enqueue", time.Since(began).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the job did not run within 10 s of a read that missed it (fallback poll %s)", cfg.FallbackPoll)
-	}
-	if miss.missed.Load() != 1 {
-		t.Fatalf("%d reads missed the job, want 1: the test proved nothing", miss.missed.Load())
 	}
 }
 

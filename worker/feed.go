@@ -64,7 +64,7 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		}
 		if fc.Jobs > 0 {
 			if w.client.Replicas() > 1 {
-				w.reportedJobs.add(fc.JobIDs, time.Now())
+				w.unlisted.reported(fc.JobIDs, time.Now())
 				w.relook(ctx)
 			}
 			w.wakeAll()
@@ -88,38 +88,35 @@ const (
 // default): the bench saw that for about one job in a hundred on an idle
 // cluster. A runner busy meanwhile takes the wake-up as a fresh look.
 //
-// It looks again only while a job the feed reported has not been found
-// by a round since (listed, and read by id as due): on an idle cluster the
-// round the feed woke finds the job nearly always, and the three looks
-// after it cost about three due queries (and ten HTTP requests) per job
-// for nothing. Listed is not enough: the read by id may ask copies that
-// do not hold the job yet either, and the round then leaves it out. A job
-// that is not due yet, or that another worker claimed first, is never
-// found, and keeps the looks going, as before.
+// It looks again only while a job the feed reported has not been listed
+// by a round since: on an idle cluster the round the feed woke lists the
+// job nearly always, and the three looks after it cost about three due
+// queries (and ten HTTP requests) per job for nothing. A job that is not
+// due yet, or that another worker claimed first, is never listed, and
+// keeps the looks going, as before.
 func (w *Worker) relook(ctx context.Context) {
 	for _, d := range []time.Duration{relookSoon, relookAgain, relookLater} {
 		time.AfterFunc(d, func() {
-			if ctx.Err() == nil && !w.stopping() && w.reportedJobs.pending(time.Now()) {
+			if ctx.Err() == nil && !w.stopping() && w.unlisted.any(time.Now()) {
 				w.wakeAll()
 			}
 		})
 	}
 }
 
-// reportedJobs are the jobs the feed reported on a cluster that no round
-// has found since, for relook. An entry is forgotten once the last look
+// unlistedJobs are the jobs the feed reported on a cluster that no round
+// has listed since, for relook. An entry is forgotten once the last look
 // for it is past.
-type reportedJobs struct {
+type unlistedJobs struct {
 	mu  sync.Mutex
 	ids map[string]time.Time // id -> when the feed reported it
 }
 
-// reportedFor is how long a reported job keeps the looks going: past the
+// unlistedFor is how long a reported job keeps the looks going: past the
 // last one (relookLater), nothing looks for it but the fallback poll.
-const reportedFor = relookLater + relookSoon
+const unlistedFor = relookLater + relookSoon
 
-// add notes the jobs the feed reported at.
-func (u *reportedJobs) add(ids []string, at time.Time) {
+func (u *unlistedJobs) reported(ids []string, at time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.ids == nil {
@@ -130,25 +127,25 @@ func (u *reportedJobs) add(ids []string, at time.Time) {
 	}
 }
 
-// found notes the jobs a round listed and read as due, about to claim
-// them: the feed's news of them has reached the copies the runners read.
-func (u *reportedJobs) found(items []*couchq.WorkItem) {
+// listed notes the candidates a round listed: the feed's news of them
+// has reached the view the runners read.
+func (u *unlistedJobs) listed(cands []couchq.DueCandidate) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.ids) == 0 {
 		return
 	}
-	for _, it := range items {
-		delete(u.ids, it.ID)
+	for _, c := range cands {
+		delete(u.ids, c.ID)
 	}
 }
 
-// pending reports whether a job reported less than reportedFor before now
-// is still not found, forgetting older ones.
-func (u *reportedJobs) pending(now time.Time) bool {
+// any reports whether a job reported less than unlistedFor before now is
+// still unlisted, forgetting older ones.
+func (u *unlistedJobs) any(now time.Time) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	maps.DeleteFunc(u.ids, func(_ string, at time.Time) bool { return now.Sub(at) > reportedFor })
+	maps.DeleteFunc(u.ids, func(_ string, at time.Time) bool { return now.Sub(at) > unlistedFor })
 	return len(u.ids) > 0
 }
 

@@ -287,6 +287,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 		listed = len(cands)
 		r.longList = listed == k
+		r.w.unlisted.listed(cands)
 		cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
 			_, mine := r.claimedAt[c.ID]
@@ -337,7 +338,6 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return false, time.Time{}, err
 	}
 	r.w.refreshPeersIfNew(ctx, batch.ClaimedBy)
-	r.w.reportedJobs.found(batch.Items)
 	repaired := 0
 	if len(batch.Malformed) > 0 {
 		repaired = r.quarantine(ctx, batch.Malformed)

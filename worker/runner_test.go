@@ -260,27 +260,27 @@ func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
 }
 
 // A job the feed reported keeps the cluster's re-looks going until a round
-// finds it, and no longer than the last look.
-func TestReportedJobsKeepTheLooksGoingUntilFound(t *testing.T) {
-	var u reportedJobs
+// lists it, and no longer than the last look.
+func TestUnlistedJobsKeepTheLooksGoingUntilListed(t *testing.T) {
+	var u unlistedJobs
 	t0 := time.Unix(1_700_000_000, 0)
-	if u.pending(t0) {
+	if u.any(t0) {
 		t.Fatal("nothing reported, yet a look")
 	}
-	u.add([]string{"a", "b"}, t0)
-	u.found([]*couchq.WorkItem{{ID: "a"}, {ID: "other"}})
-	if !u.pending(t0.Add(relookSoon)) {
-		t.Fatal("b was never found, yet no look")
+	u.reported([]string{"a", "b"}, t0)
+	u.listed([]couchq.DueCandidate{{ID: "a"}, {ID: "other"}})
+	if !u.any(t0.Add(relookSoon)) {
+		t.Fatal("b was never listed, yet no look")
 	}
-	u.found([]*couchq.WorkItem{{ID: "b"}})
-	if u.pending(t0.Add(relookAgain)) {
-		t.Fatal("every reported job was found, yet a look")
+	u.listed([]couchq.DueCandidate{{ID: "b"}})
+	if u.any(t0.Add(relookAgain)) {
+		t.Fatal("every reported job was listed, yet a look")
 	}
-	u.add([]string{"c"}, t0)
-	if !u.pending(t0.Add(relookLater)) {
-		t.Fatal("c not found at the last look, yet no look")
+	u.reported([]string{"c"}, t0)
+	if !u.any(t0.Add(relookLater)) {
+		t.Fatal("c unlisted at the last look, yet no look")
 	}
-	if u.pending(t0.Add(reportedFor + time.Millisecond)) {
+	if u.any(t0.Add(unlistedFor + time.Millisecond)) {
 		t.Fatal("c still looked for after the last look")
 	}
 }

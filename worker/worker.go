@@ -70,9 +70,9 @@ type Worker struct {
 	started time.Time
 	busy    time.Duration // summed job run time, for utilization
 
-	registry     *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
-	peers        peers              // the other live workers of each type (registry)
-	reportedJobs reportedJobs       // jobs the feed reported that no round found yet (relook)
+	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
+	peers    peers              // the other live workers of each type (registry)
+	unlisted unlistedJobs       // jobs the feed reported that no round listed yet (relook)
 
 	stats struct {
 		claimed, conflicts, conceded, completed, failed, lost, queries, slowRenewals atomic.Int64
