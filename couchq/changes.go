@@ -23,8 +23,6 @@ func grace(timeout time.Duration) time.Duration {
 type FeedChanges struct {
 	// Jobs is how many changes of claimable WorkItems arrived.
 	Jobs int
-	// JobIDs are those WorkItems' ids, in the feed's order.
-	JobIDs []string
 	// Controls are the job types whose control document changed (a pause
 	// or a resume, see TypeControl).
 	Controls []string
@@ -73,7 +71,6 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 			fc.Joined++
 		} else {
 			fc.Jobs++
-			fc.JobIDs = append(fc.JobIDs, id)
 		}
 	}
 	return fc, last, err

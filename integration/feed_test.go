@@ -349,59 +349,6 @@ func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
 	}
 }
 
-// dueCounter counts queries for due jobs (not those for the next
-// scheduled one).
-type dueCounter struct {
-	next http.RoundTripper
-	n    atomic.Int64
-}
-
-func (d *dueCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	r, query, err := readDueQuery(r)
-	if err == nil && query == dueNow {
-		d.n.Add(1)
-	}
-	return d.next.RoundTrip(r)
-}
-
-// On a cluster the runners look again after the feed reported a job only
-// while no round has listed it: the round the feed woke lists it (nearly
-// always), and the three looks after it cost three due queries for
-// nothing. Before, an idle cluster worker made four per job.
-func TestClusterFeedLooksAgainOnlyForUnlistedJobs(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	var due *dueCounter
-	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
-		due = &dueCounter{next: next}
-		return due
-	})
-	ran := make(chan struct{}, 1)
-	cfg := clusterWorker(cb.log, map[string]worker.Handler{"listed": worker.HandlerFunc(func(context.Context, *worker.Job) error {
-		ran <- struct{}{}
-		return nil
-	})})
-	cfg.FallbackPoll = time.Minute
-	runWorker(t, cb.ctx, client, cfg)
-	time.Sleep(500 * time.Millisecond) // past the runner's first look
-	for i := range 3 {
-		before := due.n.Load()
-		if _, err := cb.clients[1].Enqueue(cb.ctx, couchq.NewJob{Worker: "listed"}); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ran:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("job %d did not run within 10 s", i)
-		}
-		time.Sleep(1500 * time.Millisecond) // past every look (the last is 1 s after the feed's news)
-		// One round for the feed's news, one more if that round read a
-		// copy that did not hold the job yet.
-		if n := due.n.Load() - before; n > 2 {
-			t.Errorf("job %d: %d due queries, want at most 2", i, n)
-		}
-	}
-}
-
 // hangingDue leaves the next query of a due view unanswered, until the
 // request is cancelled, once armed: as CouchDB 3.5.0 did with a node
 // stopped mid-query.

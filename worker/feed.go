@@ -2,11 +2,7 @@ package worker
 
 import (
 	"context"
-	"maps"
-	"sync"
 	"time"
-
-	"github.com/couchq/couchq/couchq"
 )
 
 // followChanges long-polls the database's _changes feed, filtered to
@@ -63,11 +59,10 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 			w.refreshPeers(ctx) // share the jobs with the newcomer from now on
 		}
 		if fc.Jobs > 0 {
+			w.wakeAll()
 			if w.client.Replicas() > 1 {
-				w.unlisted.reported(fc.JobIDs, time.Now())
 				w.relook(ctx)
 			}
-			w.wakeAll()
 		}
 	}
 }
@@ -87,66 +82,14 @@ const (
 // else would wake the runner for it until the fallback poll (30 s by
 // default): the bench saw that for about one job in a hundred on an idle
 // cluster. A runner busy meanwhile takes the wake-up as a fresh look.
-//
-// It looks again only while a job the feed reported has not been listed
-// by a round since: on an idle cluster the round the feed woke lists the
-// job nearly always, and the three looks after it cost about three due
-// queries (and ten HTTP requests) per job for nothing. A job that is not
-// due yet, or that another worker claimed first, is never listed, and
-// keeps the looks going, as before.
 func (w *Worker) relook(ctx context.Context) {
 	for _, d := range []time.Duration{relookSoon, relookAgain, relookLater} {
 		time.AfterFunc(d, func() {
-			if ctx.Err() == nil && !w.stopping() && w.unlisted.any(time.Now()) {
+			if ctx.Err() == nil && !w.stopping() {
 				w.wakeAll()
 			}
 		})
 	}
-}
-
-// unlistedJobs are the jobs the feed reported on a cluster that no round
-// has listed since, for relook. An entry is forgotten once the last look
-// for it is past.
-type unlistedJobs struct {
-	mu  sync.Mutex
-	ids map[string]time.Time // id -> when the feed reported it
-}
-
-// unlistedFor is how long a reported job keeps the looks going: past the
-// last one (relookLater), nothing looks for it but the fallback poll.
-const unlistedFor = relookLater + relookSoon
-
-func (u *unlistedJobs) reported(ids []string, at time.Time) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.ids == nil {
-		u.ids = map[string]time.Time{}
-	}
-	for _, id := range ids {
-		u.ids[id] = at
-	}
-}
-
-// listed notes the candidates a round listed: the feed's news of them
-// has reached the view the runners read.
-func (u *unlistedJobs) listed(cands []couchq.DueCandidate) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.ids) == 0 {
-		return
-	}
-	for _, c := range cands {
-		delete(u.ids, c.ID)
-	}
-}
-
-// any reports whether a job reported less than unlistedFor before now is
-// still unlisted, forgetting older ones.
-func (u *unlistedJobs) any(now time.Time) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	maps.DeleteFunc(u.ids, func(_ string, at time.Time) bool { return now.Sub(at) > unlistedFor })
-	return len(u.ids) > 0
 }
 
 // refreshPaused reads the control documents of the worker's types and

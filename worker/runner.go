@@ -287,7 +287,6 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 		listed = len(cands)
 		r.longList = listed == k
-		r.w.unlisted.listed(cands)
 		cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
 			_, mine := r.claimedAt[c.ID]

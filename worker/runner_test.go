@@ -258,29 +258,3 @@ func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
 		}
 	}
 }
-
-// A job the feed reported keeps the cluster's re-looks going until a round
-// lists it, and no longer than the last look.
-func TestUnlistedJobsKeepTheLooksGoingUntilListed(t *testing.T) {
-	var u unlistedJobs
-	t0 := time.Unix(1_700_000_000, 0)
-	if u.any(t0) {
-		t.Fatal("nothing reported, yet a look")
-	}
-	u.reported([]string{"a", "b"}, t0)
-	u.listed([]couchq.DueCandidate{{ID: "a"}, {ID: "other"}})
-	if !u.any(t0.Add(relookSoon)) {
-		t.Fatal("b was never listed, yet no look")
-	}
-	u.listed([]couchq.DueCandidate{{ID: "b"}})
-	if u.any(t0.Add(relookAgain)) {
-		t.Fatal("every reported job was listed, yet a look")
-	}
-	u.reported([]string{"c"}, t0)
-	if !u.any(t0.Add(relookLater)) {
-		t.Fatal("c unlisted at the last look, yet no look")
-	}
-	if u.any(t0.Add(unlistedFor + time.Millisecond)) {
-		t.Fatal("c still looked for after the last look")
-	}
-}

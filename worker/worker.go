@@ -72,7 +72,6 @@ type Worker struct {
 
 	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
 	peers    peers              // the other live workers of each type (registry)
-	unlisted unlistedJobs       // jobs the feed reported that no round listed yet (relook)
 
 	stats struct {
 		claimed, conflicts, conceded, completed, failed, lost, queries, slowRenewals atomic.Int64
