@@ -247,7 +247,7 @@ func (b *run) standardNotes(rep *Report) []string {
 func settings(c Config, kind string) map[string]any {
 	scaled := ""
 	if kind == ServerCluster && c.ClusterScale < 1 {
-		scaled = fmt.Sprintf("the cluster's: --jobs, --contention-jobs, --backlog-large and --rate scaled by --cluster-scale %g", c.ClusterScale)
+		scaled = fmt.Sprintf("the cluster's: --jobs, --backlog-large and --rate scaled by --cluster-scale %g", c.ClusterScale)
 	}
 	set := map[string]any{
 		"sections":               c.Sections,

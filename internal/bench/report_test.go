@@ -74,7 +74,7 @@ func TestWriteTablesPerServer(t *testing.T) {
 		Nodes:    []string{"http://127.0.0.1:1", "http://127.0.0.2:2", "http://127.0.0.3:3"},
 		Origin:   "3-node cluster started by the bench from /opt/couchdb (the default location)",
 		Topology: "3-node cluster, q=2, n=3", Clients: "queue clients: the node list with failover", CPU: "the 3 nodes summed"}
-	cluster.Settings = settings(Config{Jobs: 2000, Workers: 16, ContentionJobs: 160, BacklogSmall: 1000, BacklogLarge: 8000, ClusterScale: 0.4}, ServerCluster)
+	cluster.Settings = settings(Config{Jobs: 2000, Workers: 16, ContentionJobs: 400, BacklogSmall: 1000, BacklogLarge: 8000, ClusterScale: 0.4}, ServerCluster)
 	skipped := &Report{Started: cluster.Started, Server: ServerInfo{Kind: ServerCouchDB}, Skipped: "no Apache CouchDB release at /x"}
 	var buf bytes.Buffer
 	if err := WriteTables(&buf, []*Report{cluster, skipped}); err != nil {
@@ -87,7 +87,7 @@ func TestWriteTablesPerServer(t *testing.T) {
 		"nodes:   http://127.0.0.1:1 http://127.0.0.2:2 http://127.0.0.3:3\n",
 		"clients: queue clients: the node list with failover\n",
 		"server CPU: the 3 nodes summed\n",
-		"sizes:   --jobs 2000, --workers 16, --contention-jobs 160, --backlog-small 1000, --backlog-large 8000 (the cluster's: --jobs, --contention-jobs, --backlog-large and --rate scaled by --cluster-scale 0.4)\n",
+		"sizes:   --jobs 2000, --workers 16, --contention-jobs 400, --backlog-small 1000, --backlog-large 8000 (the cluster's: --jobs, --backlog-large and --rate scaled by --cluster-scale 0.4)\n",
 		"* a note\n\ncouchq-bench  2026-01-02T03:04:05Z  [couchdb]\nserver:  couchdb: skipped: no Apache CouchDB release at /x\n",
 	} {
 		if !strings.Contains(out, want) {

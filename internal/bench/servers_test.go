@@ -86,8 +86,8 @@ func TestPlanServers(t *testing.T) {
 	}
 }
 
-// The cluster runs smaller sections 2, 4 and 5 and a slower section 3;
-// every other server the sizes given.
+// The cluster runs smaller sections 2 and 5 and a slower section 3, and
+// section 4's full backlog; every other server the sizes given.
 func TestForServerScalesTheCluster(t *testing.T) {
 	c := Config{Jobs: 5000, ContentionJobs: 400, BacklogSmall: 1000, BacklogLarge: 20000, Claims: 200, ClusterScale: 0.4}.WithDefaults()
 	for _, kind := range []string{ServerCouchDB, ServerPouchDB, serverURL} {
@@ -96,7 +96,7 @@ func TestForServerScalesTheCluster(t *testing.T) {
 		}
 	}
 	got := c.forServer(ServerCluster)
-	if got.Jobs != 2000 || got.ContentionJobs != 160 || got.BacklogLarge != 8000 || got.BacklogSmall != 1000 {
+	if got.Jobs != 2000 || got.ContentionJobs != 400 || got.BacklogLarge != 8000 || got.BacklogSmall != 1000 {
 		t.Errorf("cluster: jobs %d, contention %d, backlog %d / %d", got.Jobs, got.ContentionJobs, got.BacklogSmall, got.BacklogLarge)
 	}
 	// Section 3 enqueues at the scaled rate, half as many jobs (200 at 20/s for 10 s on a node).
@@ -109,7 +109,7 @@ func TestForServerScalesTheCluster(t *testing.T) {
 	// Never below the small backlog (section 5 compares the two), nor below one job.
 	c.ClusterScale = 0.001
 	got = c.forServer(ServerCluster)
-	if got.Jobs != 5 || got.ContentionJobs != 1 || got.BacklogLarge != 1000 {
+	if got.Jobs != 5 || got.ContentionJobs != 400 || got.BacklogLarge != 1000 {
 		t.Errorf("scaled far down: jobs %d, contention %d, large backlog %d", got.Jobs, got.ContentionJobs, got.BacklogLarge)
 	}
 	if got.Duration != 50*time.Second {
