@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -53,6 +54,9 @@ func (b *run) runBacklog(ctx context.Context, s *Section) error {
 		}
 		s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, claim view build, every index on every copy built", size),
 			fmt.Sprintf("%.1f s, %.1f s, %.1f s", took.Seconds(), built.Seconds(), others.Seconds())))
+		if i == 1 {
+			b.enqueueRows(s, size, took)
+		}
 		if idle, ok := b.idleServerCPU(ctx); ok {
 			s.add(textRow(fmt.Sprintf("%d due jobs: server CPU while nobody asks, before claims", size),
 				fmt.Sprintf("%s per second", formatDuration(idle))))
@@ -92,6 +96,27 @@ func (b *run) runBacklog(ctx context.Context, s *Section) error {
 		s.add(row)
 	}
 	return nil
+}
+
+// enqueueRows judges the enqueue of the large backlog (EnqueueMany) against
+// section 1's bulk ceiling: the bare database's (the yardstick) and,
+// for what couchq's design document costs, the one with the design
+// document as this run installs it (validation on or off).
+func (b *run) enqueueRows(s *Section, size int, took time.Duration) {
+	r := rate(int64(size), took)
+	row := s.add(numRow(fmt.Sprintf("%d due jobs: enqueue rate (EnqueueMany, %d per request)", size, enqueueBatch), r, "jobs/s", 0))
+	if b.ceiling == nil {
+		row.Target = "vs the bulk ceiling: run section 1"
+		return
+	}
+	bare := b.ceiling.bulkBare
+	row.target(fmt.Sprintf(">= %.0f%% of %.0f docs/s (bulk, bare)", TargetEnqueueShare*100, bare), r >= TargetEnqueueShare*bare)
+	design, what := b.ceiling.bulkDesign, "with couchq's design doc"
+	if b.cfg.Validation == designdocs.ValidationOff {
+		design, what = b.ceiling.bulkNoValidation, "design doc with validation off"
+	}
+	s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, share of the bulk ceiling, bare / %s", size, what),
+		fmt.Sprintf("%.1f %% / %.1f %%", 100*ratio(r, bare), 100*ratio(r, design))))
 }
 
 // timeBareUpdates times what a claim round asks of the server at its

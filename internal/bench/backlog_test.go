@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -95,5 +96,40 @@ func TestTimeClaimsMakesAWorkersRound(t *testing.T) {
 	}
 	if got := counts[jobType][couchq.StatusRunning]; got != 2*claims {
 		t.Errorf("%d jobs running, want %d (%v)", got, 2*claims, counts)
+	}
+}
+
+// The large backlog's enqueue is judged against the bare bulk ceiling, and
+// shown as a share of the design document's ceiling as the run installs it.
+func TestEnqueueRowsJudgeTheBulkCeiling(t *testing.T) {
+	ceiling := &ceilingResult{bulkBare: 10000, bulkDesign: 1000, bulkNoValidation: 9000}
+	for _, tc := range []struct {
+		validation designdocs.Validation
+		took       time.Duration
+		met        bool
+		share      string
+	}{
+		{designdocs.ValidationOn, 200 * time.Second, false, "5.0 % / 50.0 %"},   // 500 jobs/s
+		{designdocs.ValidationOff, 10 * time.Second, true, "100.0 % / 111.1 %"}, // 10,000 jobs/s
+		{designdocs.ValidationOff, 15 * time.Second, false, "66.7 % / 74.1 %"},  // 6,667 jobs/s
+	} {
+		b := &run{cfg: Config{Validation: tc.validation}, ceiling: ceiling}
+		var s Section
+		b.enqueueRows(&s, 100000, tc.took)
+		if len(s.Rows) != 2 {
+			t.Fatalf("%d rows, want 2: %+v", len(s.Rows), s.Rows)
+		}
+		if m := s.Rows[0].Met; m == nil || *m != tc.met || !strings.Contains(s.Rows[0].Target, "10000 docs/s (bulk, bare)") {
+			t.Errorf("validation %s, %s: target %q met %v, want met %v", tc.validation, tc.took, s.Rows[0].Target, m, tc.met)
+		}
+		if s.Rows[1].Text != tc.share {
+			t.Errorf("validation %s, %s: shares %q, want %q", tc.validation, tc.took, s.Rows[1].Text, tc.share)
+		}
+	}
+	// Without section 1 there is nothing to judge against.
+	var s Section
+	(&run{}).enqueueRows(&s, 100000, time.Second)
+	if len(s.Rows) != 1 || s.Rows[0].Met != nil || !strings.Contains(s.Rows[0].Target, "run section 1") {
+		t.Errorf("without a ceiling: %+v", s.Rows)
 	}
 }

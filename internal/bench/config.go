@@ -45,6 +45,7 @@ const (
 	TargetWakeupP99       = 250 * time.Millisecond // idle enqueue -> handler start
 	TargetConflicts       = 0.2                    // 409s per claimed job at 16 claimants
 	TargetBacklogRatio    = 1.2                    // claim round, large backlog vs small
+	TargetEnqueueShare    = 0.80                   // enqueue of the large backlog, of the bulk ceiling (bare)
 	targetConflictWorkers = 16
 )
 
