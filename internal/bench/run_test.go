@@ -82,6 +82,7 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		}
 	}
 	checkCeilingAndThroughputRows(t, rep, true)
+	checkBacklogRows(t, rep)
 	checkClaimIndexRows(t, rep)
 	// Every database the bench made is gone.
 	dbs, err := srv.Client(t).AllDBs(context.Background())
@@ -103,6 +104,30 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		t.Fatalf("JSON report: %v", err)
 	}
 	t.Logf("\n%s", table.String())
+}
+
+// checkBacklogRows checks section 5: the round is timed as it stands
+// (update=lazy) only on Apache CouchDB, whoever started the server, and
+// the large backlog's enqueue is judged against section 1's ceiling.
+func checkBacklogRows(t *testing.T, rep *Report) {
+	t.Helper()
+	lazy := srv.Caps().Vendor == "couchdb"
+	asItStands, enqueueJudged := false, false
+	for _, s := range rep.Sections {
+		if s.ID != SectionBacklog {
+			continue
+		}
+		for _, r := range s.Rows {
+			asItStands = asItStands || strings.Contains(r.Metric, "as it stands")
+			enqueueJudged = enqueueJudged || (strings.Contains(r.Metric, "enqueue rate") && r.Met != nil)
+		}
+	}
+	if asItStands != lazy {
+		t.Errorf("section 5 times the view as it stands: %v, want %v (server %s)", asItStands, lazy, srv.Caps().Vendor)
+	}
+	if !enqueueJudged {
+		t.Error("section 5 does not judge the enqueue rate against the bulk ceiling")
+	}
 }
 
 // checkClaimIndexRows checks section 8: every kind of index is measured
