@@ -129,16 +129,15 @@ type Config struct {
 
 // Defaults. They are sized so that `make bench`, which measures every
 // local server, ends within about 15 minutes on a 2-core machine running
-// the servers next to the bench (14 min 49 s on 2026-11-23, with other work
-// on the machine). PouchDB Server 4.2.0 takes about 3 minutes
-// (single-document writes 130-350/s, the queue 60-110 jobs/s). A single
-// Apache CouchDB 3.5 node takes 6-8: couchq's validate_doc_update runs in
-// couchjs and holds its single-document writes to about 100-160/s, the
-// queue to about 30 jobs/s. The 3-node cluster replicates every write
-// three times on the same two cores and runs the queue at a third of the
-// node's rate (45 jobs/s on 2026-11-24), so it runs sections 2 and 5 at
-// ClusterScaleDefault of these sizes (about 4 minutes). Scale up with the
-// flags on a faster server.
+// the servers next to the bench (9 min 52 s on 2026-11-25). PouchDB Server
+// 4.2.0 takes about 3 minutes (single-document writes 290-370/s, the queue
+// about 110 jobs/s). A single Apache CouchDB 3.5 node takes about 3:
+// couchq's validate_doc_update runs in couchjs and holds its
+// single-document writes to about 180-300/s, the queue to 120-150 jobs/s.
+// The 3-node cluster replicates every write three times on the same two
+// cores and runs the queue at a third of the node's rate (45-49 jobs/s),
+// so it runs sections 2 and 5 at ClusterScaleDefault of these sizes (about
+// 4 minutes). Scale up with the flags on a faster server.
 const (
 	ClientsDefault               = 8
 	CeilingTimeDefault           = 2 * time.Second
