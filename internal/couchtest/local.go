@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -65,8 +66,17 @@ func (s *Server) Cluster(t testing.TB) *Cluster {
 		}
 		t.Fatalf("couchtest: %v", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), wholeTimeout)
+	defer cancel()
+	if err := c.couch.WaitWhole(ctx); err != nil {
+		t.Fatalf("couchtest: the cluster is not whole before the test (an earlier test's stopped or cut-off node has not come back): %v", err)
+	}
 	return c
 }
+
+// wholeTimeout bounds how long Cluster waits for a node an earlier test brought back to
+// reconnect (seconds, usually).
+const wholeTimeout = 2 * time.Minute
 
 var errNoRelease = errors.New("no local Apache CouchDB release")
 
