@@ -231,6 +231,9 @@ func (b *run) standardNotes(rep *Report) []string {
 		n = append(n, "Queue clients are instrumented: couchq.ConnectHTTP over a counting wrapper of couchq's own transport, with "+
 			idle+". --instrument=false uses couchq.Connect's client as is.")
 	}
+	if slices.Contains(b.cfg.Sections, SectionThroughput) {
+		n = append(n, minimalNote())
+	}
 	if b.earlier > 0 && slices.Contains(b.cfg.Sections, SectionMemory) {
 		n = append(n, fmt.Sprintf("The peak RSS of this process (section 6) is the whole command's: it includes the %d server(s) measured before this one.", b.earlier))
 	}

@@ -222,6 +222,7 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 	if p50 <= 0 || p99 < p50 {
 		t.Errorf("%s: enqueue -> start p50 %g ms, p99 %g ms", rep.Server.Kind, p50, p99)
 	}
+	checkMinimalQueueRows(t, rep, tput.Value)
 	if instrumented {
 		for _, m := range []string{"2/bytes sent per job (on the wire: HTTP headers and bodies)",
 			"2/bytes received per job (on the wire: HTTP headers and bodies)", "2/HTTP requests per job"} {
@@ -230,6 +231,40 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 				t.Errorf("%s: %s = %g", rep.Server.Kind, m, v)
 			}
 		}
+	}
+}
+
+// checkMinimalQueueRows checks section 2's yardstick: both minimal queues
+// ran every job, and couchq's throughput tput is given as a share of the
+// one that reads the claim view.
+func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
+	t.Helper()
+	var byID, inView, share, skipped *Row
+	for i, r := range rep.Sections[1].Rows {
+		switch r.Metric {
+		case "minimal queue (yardstick)":
+			skipped = &rep.Sections[1].Rows[i]
+		case "minimal queue: jobs found by id, bare database":
+			byID = &rep.Sections[1].Rows[i]
+		case "minimal queue: jobs found in the claim view":
+			inView = &rep.Sections[1].Rows[i]
+		case "couchq's throughput as a share of the minimal queue in the claim view":
+			share = &rep.Sections[1].Rows[i]
+		}
+	}
+	if rep.Server.Vendor != "couchdb" {
+		// Not run there, and said so.
+		if skipped == nil || !strings.HasPrefix(skipped.Text, "not run: ") || byID != nil || inView != nil {
+			t.Errorf("%s: the minimal queue is for Apache CouchDB only: skipped %v, by id %v, in the view %v", rep.Server.Kind, skipped, byID, inView)
+		}
+		return
+	}
+	if byID == nil || inView == nil || share == nil {
+		t.Fatalf("%s: minimal queue rows: by id %v, in the view %v, share %v", rep.Server.Kind, byID, inView, share)
+	}
+	if byID.Value <= 0 || inView.Value <= 0 || !near(share.Value, 100*tput/inView.Value) {
+		t.Errorf("%s: minimal queue %g jobs/s by id, %g in the view; couchq's share %g%%, want 100 × %g / %g",
+			rep.Server.Kind, byID.Value, inView.Value, share.Value, tput, inView.Value)
 	}
 }
 

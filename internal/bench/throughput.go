@@ -126,14 +126,14 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 		b.requestRows(s, tr, cfg.Jobs)
 		cpuRows(s, "", cpu0, cpu1, cfg.Jobs)
 		s.add(numRow("Go heap allocated per job, bench process", float64(alloc)/float64(cfg.Jobs)/1024, "KiB", 1))
-		return nil
+		return b.runMinimalQueues(ctx, s, cfg.Jobs, tput)
 	}
 	if wb.workerOK {
 		s.add(durRow("CPU per job, worker processes", wb.workerCPU/time.Duration(cfg.Jobs)))
 	}
 	cpu0.ok = false // the bench process only watched the worker processes
 	cpuRows(s, "", cpu0, cpu1, cfg.Jobs)
-	return nil
+	return b.runMinimalQueues(ctx, s, cfg.Jobs, tput)
 }
 
 // workInProcess runs the backlog with worker.Worker values in this process.

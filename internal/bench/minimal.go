@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A minimal queue is the yardstick between the server's bulk ceiling and
+// couchq: the least any queue on this server can ask of it per job. Plain
+// HTTP, no leases, confirmations, history beyond the document's, feed or
+// retries: claimers each take a batch, claim it with one _bulk_docs and
+// finish it with another. Run twice: finding the jobs by id (no index at
+// all: the cost of reading and writing alone) and through couchq's claim
+// view (what finding due work by a view adds, which every view-claimed
+// queue pays). The issue's 80 % of bulk/3 asks more than either reaches
+// here, so these rows show how far the target is from the server's own
+// reach and how much of the rest is couchq's.
+const (
+	minimalClaimers = 4
+	minimalBatch    = 100
+)
+
+// minimalStall ends a minimal queue's run in which no job finished for
+// this long, rather than waiting for the server's timeout.
+const minimalStall = 20 * time.Second
+
+// minimalQueue works n job documents (bulkID(1) to bulkID(n), written by
+// fill) through claim and finish.
+type minimalQueue struct {
+	w      *docWriter
+	n      int
+	byView bool // find due jobs in couchq's claim view, else by id
+}
+
+// minimalRun is what a minimal queue's run measured.
+type minimalRun struct {
+	jobs int64
+	wall time.Duration
+	cpu0 cpuUse
+	cpu1 cpuUse
+}
+
+// run works the jobs and returns the jobs done and the time taken.
+func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64 // by id: the last id handed out
+	var done atomic.Int64
+	var firstErr error
+	var once sync.Once
+	fail := func(err error) { once.Do(func() { firstErr = err; cancel() }) }
+	res := minimalRun{cpu0: cpu()}
+	start := time.Now()
+	var progress atomic.Int64 // when a batch last finished, in ns since start
+	var wg sync.WaitGroup
+	for g := range minimalClaimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for done.Load() < int64(q.n) && ctx.Err() == nil {
+				var batch []minimalJob
+				var err error
+				if q.byView {
+					batch, err = q.dueInView(ctx, g)
+				} else {
+					batch, err = q.byID(ctx, &next)
+				}
+				if err != nil {
+					fail(err)
+					return
+				}
+				if stalled := time.Since(start) - time.Duration(progress.Load()); stalled > minimalStall {
+					fail(fmt.Errorf("no job finished in %v (%d of %d done)", stalled.Round(time.Second), done.Load(), q.n))
+					return
+				}
+				if len(batch) == 0 {
+					if !q.byView {
+						return // every id handed out
+					}
+					// Others' claims not yet finished: look again.
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				n, err := q.claimAndFinish(ctx, batch)
+				if err != nil {
+					fail(err)
+					return
+				}
+				done.Add(int64(n))
+				if n > 0 {
+					progress.Store(int64(time.Since(start)))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.wall, res.cpu1, res.jobs = time.Since(start), cpu(), done.Load()
+	if firstErr != nil {
+		return res, fmt.Errorf("minimal queue: %w", firstErr)
+	}
+	if res.jobs != int64(q.n) {
+		return res, fmt.Errorf("minimal queue: %d of %d jobs done", res.jobs, q.n)
+	}
+	return res, nil
+}
+
+// minimalJob is a job a claimer took: its id and revision.
+type minimalJob struct{ id, rev string }
+
+// byID hands out the next batch of ids and reads their revisions.
+func (q *minimalQueue) byID(ctx context.Context, next *atomic.Int64) ([]minimalJob, error) {
+	last := next.Add(minimalBatch)
+	first := last - minimalBatch + 1
+	if first > int64(q.n) {
+		return nil, nil
+	}
+	keys := make([]string, 0, minimalBatch)
+	for i := first; i <= min(last, int64(q.n)); i++ {
+		keys = append(keys, bulkID(i))
+	}
+	body, err := json.Marshal(map[string]any{"keys": keys})
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Rows []struct {
+			ID    string `json:"id"`
+			Value struct {
+				Rev string `json:"rev"`
+			} `json:"value"`
+		} `json:"rows"`
+	}
+	if err := q.w.do(ctx, http.MethodPost, q.dbURL()+"/_all_docs", body, &res); err != nil {
+		return nil, err
+	}
+	jobs := make([]minimalJob, 0, len(res.Rows))
+	for _, r := range res.Rows {
+		jobs = append(jobs, minimalJob{r.ID, r.Value.Rev})
+	}
+	return jobs, nil
+}
+
+// dueInView reads the claim view brought up to date, with the documents,
+// and takes the rows of claimer g's share (by a hash of the id, so that
+// claimers do not race for the same jobs).
+func (q *minimalQueue) dueInView(ctx context.Context, g int) ([]minimalJob, error) {
+	v := url.Values{
+		"startkey":     {`["ceiling",3,0]`},
+		"endkey":       {`["ceiling",3,{}]`},
+		"include_docs": {"true"},
+		"limit":        {fmt.Sprint(minimalClaimers * minimalBatch)},
+	}
+	var res struct {
+		Rows []struct {
+			ID  string `json:"id"`
+			Doc struct {
+				Rev string `json:"_rev"`
+			} `json:"doc"`
+		} `json:"rows"`
+	}
+	if err := q.w.do(ctx, http.MethodGet, q.dbURL()+"/_design/couchq/_view/due_priority?"+v.Encode(), nil, &res); err != nil {
+		return nil, err
+	}
+	var jobs []minimalJob
+	for _, r := range res.Rows {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(r.ID))
+		if int(h.Sum32()%minimalClaimers) == g && len(jobs) < minimalBatch {
+			jobs = append(jobs, minimalJob{r.ID, r.Doc.Rev})
+		}
+	}
+	return jobs, nil
+}
+
+// claimAndFinish claims the batch with one _bulk_docs and finishes the
+// claims that stood with another; it returns the jobs finished.
+func (q *minimalQueue) claimAndFinish(ctx context.Context, jobs []minimalJob) (int, error) {
+	for step := 1; step <= 2; step++ {
+		docs := make([]json.RawMessage, len(jobs))
+		for i, j := range jobs {
+			doc, err := q.w.jobDoc(j.id, j.rev, step)
+			if err != nil {
+				return 0, err
+			}
+			docs[i] = doc
+		}
+		body, err := json.Marshal(map[string]any{"docs": docs})
+		if err != nil {
+			return 0, err
+		}
+		var res []struct {
+			ID    string `json:"id"`
+			Rev   string `json:"rev"`
+			Error string `json:"error"`
+		}
+		if err := q.w.do(ctx, http.MethodPost, q.dbURL()+"/_bulk_docs", body, &res); err != nil {
+			return 0, err
+		}
+		stood := jobs[:0]
+		for i, r := range res {
+			if r.Error == "" && i < len(jobs) {
+				stood = append(stood, minimalJob{jobs[i].id, r.Rev})
+			}
+		}
+		jobs = stood
+	}
+	return len(jobs), nil
+}
+
+func (q *minimalQueue) dbURL() string { return q.w.t.base + "/" + url.PathEscape(q.w.db) }
+
+// minimalNote explains section 2's minimal-queue rows.
+func minimalNote() string {
+	return fmt.Sprintf("Section 2's minimal queue is a yardstick, not a queue: %d claimers over plain HTTP, each reading a batch of %d jobs "+
+		"(by id from _all_docs, or from the claim view due_priority brought up to date, with the documents), claiming it "+
+		"with one _bulk_docs and finishing it with another; no leases, confirming reads, feed or retries. "+
+		"The job documents are the ceiling's (section 1), the view database has the design document as section 2 installs it.",
+		minimalClaimers, minimalBatch)
+}
+
+// runMinimalQueues runs both minimal queues over n jobs and adds their
+// rows, with couchq's throughput tput as a share of the view-claimed one.
+func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput float64) error {
+	if b.t.info.Vendor != "couchdb" {
+		// PouchDB Server 4.2.0 lost 2 of 300 claims found by id in one run,
+		// and in another its claim view, read with the documents, went on
+		// listing jobs the claimers could not claim until the run timed out.
+		s.add(textRow("minimal queue (yardstick)", "not run: Apache CouchDB only (PouchDB Server lost claims and its claim view did not empty)"))
+		return nil
+	}
+	bare, err := b.newBareDB(ctx, s, "minimalbyid")
+	if err != nil {
+		return err
+	}
+	viewed, err := b.newDB(ctx, s, "minimalview")
+	if err != nil {
+		return err
+	}
+	var viewRate float64
+	for _, q := range []*minimalQueue{
+		{w: &docWriter{t: b.t, db: bare}, n: n},
+		{w: &docWriter{t: b.t, db: viewed}, n: n, byView: true},
+	} {
+		if err := q.w.fill(ctx, n, minimalBatch); err != nil {
+			return fmt.Errorf("minimal queue: storing %d jobs: %w", n, err)
+		}
+		what := "minimal queue: jobs found by id, bare database"
+		if q.byView {
+			what = "minimal queue: jobs found in the claim view"
+			if err := askWhileBuilding(ctx, time.Now(), func() error {
+				_, err := q.dueInView(ctx, 0)
+				return err
+			}); err != nil {
+				return fmt.Errorf("minimal queue: building the claim view: %w", err)
+			}
+		}
+		r, err := q.run(ctx, b.t.cpu)
+		if err != nil {
+			return err
+		}
+		jobsPerSec := rate(r.jobs, r.wall)
+		s.add(numRow(what, jobsPerSec, "jobs/s", 0))
+		if b.ceiling != nil {
+			s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(jobsPerSec, b.ceiling.jobsLimit()), "%", 1))
+		}
+		if r.cpu0.serverOK && r.cpu1.serverOK {
+			s.add(durRow("  CPU per job, server processes", (r.cpu1.server-r.cpu0.server)/time.Duration(r.jobs)))
+		}
+		if q.byView {
+			viewRate = jobsPerSec
+		}
+	}
+	s.add(numRow("couchq's throughput as a share of the minimal queue in the claim view", 100*ratio(tput, viewRate), "%", 1))
+	return nil
+}
