@@ -229,10 +229,12 @@ func minimalNote() string {
 // rows, with couchq's throughput tput as a share of the view-claimed one.
 func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput float64) error {
 	if b.t.info.Vendor != "couchdb" {
-		// PouchDB Server 4.2.0 lost 2 of 300 claims found by id in one run,
-		// and in another its claim view, read with the documents, went on
-		// listing jobs the claimers could not claim until the run timed out.
-		s.add(textRow("minimal queue (yardstick)", "not run: Apache CouchDB only (PouchDB Server lost claims and its claim view did not empty)"))
+		// On PouchDB Server 4.2.0 it did not finish: in one run 2 of 300
+		// jobs found by id were not finished, in another the claim view,
+		// read with the documents, went on listing jobs the claimers did
+		// not get until the run timed out. Not looked into: the yardstick
+		// is for the reference server.
+		s.add(textRow("minimal queue (yardstick)", "not run: Apache CouchDB only (on PouchDB Server it did not finish)"))
 		return nil
 	}
 	bare, err := b.newBareDB(ctx, s, "minimalbyid")
