@@ -276,14 +276,7 @@ func (w *docWriter) viewDue(ctx context.Context, path string, now float64, prior
 		"include_docs": {"true"},
 		"reduce":       {"false"},
 	}
-	var res struct {
-		Rows []struct {
-			ID  string `json:"id"`
-			Doc struct {
-				Rev string `json:"_rev"`
-			} `json:"doc"`
-		} `json:"rows"`
-	}
+	var res viewRowsWithRevs
 	if err := w.do(ctx, http.MethodGet, w.t.base+"/"+url.PathEscape(w.db)+path+"?"+q.Encode(), nil, &res); err != nil {
 		return nil, err
 	}
@@ -377,4 +370,15 @@ func (w *docWriter) claimDue(ctx context.Context, job dueJob, now float64) error
 		return fmt.Errorf("claiming %s: %w", job.ID, err)
 	}
 	return nil
+}
+
+// viewRowsWithRevs is a view's answer read with include_docs, down to what
+// a claim needs: each row's id and its document's revision.
+type viewRowsWithRevs struct {
+	Rows []struct {
+		ID  string `json:"id"`
+		Doc struct {
+			Rev string `json:"_rev"`
+		} `json:"doc"`
+	} `json:"rows"`
 }

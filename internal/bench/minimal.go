@@ -157,14 +157,7 @@ func (q *minimalQueue) dueInView(ctx context.Context, g int) ([]minimalJob, erro
 		"include_docs": {"true"},
 		"limit":        {fmt.Sprint(minimalClaimers * minimalBatch)},
 	}
-	var res struct {
-		Rows []struct {
-			ID  string `json:"id"`
-			Doc struct {
-				Rev string `json:"_rev"`
-			} `json:"doc"`
-		} `json:"rows"`
-	}
+	var res viewRowsWithRevs
 	if err := q.w.do(ctx, http.MethodGet, q.dbURL()+"/_design/couchq/_view/due_priority?"+v.Encode(), nil, &res); err != nil {
 		return nil, err
 	}
