@@ -16,13 +16,16 @@ import (
 // couchq: the least any queue on this server can ask of it per job. Plain
 // HTTP, no leases, confirmations, history beyond the document's, feed or
 // retries: claimers each take a batch, claim it with one _bulk_docs and
-// finish it with another. Run twice: finding the jobs by id (no index at
-// all: the cost of reading and writing alone) and through couchq's claim
-// view (what finding due work by a view adds, which every view-claimed
-// queue pays). The issue's 80 % of bulk/3 is about what the first reaches
-// here (77-81 % on 2026-11-25) and far above the second (8-9 % with
-// validation, 28 % without), so these rows show how far the target is from
-// what a view-claimed queue can reach and how much of the rest is couchq's.
+// finish it with another. Run three times: finding the jobs by id (no
+// index at all: the cost of reading and writing alone), through couchq's
+// claim view (what finding due work by a view adds, which every
+// view-claimed queue pays) and in the changes feed filtered to queued jobs
+// (the one way to find new work without reading an index). The issue's
+// 80 % of bulk/3 is about what the first reaches here (73-82 % on
+// 2026-11-25) and far above the second (8-9 % with validation, 24-28 %
+// without) and the third (34-38 % without validation), so these rows show
+// how far the target is from what a queue that finds its work can reach
+// and how much of the rest is couchq's.
 const (
 	minimalClaimers = 4
 	minimalBatch    = 100
@@ -35,10 +38,23 @@ const minimalStall = 20 * time.Second
 // minimalQueue works n job documents (bulkID(1) to bulkID(n), written by
 // fill) through claim and finish.
 type minimalQueue struct {
-	w      *docWriter
-	n      int
-	byView bool // find due jobs in couchq's claim view, else by id
+	w    *docWriter
+	n    int
+	find minimalFind
 }
+
+// minimalFind is how a minimal queue's claimers find due jobs.
+type minimalFind int
+
+const (
+	findByID   minimalFind = iota // ids handed out in order, revisions from _all_docs
+	findInView                    // couchq's claim view brought up to date
+	// findInFeed follows the database's _changes feed, filtered by a
+	// Mango selector to queued jobs, and takes each job's id and revision
+	// from its row: no index is read, though CouchDB's background indexer
+	// still keeps the design documents' views up to date.
+	findInFeed
+)
 
 // minimalRun is what a minimal queue's run measured.
 type minimalRun struct {
@@ -52,11 +68,17 @@ type minimalRun struct {
 func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var next atomic.Int64 // by id: the last id handed out
+	var next atomic.Int64                    // by id: the last id handed out
+	since := make([]string, minimalClaimers) // in the feed: each claimer's last sequence
 	var done atomic.Int64
 	var firstErr error
 	var once sync.Once
-	fail := func(err error) { once.Do(func() { firstErr = err; cancel() }) }
+	fail := func(err error) {
+		if done.Load() >= int64(q.n) {
+			return // the end of the run cancelled the request
+		}
+		once.Do(func() { firstErr = err; cancel() })
+	}
 	res := minimalRun{cpu0: cpu()}
 	start := time.Now()
 	var progress atomic.Int64 // when a batch last finished, in ns since start
@@ -68,9 +90,12 @@ func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, 
 			for done.Load() < int64(q.n) && ctx.Err() == nil {
 				var batch []minimalJob
 				var err error
-				if q.byView {
+				switch q.find {
+				case findInView:
 					batch, err = q.dueInView(ctx, g)
-				} else {
+				case findInFeed:
+					batch, err = q.dueInFeed(ctx, g, &since[g])
+				default:
 					batch, err = q.byID(ctx, &next)
 				}
 				if err != nil {
@@ -82,27 +107,33 @@ func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, 
 					return
 				}
 				if len(batch) == 0 {
-					if !q.byView {
+					switch q.find {
+					case findByID:
 						return // every id handed out
+					case findInView:
+						// Others' claims not yet finished: look again.
+						time.Sleep(5 * time.Millisecond)
 					}
-					// Others' claims not yet finished: look again.
-					time.Sleep(5 * time.Millisecond)
-					continue
+					continue // the feed waited for changes itself
 				}
 				n, err := q.claimAndFinish(ctx, batch)
 				if err != nil {
 					fail(err)
 					return
 				}
-				done.Add(int64(n))
 				if n > 0 {
 					progress.Store(int64(time.Since(start)))
+				}
+				if done.Add(int64(n)) >= int64(q.n) {
+					cancel() // others may be waiting on the feed
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	res.wall, res.cpu1, res.jobs = time.Since(start), cpu(), done.Load()
+	// The run ends with its last job: not with a claimer still waiting
+	// on the feed.
+	res.wall, res.cpu1, res.jobs = time.Duration(progress.Load()), cpu(), done.Load()
 	if firstErr != nil {
 		return res, fmt.Errorf("minimal queue: %w", firstErr)
 	}
@@ -148,6 +179,54 @@ func (q *minimalQueue) byID(ctx context.Context, next *atomic.Int64) ([]minimalJ
 	return jobs, nil
 }
 
+// claimerOf is the claimer (of minimalClaimers) whose share job id is, so
+// that claimers do not race for the same jobs.
+func claimerOf(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % minimalClaimers)
+}
+
+// dueInFeed reads the next changes after *since that a selector passes
+// as queued jobs (waiting up to a second for some) and takes claimer g's
+// share (about a batch); it moves *since past the rows it read.
+func (q *minimalQueue) dueInFeed(ctx context.Context, g int, since *string) ([]minimalJob, error) {
+	v := url.Values{
+		"filter":  {"_selector"},
+		"feed":    {"longpoll"},
+		"timeout": {"1000"},
+		"limit":   {fmt.Sprint(minimalClaimers * minimalBatch)},
+	}
+	if *since != "" {
+		v.Set("since", *since)
+	}
+	body := []byte(`{"selector":{"type":"WorkItem","worker":"ceiling","status":"queued"}}`)
+	var res struct {
+		Results []struct {
+			ID      string `json:"id"`
+			Changes []struct {
+				Rev string `json:"rev"`
+			} `json:"changes"`
+		} `json:"results"`
+		LastSeq json.RawMessage `json:"last_seq"`
+	}
+	if err := q.w.do(ctx, http.MethodPost, q.dbURL()+"/_changes?"+v.Encode(), body, &res); err != nil {
+		return nil, err
+	}
+	var last string
+	if err := json.Unmarshal(res.LastSeq, &last); err != nil {
+		return nil, fmt.Errorf("the feed's last_seq %s: %w", res.LastSeq, err)
+	}
+	*since = last
+	var jobs []minimalJob
+	for _, r := range res.Results {
+		if claimerOf(r.ID) == g && len(r.Changes) > 0 {
+			jobs = append(jobs, minimalJob{r.ID, r.Changes[0].Rev})
+		}
+	}
+	return jobs, nil
+}
+
 // dueInView reads the claim view brought up to date, with the documents,
 // and takes the rows of claimer g's share (by a hash of the id, so that
 // claimers do not race for the same jobs).
@@ -164,9 +243,7 @@ func (q *minimalQueue) dueInView(ctx context.Context, g int) ([]minimalJob, erro
 	}
 	var jobs []minimalJob
 	for _, r := range res.Rows {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(r.ID))
-		if int(h.Sum32()%minimalClaimers) == g && len(jobs) < minimalBatch {
+		if claimerOf(r.ID) == g && len(jobs) < minimalBatch {
 			jobs = append(jobs, minimalJob{r.ID, r.Doc.Rev})
 		}
 	}
@@ -213,13 +290,15 @@ func (q *minimalQueue) dbURL() string { return q.w.t.base + "/" + url.PathEscape
 // minimalNote explains section 2's minimal-queue rows.
 func minimalNote() string {
 	return fmt.Sprintf("Section 2's minimal queue is a yardstick, not a queue: %d claimers over plain HTTP, each reading a batch of %d jobs "+
-		"(by id from _all_docs, or from the claim view due_priority brought up to date, with the documents), claiming it "+
-		"with one _bulk_docs and finishing it with another; no leases, confirming reads, feed or retries. "+
-		"The job documents are the ceiling's (section 1), the view database has the design document as section 2 installs it.",
+		"(by id from _all_docs; from the claim view due_priority brought up to date, with the documents; or, ids and revisions, "+
+		"from the _changes feed filtered by a Mango selector to queued jobs, each claimer taking its share by a hash of the id), "+
+		"claiming it with one _bulk_docs and finishing it with another; no leases, confirming reads or retries. "+
+		"The job documents are the ceiling's (section 1); the view and feed databases have the design documents as section 2 installs them, "+
+		"their views built before the run.",
 		minimalClaimers, minimalBatch)
 }
 
-// runMinimalQueues runs both minimal queues over n jobs and adds their
+// runMinimalQueues runs the minimal queues over n jobs and adds their
 // rows, with couchq's throughput tput as a share of the view-claimed one.
 func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput float64) error {
 	if b.t.info.Vendor != "couchdb" {
@@ -239,17 +318,29 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 	if err != nil {
 		return err
 	}
+	fed, err := b.newDB(ctx, s, "minimalfeed")
+	if err != nil {
+		return err
+	}
 	var viewRate float64
 	for _, q := range []*minimalQueue{
 		{w: &docWriter{t: b.t, db: bare}, n: n},
-		{w: &docWriter{t: b.t, db: viewed}, n: n, byView: true},
+		{w: &docWriter{t: b.t, db: viewed}, n: n, find: findInView},
+		{w: &docWriter{t: b.t, db: fed}, n: n, find: findInFeed},
 	} {
 		if err := q.w.fill(ctx, n, minimalBatch); err != nil {
 			return fmt.Errorf("minimal queue: storing %d jobs: %w", n, err)
 		}
 		what := "minimal queue: jobs found by id, bare database"
-		if q.byView {
+		switch q.find {
+		case findInView:
 			what = "minimal queue: jobs found in the claim view"
+		case findInFeed:
+			what = "minimal queue: jobs found in the changes feed, database with couchq's design documents"
+		}
+		if q.find != findByID {
+			// The views start from the stored jobs, as they would
+			// after enqueue; the run pays for claims and outcomes.
 			if err := askWhileBuilding(ctx, time.Now(), func() error {
 				_, err := q.dueInView(ctx, 0)
 				return err
@@ -269,7 +360,7 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 		if r.cpu0.serverOK && r.cpu1.serverOK {
 			s.add(durRow("  CPU per job, server processes", (r.cpu1.server-r.cpu0.server)/time.Duration(r.jobs)))
 		}
-		if q.byView {
+		if q.find == findInView {
 			viewRate = jobsPerSec
 		}
 	}
