@@ -163,6 +163,11 @@ type InitOptions struct {
 	// the zero value keeps what the database has. See designdocs.Validation
 	// for what each costs and guards.
 	Validation designdocs.Validation
+	// Language picks the JavaScript engine the design documents' functions
+	// run in; the zero value keeps the stored documents' choice, and for a
+	// new database (or one from before the choice existed) takes the
+	// fastest the server has: QuickJS on Apache CouchDB 3.4 and later.
+	Language designdocs.Language
 }
 
 // InitWith is Init with options.
@@ -181,6 +186,15 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 		return "", err
 	}
 	db := client.DB(dbName)
+	lang := opts.Language
+	if lang == designdocs.LanguageKept {
+		if lang, err = keptLanguage(ctx, client, db); err != nil {
+			return "", err
+		}
+	}
+	for i, d := range docs {
+		docs[i] = d.WithLanguage(lang)
+	}
 	outcome, err := designdocs.Install(ctx, db, docs[0], opts.Validation, log)
 	if err != nil {
 		return "", err
@@ -200,6 +214,26 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 		}
 	}
 	return outcome, nil
+}
+
+// keptLanguage is the language db's claim design document chose (schema
+// designdocs.LanguageSchema or later), else the fastest the server has.
+func keptLanguage(ctx context.Context, client *kivik.Client, db *kivik.DB) (designdocs.Language, error) {
+	have, err := designdocs.Stored(ctx, db)
+	if err != nil {
+		return "", err
+	}
+	if have != nil && have.Couchq.Schema >= designdocs.LanguageSchema {
+		if lang, err := designdocs.ParseLanguage(have.Language); err == nil {
+			return lang, nil
+		}
+	}
+	ver, err := client.Version(ctx)
+	if err != nil {
+		return "", fmt.Errorf("asking the server what it is, to choose the design documents' language: %w", err)
+	}
+	caps := detectCaps(ver)
+	return designdocs.LanguageFor(caps.Vendor, caps.Version), nil
 }
 
 // Dial connects to the CouchDB server at rawURL. Credentials may be in the

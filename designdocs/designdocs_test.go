@@ -135,3 +135,58 @@ func TestBuildRejectsStrayFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestLanguageFor(t *testing.T) {
+	for _, c := range []struct {
+		vendor, version string
+		want            Language
+	}{
+		{"couchdb", "3.5.0", QuickJS},
+		{"couchdb", "3.4.2", QuickJS},
+		{"couchdb", "4.0.0", QuickJS},
+		{"couchdb", "3.3.3", JavaScript},
+		{"couchdb", "2.3.1", JavaScript},
+		{"couchdb", "", JavaScript},
+		{"couchdb", "garbage", JavaScript},
+		{"pouchdb", "4.2.0", JavaScript},
+		{"", "3.5.0", JavaScript},
+	} {
+		if got := LanguageFor(c.vendor, c.version); got != c.want {
+			t.Errorf("LanguageFor(%q, %q) = %q, want %q", c.vendor, c.version, got, c.want)
+		}
+	}
+}
+
+func TestParseLanguage(t *testing.T) {
+	for _, s := range []string{"", "js", "quickjs", "javascript_spidermonkey", "JavaScript"} {
+		if _, err := ParseLanguage(s); err == nil {
+			t.Errorf("ParseLanguage(%q) accepted it", s)
+		}
+	}
+	for _, l := range []Language{JavaScript, QuickJS} {
+		if got, err := ParseLanguage(string(l)); err != nil || got != l {
+			t.Errorf("ParseLanguage(%q) = %q, %v", l, got, err)
+		}
+	}
+}
+
+func TestWithLanguage(t *testing.T) {
+	d, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Language != string(JavaScript) || d.WithLanguage(LanguageKept) != d || d.WithLanguage(JavaScript) != d {
+		t.Fatalf("built %q; kept or the same language must return the document itself", d.Language)
+	}
+	q := d.WithLanguage(QuickJS)
+	if q.Language != string(QuickJS) || d.Language != string(JavaScript) {
+		t.Fatalf("WithLanguage: copy %q, original %q", q.Language, d.Language)
+	}
+	if q.Couchq.Hash == d.Couchq.Hash || q.Couchq.Hash != q.contentHash() {
+		t.Errorf("the hash must follow the language: %s vs %s", q.Couchq.Hash, d.Couchq.Hash)
+	}
+	// Validation off keeps the language.
+	if off := q.WithValidation(ValidationOff); off.Language != string(QuickJS) || off.Couchq.Hash != off.contentHash() {
+		t.Errorf("validation off: language %q", off.Language)
+	}
+}

@@ -140,7 +140,7 @@ func fetch(ctx context.Context, db *kivik.DB, id string) (*Doc, error) {
 		return &Doc{Rev: rev.Rev}, nil
 	}
 	if have.Language == "" {
-		have.Language = "javascript"
+		have.Language = string(JavaScript)
 	}
 	return &have, nil
 }

@@ -284,7 +284,10 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 // validate_doc_update rejects each malformed shape with a message naming
 // the field; other documents and valid jobs pass.
 func TestValidateDocUpdateRejectsMalformedJobs(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	inEachLanguage(t, testValidateDocUpdateRejectsMalformedJobs)
+}
+
+func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 	cases := []struct{ body, want string }{
 		{`{"type":"WorkItem"}`, "worker is required"},
 		{`{"type":"WorkItem","worker":5}`, "worker must be a string"},

@@ -501,6 +501,14 @@ func malSameJSON(a, b json.RawMessage) bool {
 // every bad document ends where an operator finds it: failed with the
 // reason (quarantined), or untouched and listed here with why.
 func TestMalformedWorkItemsDoNotStopTheQueue(t *testing.T) {
+	for _, lang := range languages() {
+		t.Run(string(lang), func(t *testing.T) { testMalformedWorkItemsDoNotStopTheQueue(t, lang) })
+	}
+}
+
+// testMalformedWorkItemsDoNotStopTheQueue is the test with the design
+// documents' functions in lang.
+func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Language) {
 	began := time.Now()
 	tb := setupWithout(t, couchq.Config{})
 	ctx := tb.ctx
@@ -518,7 +526,7 @@ func TestMalformedWorkItemsDoNotStopTheQueue(t *testing.T) {
 	all := append(append(append([]*malDoc{}, bad...), odd...), good...)
 	malWriteDocs(t, tb, all)
 	wrote := time.Now()
-	tb.install(t) // validation arrives after the documents
+	tb.installLanguage(t, lang) // validation arrives after the documents
 
 	var jobs []couchq.NewJob
 	for i := range malGoodEach {

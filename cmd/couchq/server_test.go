@@ -69,6 +69,26 @@ func TestInitValidationSwitch(t *testing.T) {
 	}
 }
 
+// couchq init --language sets the design documents' language, init
+// without it keeps it, and a language CouchDB does not know is refused
+// before anything is written.
+func TestInitLanguage(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	expect(t, c.run(t, "init", "--language", "quickjs"), exitUsage, `language must be javascript or javascript_quickjs, not "quickjs"`)
+	r := c.run(t, "init", "--language", "javascript", "--json")
+	expect(t, r, exitOK)
+	var res initResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Language != "javascript" || res.DesignDoc != "created" {
+		t.Errorf("init --language javascript: %v %+v", err, res)
+	}
+	r = c.run(t, "init")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "up to date") || !strings.Contains(r.stdout, "language javascript") {
+		t.Errorf("init after --language javascript: %q", r.stdout)
+	}
+}
+
 func TestCommandsNeedInit(t *testing.T) {
 	t.Parallel()
 	c := online(t)

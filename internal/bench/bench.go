@@ -273,6 +273,7 @@ func settings(c Config, kind string) map[string]any {
 		"client_idle_conns":      c.ClientIdleConns,
 		"cluster_scale":          c.ClusterScale,
 		"validation":             string(c.Validation),
+		"language":               string(c.Language),
 	}
 	if scaled != "" {
 		set["scaled"] = scaled

@@ -59,10 +59,14 @@ func (b *run) runClaimIndex(ctx context.Context, s *Section) error {
 	if dueMap == "" {
 		return fmt.Errorf("no design document has the due view")
 	}
+	lang := b.t.language
+	if lang == designdocs.LanguageKept {
+		lang = designdocs.LanguageFor(b.t.info.Vendor, b.t.info.Version)
+	}
 	viewDesign := func(partitioned bool) map[string]any {
 		doc := map[string]any{
 			"_id":      "_design/claimindex",
-			"language": "javascript",
+			"language": lang, // the engine couchq's own documents get
 			"views":    map[string]any{"due": map[string]string{"map": dueMap}},
 		}
 		if partitioned {

@@ -111,6 +111,10 @@ type Config struct {
 	// queue's databases (sections 2 to 7): on (the default) or off, as
 	// couchq init --validation sets it. Section 1 measures both.
 	Validation designdocs.Validation
+	// Language is the design documents' language, which picks the engine
+	// of their functions, as couchq init --language sets it; the zero
+	// value is what couchq init picks (QuickJS where the server has it).
+	Language designdocs.Language
 	// Keep leaves the databases in place.
 	Keep bool
 	// Instrument counts the HTTP requests and TCP connections the queue
@@ -339,6 +343,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "sections 5 and 8: timed claims per backlog (section 8: per index)")
 	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --backlog-large and --rate, as a share of the given ones")
 	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
+	language := fs.String("language", "", "the design documents' language: javascript or javascript_quickjs (couchq init --language; default: what init picks)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")
 	fs.IntVar(&c.ClientIdleConns, "client-idle-conns", 0, "experiment: idle connections per host of the instrumented queue clients (0: couchq's own)")
@@ -360,6 +365,11 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	}
 	if c.Validation, err = designdocs.ParseValidation(*validation); err != nil {
 		return c, o, fmt.Errorf("--validation: %w", err)
+	}
+	if *language != "" {
+		if c.Language, err = designdocs.ParseLanguage(*language); err != nil {
+			return c, o, fmt.Errorf("--language: %w", err)
+		}
 	}
 	if *servers != "" {
 		if c.Servers, err = parseNames(*servers); err != nil {

@@ -31,6 +31,9 @@ func TestParseArgsDefaults(t *testing.T) {
 	if c, _, err := ParseArgs([]string{"--validation", "off"}, env(nil), io.Discard); err != nil || c.Validation != designdocs.ValidationOff {
 		t.Fatalf("--validation off: %v %q", err, c.Validation)
 	}
+	if c, _, err := ParseArgs([]string{"--language", "javascript"}, env(nil), io.Discard); err != nil || c.Language != designdocs.JavaScript {
+		t.Fatalf("--language javascript: %v %q", err, c.Language)
+	}
 	// No --servers: every local server available.
 	if c.Servers != nil || c.CouchDBHome != "" || c.ClusterScale != ClusterScaleDefault {
 		t.Fatalf("servers %v, release %q, cluster scale %g", c.Servers, c.CouchDBHome, c.ClusterScale)
@@ -102,6 +105,7 @@ func TestParseArgsRejects(t *testing.T) {
 		{"--cluster-scale", "0"},
 		{"--cluster-scale", "1.5"},
 		{"--validation", "sometimes"},
+		{"--language", "quickjs"},
 		{"extra"},
 	} {
 		if _, _, err := ParseArgs(args, env(nil), io.Discard); err == nil {

@@ -126,7 +126,7 @@ func treeCPU(root int) (treeUse, error) {
 		todo = append(todo[:len(todo)-1], children[pid]...)
 		st := stats[pid]
 		g.total += st.cpu + st.children
-		if st.comm == "couchjs" {
+		if strings.HasPrefix(st.comm, "couchjs") { // SpiderMonkey's couchjs, QuickJS's couchjs_mainjs
 			g.js[pid] = st.cpu
 		}
 	}

@@ -281,6 +281,9 @@ func sizesLine(set map[string]any) string {
 	if v, ok := set["validation"].(string); ok && v != "" {
 		line += ", --validation " + v
 	}
+	if l, ok := set["language"].(string); ok && l != "" {
+		line += ", --language " + l
+	}
 	if note, ok := set["scaled"].(string); ok && note != "" {
 		line += " (" + note + ")"
 	}

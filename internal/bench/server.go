@@ -46,11 +46,14 @@ type target struct {
 	// CPU, with their descendants', counts as the server's; none when
 	// unknown (a --url server, or no /proc).
 	serverPIDs []int
+	// language is the queue databases' design document language
+	// (Config.Language).
+	language designdocs.Language
 }
 
 // connect starts the planned local server, or reaches the configured one.
 func connect(ctx context.Context, cfg Config, ps plannedServer, log zerolog.Logger) (*target, error) {
-	t := &target{stats: &httpStats{}, info: ServerInfo{Kind: ps.kind}}
+	t := &target{stats: &httpStats{}, info: ServerInfo{Kind: ps.kind}, language: cfg.Language}
 	var err error
 	switch ps.kind {
 	case serverURL:
@@ -185,7 +188,7 @@ func checkLoopback(ctx context.Context, host string) error {
 // validation on or off.
 func (t *target) newDB(ctx context.Context, section string, validation designdocs.Validation, log zerolog.Logger) (string, error) {
 	name := "couchq_bench_" + section + "_" + randomHex(4)
-	if _, err := couchq.InitWith(ctx, t.srv.Client, name, couchq.InitOptions{Validation: validation}, log); err != nil {
+	if _, err := couchq.InitWith(ctx, t.srv.Client, name, couchq.InitOptions{Validation: validation, Language: t.language}, log); err != nil {
 		return "", fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return name, nil
