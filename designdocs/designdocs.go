@@ -18,6 +18,8 @@
 //
 // Every function the server runs (maps, reduces, the changes filter,
 // validate_doc_update) is a real JavaScript file, embedded into the binary.
+// They run in CouchDB's QuickJS engine where the server has it, else in its
+// default engine (see Language); they must work in both.
 // The layout of a tree is the layout of its design document:
 //
 //	couchq/views/NAME/map.js      a view's map function
