@@ -111,11 +111,7 @@ const (
 
 // ParseLanguage reads "javascript" or "javascript_quickjs".
 func ParseLanguage(s string) (Language, error) {
-	switch l := Language(s); l {
-	case JavaScript, QuickJS:
-		return l, nil
-	}
-	return "", fmt.Errorf("language must be %s or %s, not %q", JavaScript, QuickJS, s)
+	return parseEither("language", s, JavaScript, QuickJS)
 }
 
 // LanguageFor is the language couchq's functions run fastest in on a
@@ -159,11 +155,16 @@ const (
 
 // ParseValidation reads "on" or "off".
 func ParseValidation(s string) (Validation, error) {
-	switch v := Validation(s); v {
-	case ValidationOn, ValidationOff:
+	return parseEither("validation", s, ValidationOn, ValidationOff)
+}
+
+// parseEither reads s as a or b, the two values an init option called
+// what takes.
+func parseEither[T ~string](what, s string, a, b T) (T, error) {
+	if v := T(s); v == a || v == b {
 		return v, nil
 	}
-	return "", fmt.Errorf("validation must be on or off, not %q", s)
+	return "", fmt.Errorf("%s must be %s or %s, not %q", what, a, b, s)
 }
 
 // Source returns the embedded claim design document tree (rooted at couchq/).
