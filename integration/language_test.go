@@ -67,8 +67,8 @@ func TestInitChoosesTheDesignDocumentsLanguage(t *testing.T) {
 
 	tb := setup(t, couchq.Config{})
 	tb.checkLanguage(t, best)
-	// The functions run: validate_doc_update refuses a bad job, the claim
-	// view lists a good one and a worker's claim takes it.
+	// The functions run: validate_doc_update refuses a bad job and the
+	// claim view lists a good one.
 	if code, body := tb.raw(t, "PUT", "/bad", `{"type":"WorkItem","worker":""}`); code != 403 {
 		t.Errorf("a job without a worker: %d %s, want 403 from validate_doc_update", code, body)
 	}
