@@ -115,6 +115,11 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 		}
 	}()
 	rep := &Report{Started: start, Server: t.info, Host: hostInfo(), Settings: settings(cfg, ps.kind)}
+	if cfg.Language == designdocs.LanguageKept {
+		// Say which engine init picked: since schema 4 tables of the same
+		// server differ by it, and a run without --language must say so.
+		rep.Settings["language"] = string(designdocs.LanguageFor(t.info.Vendor, t.info.Version))
+	}
 	var errs []error
 	for _, id := range cfg.Sections {
 		s := &Section{ID: id, Name: sectionNames[id]}

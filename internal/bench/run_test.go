@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/localserver"
 )
@@ -52,6 +53,10 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		t.Fatalf("want one report, of the URL's server: %+v", reps)
 	}
 	rep := reps[0]
+	// A run without --language says which engine init picked.
+	if got, want := rep.Settings["language"], string(designdocs.LanguageFor(rep.Server.Vendor, rep.Server.Version)); got != want {
+		t.Errorf("settings' language %v, want %q (what init picks on %s %s)", got, want, rep.Server.Vendor, rep.Server.Version)
+	}
 	var ids []int
 	for _, s := range rep.Sections {
 		ids = append(ids, s.ID)
