@@ -2,7 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -131,5 +134,66 @@ func TestEnqueueRowsJudgeTheBulkCeiling(t *testing.T) {
 	(&run{}).enqueueRows(&s, 100000, time.Second)
 	if len(s.Rows) != 1 || s.Rows[0].Met != nil || !strings.Contains(s.Rows[0].Target, "run section 1") {
 		t.Errorf("without a ceiling: %+v", s.Rows)
+	}
+}
+
+// Section 5 times its two backlogs in turn, neither always first, so that
+// a change in the machine's load lands on both.
+func TestInTurnAlternatesWhichGoesFirst(t *testing.T) {
+	var order []int
+	if err := inTurn(3, func(i int) error { order = append(order, i); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{0, 1, 1, 0, 0, 1}; !slices.Equal(order, want) {
+		t.Errorf("order %v, want %v", order, want)
+	}
+	stop := errors.New("stop")
+	calls := 0
+	err := inTurn(3, func(i int) error {
+		calls++
+		if calls == 2 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || calls != 2 {
+		t.Errorf("a failed step: %v after %d calls, want %v after 2", err, calls, stop)
+	}
+}
+
+// Each backlog's CPU rows add up its own rounds only, not the other's
+// rounds in between.
+func TestCPUSpansAddUpTheirSpans(t *testing.T) {
+	reading := func(bench, server, js time.Duration) cpuUse {
+		return cpuUse{bench: bench, server: server, js: map[int]time.Duration{7: js}, ok: true, serverOK: true}
+	}
+	var c cpuSpans
+	c.add(reading(1*time.Millisecond, 10*time.Millisecond, 2*time.Millisecond), reading(2*time.Millisecond, 20*time.Millisecond, 3*time.Millisecond))
+	// The other backlog's round ran here, from 20 ms to 50 ms.
+	c.add(reading(4*time.Millisecond, 50*time.Millisecond, 5*time.Millisecond), reading(6*time.Millisecond, 70*time.Millisecond, 9*time.Millisecond))
+	var s Section
+	c.rows(&s, "x: ", 2)
+	want := []struct {
+		suffix string
+		ms     float64
+	}{
+		{"bench process (queue clients + workers)", 1.5}, // (2-1 + 6-4) / 2
+		{"server processes", 15},                         // (20-10 + 70-50) / 2
+		{"of which couchjs (JavaScript: validate_doc_update, views)", 2.5},
+	}
+	if len(s.Rows) != len(want) {
+		t.Fatalf("%d rows, want %d: %+v", len(s.Rows), len(want), s.Rows)
+	}
+	for i, w := range want {
+		if r := s.Rows[i]; !strings.HasSuffix(r.Metric, w.suffix) || !strings.HasPrefix(r.Metric, "x: ") || math.Abs(r.Value-w.ms) > 1e-9 {
+			t.Errorf("row %d: %s = %v ms, want …%s = %v ms", i, r.Metric, r.Value, w.suffix, w.ms)
+		}
+	}
+	// Without a span there is nothing to say.
+	var none cpuSpans
+	var empty Section
+	none.rows(&empty, "", 1)
+	if len(empty.Rows) != 0 {
+		t.Errorf("no spans: %+v", empty.Rows)
 	}
 }

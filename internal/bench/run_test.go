@@ -118,6 +118,7 @@ func checkBacklogRows(t *testing.T, rep *Report) {
 	t.Helper()
 	lazy := srv.Caps().Vendor == "couchdb"
 	asItStands, enqueueJudged := false, false
+	var rounds, ratios int
 	for _, s := range rep.Sections {
 		if s.ID != SectionBacklog {
 			continue
@@ -125,7 +126,22 @@ func checkBacklogRows(t *testing.T, rep *Report) {
 		for _, r := range s.Rows {
 			asItStands = asItStands || strings.Contains(r.Metric, "as it stands")
 			enqueueJudged = enqueueJudged || (strings.Contains(r.Metric, "enqueue rate") && r.Met != nil)
+			if strings.Contains(r.Metric, "claim round mean") {
+				rounds++
+			}
+			if strings.HasPrefix(r.Metric, "ratio ") && r.Met != nil {
+				ratios++
+			}
 		}
+	}
+	// Both backlogs' rounds, timed in turn, for each kind of read, and a
+	// judged ratio for each kind.
+	kinds := 1
+	if lazy {
+		kinds = 2
+	}
+	if rounds != 2*kinds || ratios != kinds {
+		t.Errorf("section 5: %d timed round rows and %d judged ratios, want %d and %d", rounds, ratios, 2*kinds, kinds)
 	}
 	if asItStands != lazy {
 		t.Errorf("section 5 times the view as it stands: %v, want %v (server %s)", asItStands, lazy, srv.Caps().Vendor)

@@ -316,6 +316,38 @@ func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) {
 	}
 }
 
+// cpuSpans adds up the CPU used in several spans of time, for cpuRows: the
+// backlog section times two databases' rounds in turn and gives each its
+// own. Each span includes one reading of /proc (target.cpu) in the bench
+// process's figure.
+type cpuSpans struct {
+	spent   cpuUse
+	started bool
+}
+
+// add adds what was used between before and after.
+func (c *cpuSpans) add(before, after cpuUse) {
+	if !c.started {
+		c.spent = cpuUse{ok: true, serverOK: true, js: map[int]time.Duration{}}
+		c.started = true
+	}
+	c.spent.ok = c.spent.ok && before.ok && after.ok
+	c.spent.serverOK = c.spent.serverOK && before.serverOK && after.serverOK
+	c.spent.bench += after.bench - before.bench
+	c.spent.server += after.server - before.server
+	if len(after.js) > 0 {
+		c.spent.js[0] += after.jsSince(before)
+	}
+}
+
+// rows adds cpuRows for what the spans used over jobs jobs.
+func (c *cpuSpans) rows(s *Section, prefix string, jobs int) {
+	if !c.started {
+		return
+	}
+	cpuRows(s, prefix, cpuUse{ok: true, serverOK: true}, c.spent, jobs)
+}
+
 // httpStats counts the queue clients' HTTP traffic by kind of request,
 // and the bytes on their connections.
 type httpStats struct {
