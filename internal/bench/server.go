@@ -319,7 +319,7 @@ func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) {
 // cpuSpans adds up the CPU used in several spans of time, for cpuRows: the
 // backlog section times two databases' rounds in turn and gives each its
 // own. Each span includes one reading of /proc (target.cpu) in the bench
-// process's figure.
+// process's figure, so a span should cover more than one round.
 type cpuSpans struct {
 	spent   cpuUse
 	started bool
