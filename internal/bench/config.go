@@ -132,17 +132,18 @@ type Config struct {
 }
 
 // Defaults. Section 2 runs the 10,000 jobs its target is set for; with
-// them `make bench`, which measures every local server, takes about 17
-// minutes on a 2-core machine running the servers next to the bench (16 min
-// 58 s on 2026-11-25, 9 min 52 s with 5,000 jobs). PouchDB Server 4.2.0
-// takes about 6 minutes (single-document writes 150-370/s, the queue 65-110
-// jobs/s, slower as its database grows). A single Apache CouchDB 3.5 node
-// takes about 5: couchq's validate_doc_update runs in couchjs and holds its
-// single-document writes to about 120-300/s, the queue to 150-200 jobs/s.
+// them `make bench`, which measures every local server, takes 13-17
+// minutes on a 2-core machine running the servers next to the bench (13 min
+// 27 s and 16 min 58 s on 2026-11-25, 9 min 52 s with 5,000 jobs). PouchDB
+// Server 4.2.0 takes about 5-6 minutes (single-document writes 150-370/s,
+// the queue 65-110 jobs/s, slower as its database grows). A single Apache
+// CouchDB 3.5 node takes about 4-5: couchq's validate_doc_update runs in
+// couchjs and holds its single-document writes to about 120-470/s, the
+// queue to 150-200 jobs/s.
 // The 3-node cluster replicates every write three times on the same two
 // cores and runs the queue at a third of the node's rate (39-62 jobs/s),
 // so it runs sections 2 and 5 at ClusterScaleDefault of these sizes (about
-// 6 minutes). Scale up with the flags on a faster server.
+// 4-6 minutes). Scale up with the flags on a faster server.
 const (
 	ClientsDefault               = 8
 	CeilingTimeDefault           = 2 * time.Second
