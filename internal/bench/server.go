@@ -336,6 +336,8 @@ func (c *cpuSpans) add(before, after cpuUse) {
 	c.spent.bench += after.bench - before.bench
 	c.spent.server += after.server - before.server
 	if len(after.js) > 0 {
+		// A sum over spans has no processes: the couchjs time goes under
+		// one key, which cpuRows reads back whole (jsSince of an empty map).
 		c.spent.js[0] += after.jsSince(before)
 	}
 }
