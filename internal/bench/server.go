@@ -321,15 +321,13 @@ func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) {
 // own. Each span includes one reading of /proc (target.cpu) in the bench
 // process's figure, so a span should cover more than one round.
 type cpuSpans struct {
-	spent   cpuUse
-	started bool
+	spent cpuUse // js is nil until the first span
 }
 
 // add adds what was used between before and after.
 func (c *cpuSpans) add(before, after cpuUse) {
-	if !c.started {
+	if c.spent.js == nil {
 		c.spent = cpuUse{ok: true, serverOK: true, js: map[int]time.Duration{}}
-		c.started = true
 	}
 	c.spent.ok = c.spent.ok && before.ok && after.ok
 	c.spent.serverOK = c.spent.serverOK && before.serverOK && after.serverOK
@@ -344,7 +342,7 @@ func (c *cpuSpans) add(before, after cpuUse) {
 
 // rows adds cpuRows for what the spans used over jobs jobs.
 func (c *cpuSpans) rows(s *Section, prefix string, jobs int) {
-	if !c.started {
+	if c.spent.js == nil {
 		return
 	}
 	cpuRows(s, prefix, cpuUse{ok: true, serverOK: true}, c.spent, jobs)
