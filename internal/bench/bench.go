@@ -118,7 +118,7 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 	if cfg.Language == designdocs.LanguageKept {
 		// Say which engine init picked: since schema 4 tables of the same
 		// server differ by it, and a run without --language must say so.
-		rep.Settings["language"] = string(designdocs.LanguageFor(t.info.Vendor, t.info.Version))
+		rep.Settings["language"] = string(t.designLanguage())
 	}
 	var errs []error
 	for _, id := range cfg.Sections {

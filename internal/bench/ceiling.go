@@ -51,8 +51,11 @@ func (r ceilingResult) putLimit() float64 { return max(r.put1, r.putC) / 3 }
 // revision, like claim and finish) into a database with couchq's design
 // document, so validate_doc_update runs on every write as it does for
 // jobs. _bulk_docs inserts go into a bare database (the server alone: the
-// physical limit) and into one with the design document, so that what
-// couchq's validation and views cost the server shows as its own line.
+// physical limit), into one with the design document, so that what
+// couchq's validation and views cost the server shows as its own line, into
+// one with the design document but validation off, and into one whose only
+// design document is a one-line validate_doc_update, which shows what
+// calling a validation function costs whatever the function does.
 func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	db, err := b.newDBValidation(ctx, s, "ceiling", designdocs.ValidationOn)
 	if err != nil {
@@ -63,6 +66,10 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 		return err
 	}
 	bare, err := b.newBareDB(ctx, s, "ceilingbare")
+	if err != nil {
+		return err
+	}
+	oneLine, err := b.newOneLineValidationDB(ctx, s)
 	if err != nil {
 		return err
 	}
@@ -80,7 +87,19 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if _, err := wb.bulk(ctx, bulkBatch, warmUpTime); err != nil {
 		return err
 	}
-	bulkBare, err := wb.bulk(ctx, bulkBatch, b.cfg.CeilingTime)
+	var cpu [4]time.Duration // server CPU per document: bare, design doc, validation off, one line
+	bulkBare, err := b.timedBulk(ctx, wb, &cpu[0])
+	if err != nil {
+		return err
+	}
+	// The one-line validation next: its database has no views, so the
+	// server indexes nothing in the background while it is timed, and
+	// nothing has been written into the others yet.
+	w1 := &docWriter{t: b.t, db: oneLine}
+	if _, err := w1.bulk(ctx, bulkBatch, warmUpTime); err != nil {
+		return err
+	}
+	bulkOneLine, err := b.timedBulk(ctx, w1, &cpu[3])
 	if err != nil {
 		return err
 	}
@@ -96,7 +115,7 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	bulkDesign, err := w.bulk(ctx, bulkBatch, b.cfg.CeilingTime)
+	bulkDesign, err := b.timedBulk(ctx, w, &cpu[1])
 	if err != nil {
 		return err
 	}
@@ -104,7 +123,7 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if _, err := wn.bulk(ctx, bulkBatch, warmUpTime); err != nil {
 		return err
 	}
-	bulkNoValidation, err := wn.bulk(ctx, bulkBatch, b.cfg.CeilingTime)
+	bulkNoValidation, err := b.timedBulk(ctx, wn, &cpu[2])
 	if err != nil {
 		return err
 	}
@@ -115,10 +134,62 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	s.add(numRow("  bulk rate lost to the design doc (validate_doc_update, views)", 100*(1-ratio(bulkDesign, bulkBare)), "%", 1))
 	s.add(numRow(fmt.Sprintf("_bulk_docs docs/s, batch %d, 1 client, design doc with validation off", bulkBatch), bulkNoValidation, "docs/s", 0))
 	s.add(numRow("  bulk rate lost to the design doc without validation (views)", 100*(1-ratio(bulkNoValidation, bulkBare)), "%", 1))
+	s.add(numRow(fmt.Sprintf("_bulk_docs docs/s, batch %d, 1 client, a one-line validate_doc_update alone", bulkBatch), bulkOneLine, "docs/s", 0))
+	s.add(numRow("  bulk rate lost to calling validate_doc_update at all", 100*(1-ratio(bulkOneLine, bulkBare)), "%", 1))
+	if cpu[0] > 0 {
+		s.add(textRow("server CPU per document in _bulk_docs: bare / couchq's design doc / validation off / one-line validation",
+			fmt.Sprintf("%s / %s / %s / %s", formatDuration(cpu[0]), formatDuration(cpu[1]), formatDuration(cpu[2]), formatDuration(cpu[3]))))
+	}
 	b.ceiling = &ceilingResult{put1: put1, putC: putC, bulkBare: bulkBare, bulkDesign: bulkDesign, bulkNoValidation: bulkNoValidation}
 	s.add(numRow("physical limit: bulk (bare) / 3", b.ceiling.jobsLimit(), "jobs/s", 0))
 	s.add(numRow("single-doc limit: best single-doc rate / 3", b.ceiling.putLimit(), "jobs/s", 0))
 	return nil
+}
+
+// timedBulk times w.bulk for the configured ceiling time and sets
+// *cpuPerDoc to the server's CPU per document written meanwhile (left zero
+// when the bench cannot read the server's processes).
+func (b *run) timedBulk(ctx context.Context, w *docWriter, cpuPerDoc *time.Duration) (float64, error) {
+	before, written := b.t.cpu(), w.seq.Load()
+	r, err := w.bulk(ctx, bulkBatch, b.cfg.CeilingTime)
+	if err != nil {
+		return 0, err
+	}
+	after, docs := b.t.cpu(), w.seq.Load()-written
+	if before.serverOK && after.serverOK && docs > 0 {
+		*cpuPerDoc = (after.server - before.server) / time.Duration(docs)
+	}
+	return r, nil
+}
+
+// oneLineValidation is the whole validate_doc_update of section 1's
+// one-line validation database. It refuses only a document marked
+// couchq_bench_refuse, which the bench writes to see that the function is
+// in force; every other write passes after one call.
+const oneLineValidation = `function (newDoc) { if (newDoc.couchq_bench_refuse === true) { throw({forbidden: 'refused by the bench'}); } }`
+
+// newOneLineValidationDB creates a database whose only design document
+// holds oneLineValidation, in the language couchq's design documents get
+// on this server, and checks that the server runs it.
+func (b *run) newOneLineValidationDB(ctx context.Context, s *Section) (string, error) {
+	db, err := b.newBareDB(ctx, s, "ceilingvdu")
+	if err != nil {
+		return "", err
+	}
+	w := &docWriter{t: b.t, db: db}
+	ddoc, err := json.Marshal(map[string]any{"language": b.t.designLanguage(), "validate_doc_update": oneLineValidation})
+	if err != nil {
+		return "", err
+	}
+	if err := w.do(ctx, http.MethodPut, w.docURL("_design/couchq_bench_validation"), ddoc, nil); err != nil {
+		return "", fmt.Errorf("installing the one-line validate_doc_update: %w", err)
+	}
+	err = w.do(ctx, http.MethodPut, w.docURL("refuse-me"), []byte(`{"couchq_bench_refuse":true}`), nil)
+	var se *statusError
+	if !errors.As(err, &se) || se.status != http.StatusForbidden {
+		return "", fmt.Errorf("the one-line validate_doc_update in %s did not refuse the document it must refuse (want 403 forbidden): %v", db, err)
+	}
+	return db, nil
 }
 
 // docWriter writes job-shaped documents with plain HTTP.

@@ -59,10 +59,7 @@ func (b *run) runClaimIndex(ctx context.Context, s *Section) error {
 	if dueMap == "" {
 		return fmt.Errorf("no design document has the due view")
 	}
-	lang := b.t.language
-	if lang == designdocs.LanguageKept {
-		lang = designdocs.LanguageFor(b.t.info.Vendor, b.t.info.Version)
-	}
+	lang := b.t.designLanguage()
 	viewDesign := func(partitioned bool) map[string]any {
 		doc := map[string]any{
 			"_id":      "_design/claimindex",

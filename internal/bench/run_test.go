@@ -214,6 +214,11 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 	bare := get("1/_bulk_docs docs/s, batch 100, 1 client, bare database (no design doc)").Value
 	design := get("1/_bulk_docs docs/s, batch 100, 1 client, with couchq's design doc").Value
 	lost := get("1/  bulk rate lost to the design doc (validate_doc_update, views)").Value
+	oneLine := get("1/_bulk_docs docs/s, batch 100, 1 client, a one-line validate_doc_update alone").Value
+	oneLineLost := get("1/  bulk rate lost to calling validate_doc_update at all").Value
+	if oneLine <= 0 || !near(oneLineLost, 100*(1-oneLine/bare)) {
+		t.Errorf("%s: one-line validation: bulk %g docs/s, lost %g%% (bulk bare %g)", rep.Server.Kind, oneLine, oneLineLost, bare)
+	}
 	limit := get("1/physical limit: bulk (bare) / 3").Value
 	putLimit := get("1/single-doc limit: best single-doc rate / 3").Value
 	if bare <= 0 || design <= 0 || put1 <= 0 || putC <= 0 {
@@ -393,6 +398,9 @@ func TestRunOnLocalServers(t *testing.T) {
 		rows := rowsByMetric(rep)
 		if r := rows["2/CPU per job, server processes"]; r.Value <= 0 {
 			t.Errorf("%s: no server CPU per job (%+v); server CPU: %q", sv.Kind, r, sv.CPU)
+		}
+		if r := rows["1/server CPU per document in _bulk_docs: bare / couchq's design doc / validation off / one-line validation"]; len(strings.Split(r.Text, " / ")) != 4 {
+			t.Errorf("%s: server CPU per bulk document: %+v", sv.Kind, r)
 		}
 		jobs := "40"
 		switch sv.Kind {

@@ -194,6 +194,17 @@ func (t *target) newDB(ctx context.Context, section string, validation designdoc
 	return name, nil
 }
 
+// designLanguage is the language the queue databases' design documents
+// get: the configured one, else the one couchq.Init picks for this server.
+// The bench's own design documents use it too, so that they run in the
+// engine couchq's do.
+func (t *target) designLanguage() designdocs.Language {
+	if t.language == designdocs.LanguageKept {
+		return designdocs.LanguageFor(t.info.Vendor, t.info.Version)
+	}
+	return t.language
+}
+
 // newBareDB creates a fresh database with nothing in it.
 func (t *target) newBareDB(ctx context.Context, section string) (string, error) {
 	name := "couchq_bench_" + section + "_" + randomHex(4)
