@@ -76,6 +76,7 @@ func (c *Client) confirmSlots(ctx context.Context, taken map[string]string, held
 		leaves, err := c.leavesMany(ctx, ids)
 		if err != nil {
 			c.log.Warn().Err(err).Int("slots", len(ids)).Msg("could not confirm the slots taken; counting none of them")
+			c.withdrawSlots(ctx, pending)
 			return stands
 		}
 		blocked := map[string]string{}
@@ -97,9 +98,7 @@ func (c *Client) confirmSlots(ctx context.Context, taken map[string]string, held
 			}
 		}
 		if len(blocked) > 0 && !sleepCtx(ctx, min(max(time.Since(began), slotRereadMin), slotRereadMax)) {
-			for id, rev := range blocked {
-				c.dropLeaf(context.WithoutCancel(ctx), id, Leaf{Rev: rev})
-			}
+			c.withdrawSlots(ctx, blocked)
 			return stands
 		}
 		pending = blocked
@@ -143,6 +142,25 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// withdrawTimeout bounds withdrawSlots: the slots' leases or windows end
+// anyway, and a server that does not answer must not hold up the round.
+const withdrawTimeout = 5 * time.Second
+
+// withdrawSlots drops our leaves of slots we count none of (id -> the revision
+// we wrote), best effort, even when ctx has ended: left alone each would
+// stay held by us, unused, until its lease or window ran out, and the limit
+// would run that many short meanwhile. A tombstone rather than a release:
+// written over a leaf that lost to another holder's, a release would make
+// a live leaf again, which could win and show the slot free while the
+// other holds it.
+func (c *Client) withdrawSlots(ctx context.Context, revs map[string]string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+	defer cancel()
+	for id, rev := range revs {
+		c.dropLeaf(ctx, id, Leaf{Rev: rev})
 	}
 }
 

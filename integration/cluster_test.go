@@ -1367,3 +1367,14 @@ func TestClusterHarnessWaitsForAHealedNode(t *testing.T) {
 		t.Fatalf("a database created once the harness found the cluster whole is not on node 3 (exists %v, err %v)", exists, err)
 	}
 }
+
+// On the cluster as on one server (TestSlotsWithdrawnWhenTheirConfirmingReadFails):
+// slots a taker wrote through node 1 but could not confirm are withdrawn,
+// and a taker on node 2 finds them all free.
+func TestClusterSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	taker := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return failLeavesReads{next: next}
+	})
+	checkSlotsWithdrawn(t, cb.ctx, taker, cb.open(t, 2, couchq.Config{}), 5*time.Second)
+}

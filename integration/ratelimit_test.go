@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -393,5 +394,74 @@ func TestClaimManyBeforeDeadline(t *testing.T) {
 		if at := couchq.FromUnix(r.Item.ClaimedAt); !at.Before(deadline) {
 			t.Errorf("claim stamped %s, not before its deadline %s", at, deadline)
 		}
+	}
+}
+
+// failLeavesReads fails every read of a document's leaves, as a server
+// that stops answering between a taker's write and its confirming read.
+type failLeavesReads struct{ next http.RoundTripper }
+
+func (f failLeavesReads) RoundTrip(r *http.Request) (*http.Response, error) {
+	if isLeavesRead(r) {
+		return nil, errors.New("leaves read cut off by the test")
+	}
+	return f.next.RoundTrip(r)
+}
+
+// A taker whose confirming read fails counts none of the slots it wrote,
+// and withdraws them: left held, run slots would keep the type's
+// fleet-wide limit short by as many until their lease ran out, and rate
+// slots the window's starts. Another taker then finds them free.
+func TestSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	taker := clientThrough(t, tb, couchq.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
+		return failLeavesReads{next: next}
+	})
+	checkSlotsWithdrawn(t, tb.ctx, taker, tb.client, 0)
+}
+
+// checkSlotsWithdrawn takes every run slot and rate slot of a limit of 3
+// through taker, whose confirming reads fail, and then through other, which
+// must get them all, within settle (a cluster's copies may lag behind the
+// withdrawals).
+func checkSlotsWithdrawn(t *testing.T, ctx context.Context, taker, other *couchq.Client, settle time.Duration) {
+	t.Helper()
+	const limit = 3
+	// takeAll takes slots until it has the limit's, or settle has passed.
+	takeAll := func(take func(want int) (int, error)) (int, error) {
+		total, deadline := 0, time.Now().Add(settle)
+		for {
+			n, err := take(limit - total)
+			total += n
+			if total == limit || err != nil || time.Now().After(deadline) {
+				return total, err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	got, err := taker.AcquireRunSlots(ctx, "limited", limit, limit, "a", time.Hour)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("run slots taken without a confirming read: %d %v", len(got), err)
+	}
+	n, err := takeAll(func(want int) (int, error) {
+		got, err := other.AcquireRunSlots(ctx, "limited", limit, want, "b", time.Hour)
+		return len(got), err
+	})
+	if err != nil || n != limit {
+		t.Fatalf("another holder took %d of %d run slots after the first counted none (%v): the first still holds them", n, limit, err)
+	}
+
+	rl := couchq.RateLimit{N: limit, Per: time.Hour}
+	now := time.Now()
+	if n, _, _, err := taker.AcquireStartsFor(ctx, "paced", rl, now, limit, "a"); err != nil || n != 0 {
+		t.Fatalf("rate slots taken without a confirming read: %d %v", n, err)
+	}
+	n, err = takeAll(func(want int) (int, error) {
+		n, _, _, err := other.AcquireStartsFor(ctx, "paced", rl, now, want, "b")
+		return n, err
+	})
+	if err != nil || n != limit {
+		t.Fatalf("another taker got %d of the window's %d starts after the first counted none (%v): the first still holds them", n, limit, err)
 	}
 }
