@@ -10,6 +10,8 @@ import (
 
 	"github.com/ory/dockertest/v3"
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/internal/localserver"
 )
 
 const (
@@ -37,12 +39,7 @@ func dockerPool(ctx context.Context) (*dockertest.Pool, error) {
 func startDocker(ctx context.Context, pool *dockertest.Pool, logger zerolog.Logger) (*Server, error) {
 	user, password := "admin", randomHex(16)
 	logger.Info().Str("image", couchImage+":"+couchTag).Msg("starting CouchDB container (first run pulls the image)")
-	res, err := pool.RunWithOptions(&dockertest.RunOptions{
-		Repository: couchImage,
-		Tag:        couchTag,
-		Env:        []string{"COUCHDB_USER=" + user, "COUCHDB_PASSWORD=" + password},
-		Labels:     map[string]string{containerLabel: "true"},
-	}) // no AutoRemove: Stop force-removes, and both at once race ("removal already in progress")
+	res, err := pool.RunWithOptions(dockerRunOptions(user, password))
 	if err != nil {
 		return nil, fmt.Errorf("starting %s:%s container: %w", couchImage, couchTag, err)
 	}
@@ -69,6 +66,21 @@ func startDocker(ctx context.Context, pool *dockertest.Pool, logger zerolog.Logg
 		}
 	}
 	return s, nil
+}
+
+// dockerRunOptions is how the CouchDB container runs: the image's
+// defaults, an admin, and the Erlang VM flags the local nodes get
+// (localserver.SchedulerFlags) in ERL_FLAGS, which the VM reads, so that
+// the container's schedulers sleep when idle rather than take CPU from the
+// tests beside it. No AutoRemove: Stop force-removes, and both at once
+// race ("removal already in progress").
+func dockerRunOptions(user, password string) *dockertest.RunOptions {
+	return &dockertest.RunOptions{
+		Repository: couchImage,
+		Tag:        couchTag,
+		Env:        []string{"COUCHDB_USER=" + user, "COUCHDB_PASSWORD=" + password, "ERL_FLAGS=" + localserver.SchedulerFlags},
+		Labels:     map[string]string{containerLabel: "true"},
+	}
 }
 
 // dockerHost is where published ports are reachable: the engine's host for a tcp DOCKER_HOST,
