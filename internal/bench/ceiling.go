@@ -95,11 +95,7 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	// The one-line validation next: its database has no views, so the
 	// server indexes nothing in the background while it is timed, and
 	// nothing has been written into the others yet.
-	w1 := &docWriter{t: b.t, db: oneLine}
-	if _, err := w1.bulk(ctx, bulkBatch, warmUpTime); err != nil {
-		return err
-	}
-	bulkOneLine, err := b.timedBulk(ctx, w1, &cpu[3])
+	bulkOneLine, err := b.warmedBulk(ctx, oneLine, &cpu[3])
 	if err != nil {
 		return err
 	}
@@ -119,11 +115,7 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	wn := &docWriter{t: b.t, db: novdu}
-	if _, err := wn.bulk(ctx, bulkBatch, warmUpTime); err != nil {
-		return err
-	}
-	bulkNoValidation, err := b.timedBulk(ctx, wn, &cpu[2])
+	bulkNoValidation, err := b.warmedBulk(ctx, novdu, &cpu[2])
 	if err != nil {
 		return err
 	}
@@ -160,6 +152,15 @@ func (b *run) timedBulk(ctx context.Context, w *docWriter, cpuPerDoc *time.Durat
 		*cpuPerDoc = (after.server - before.server) / time.Duration(docs)
 	}
 	return r, nil
+}
+
+// warmedBulk is timedBulk into db after warmUpTime of the same writes.
+func (b *run) warmedBulk(ctx context.Context, db string, cpuPerDoc *time.Duration) (float64, error) {
+	w := &docWriter{t: b.t, db: db}
+	if _, err := w.bulk(ctx, bulkBatch, warmUpTime); err != nil {
+		return 0, err
+	}
+	return b.timedBulk(ctx, w, cpuPerDoc)
 }
 
 // oneLineValidation is the whole validate_doc_update of section 1's
