@@ -1,9 +1,14 @@
 package integration
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -82,4 +87,120 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 	if it, _ := tb.client.Get(ctx, held[0].ID); it.Status != couchq.StatusRunning || it.Rev != renewed.Rev {
 		t.Errorf("the stale write must not have landed: %+v", it)
 	}
+}
+
+// A held job's write that finds no request in flight waits WriteLinger for
+// others: outcomes that come within it go in one _bulk_docs. Without the
+// wait the first goes alone, as a PUT.
+func TestLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
+	for name, linger := range map[string]time.Duration{"linger 1s": time.Second, "no linger": -1} {
+		t.Run(name, func(t *testing.T) {
+			tb := setup(t, couchq.Config{})
+			var writes writeLog
+			client := clientThrough(t, tb, couchq.Config{WriteLinger: linger}, writes.through)
+			checkWriteLinger(t, tb.ctx, client, &writes, linger)
+		})
+	}
+}
+
+// checkWriteLinger completes three held jobs 20 ms apart through client,
+// whose writes pass through writes, and checks that they went together
+// when linger is above that, the first alone otherwise.
+func checkWriteLinger(t *testing.T, ctx context.Context, client *couchq.Client, writes *writeLog, linger time.Duration) {
+	t.Helper()
+	var jobs []couchq.NewJob
+	for i := range 3 {
+		jobs = append(jobs, couchq.NewJob{Worker: "together", Payload: i})
+	}
+	enqueued, err := client.EnqueueMany(ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var due []*couchq.WorkItem
+	for _, r := range enqueued {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		due = append(due, r.Item)
+	}
+	var held []*couchq.WorkItem
+	for _, r := range client.ClaimMany(ctx, due, "together/1/w", time.Minute) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		held = append(held, r.Item)
+	}
+	writes.reset()
+	var wg sync.WaitGroup
+	errs := make([]error, len(held))
+	for i, it := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = client.Complete(ctx, it, nil)
+		}()
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("job %d: %v", i, err)
+		}
+	}
+	got := writes.sizes()
+	if linger > 100*time.Millisecond {
+		if len(got) != 1 || got[0] != "_bulk_docs 3" {
+			t.Fatalf("the outcomes went as %v; want them together in one _bulk_docs", got)
+		}
+		return
+	}
+	if len(got) < 2 || got[0] != "PUT" {
+		t.Fatalf("the outcomes went as %v; want the first alone, at once, as a PUT", got)
+	}
+}
+
+// writeLog records the job writes that pass through it: "PUT" for a
+// document's, "_bulk_docs N" for a batch of N.
+type writeLog struct {
+	mu     sync.Mutex
+	writes []string
+}
+
+func (l *writeLog) through(next http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		var w string
+		switch {
+		case r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/job:"):
+			w = "PUT"
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/_bulk_docs") && r.Body != nil:
+			body, err := io.ReadAll(r.Body)
+			r.Body.Close()
+			if err != nil {
+				return nil, err
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+			var batch struct{ Docs []json.RawMessage }
+			_ = json.Unmarshal(body, &batch)
+			w = fmt.Sprintf("_bulk_docs %d", len(batch.Docs))
+		}
+		if w != "" {
+			l.mu.Lock()
+			l.writes = append(l.writes, w)
+			l.mu.Unlock()
+		}
+		return next.RoundTrip(r)
+	})
+}
+
+func (l *writeLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.writes = nil
+}
+
+func (l *writeLog) sizes() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.writes...)
 }

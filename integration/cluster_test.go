@@ -1378,3 +1378,12 @@ func TestClusterSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
 	})
 	checkSlotsWithdrawn(t, cb.ctx, taker, cb.open(t, 2, couchq.Config{}), 5*time.Second)
 }
+
+// Outcomes written through a cluster's node within WriteLinger of each
+// other go in one _bulk_docs, as on one node.
+func TestClusterLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
+	cb := setupCluster(t, couchq.Config{})
+	var writes writeLog
+	client := cb.openThrough(t, 1, couchq.Config{WriteLinger: time.Second}, writes.through)
+	checkWriteLinger(t, cb.ctx, client, &writes, time.Second)
+}
