@@ -1,12 +1,10 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -173,13 +171,10 @@ func (l *writeLog) through(next http.RoundTripper) http.RoundTripper {
 		case r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/job:"):
 			w = "PUT"
 		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/_bulk_docs") && r.Body != nil:
-			body, err := io.ReadAll(r.Body)
-			r.Body.Close()
+			body, err := readRequestBody(r)
 			if err != nil {
 				return nil, err
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 			var batch struct{ Docs []json.RawMessage }
 			_ = json.Unmarshal(body, &batch)
 			w = fmt.Sprintf("_bulk_docs %d", len(batch.Docs))

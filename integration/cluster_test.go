@@ -428,6 +428,19 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
+// readRequestBody reads r's body and puts it back, to be sent as it was.
+func readRequestBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.ContentLength = int64(len(body))
+	return body, nil
+}
+
 // claimMeeting holds each write of a job's first revision (a first claim,
 // by PUT or in a _bulk_docs batch) until a rival write of one of the same
 // jobs arrives, or until wait has passed, and then lets both go at once.
@@ -447,14 +460,10 @@ func (m *claimMeeting) through(next http.RoundTripper) http.RoundTripper {
 		if !bulk && !single || r.Body == nil {
 			return next.RoundTrip(r)
 		}
-		body, err := io.ReadAll(r.Body)
-		r.Body.Close()
+		body, err := readRequestBody(r)
 		if err != nil {
 			return nil, err
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		r.ContentLength = int64(len(body))
 		type revision struct {
 			ID  string `json:"_id"`
 			Rev string `json:"_rev"`
