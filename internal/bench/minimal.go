@@ -26,11 +26,12 @@ import (
 // through couchq's claim view (what finding due work by a view adds, which
 // every view-claimed queue pays), and in the changes feed, filtered to
 // queued jobs and unfiltered (the ways to find new work without reading an
-// index). The 80 % of bulk/3 is about what the first reaches here
-// (73-82 % on 2026-11-25) and far above the view (8-9 % with validation,
-// 24-28 % without) and the filtered feed (34-38 % without validation), so
-// these rows show how far the target is from what a queue that finds its
-// work can reach and how much of the rest is couchq's.
+// index). The 80 % of bulk/3 is about what the first reaches in a
+// bare database here (73-88 % on 2026-11-25) and above what any of them
+// reaches in a database with couchq's design documents once their views'
+// catch-up is counted (about 55 % on the node without validation, 22-24 %
+// with it), so these rows show how far the target is from what a queue
+// that keeps couchq's views can reach and how much of the rest is couchq's.
 const (
 	minimalClaimers = 4
 	minimalBatch    = 100
