@@ -390,7 +390,8 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 			}
 			cpu2 := b.t.cpu()
 			withCatchUp := rate(r.jobs, r.wall+catchUp)
-			s.add(numRow("  counting the views' catch-up after the last job ("+catchUp.Round(time.Millisecond).String()+")", withCatchUp, "jobs/s", 0))
+			s.add(durRow("  views' catch-up after the last job", catchUp))
+			s.add(numRow("  counting the views' catch-up", withCatchUp, "jobs/s", 0))
 			b.minimalShareRow(s, withCatchUp)
 			if r.cpu0.serverOK && cpu2.serverOK {
 				s.add(durRow("  CPU per job, server processes, with the catch-up", (cpu2.server-r.cpu0.server)/time.Duration(r.jobs)))
