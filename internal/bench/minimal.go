@@ -41,6 +41,11 @@ const (
 // this long, rather than waiting for the server's timeout.
 const minimalStall = 20 * time.Second
 
+// autoIndexed are the design documents whose views CouchDB keeps up to
+// date by itself, behind the writes: the claim and sweep ones (the ops one
+// is indexed when read).
+func autoIndexed() []string { return []string{designdocs.ID, designdocs.SweepID} }
+
 // minimalQueue works n job documents (bulkID(1) to bulkID(n), written by
 // fill) through claim and finish.
 type minimalQueue struct {
@@ -322,7 +327,11 @@ func minimalNote() string {
 		"claiming it with one _bulk_docs and finishing it with another; no leases, confirming reads or retries. "+
 		"The job documents are the ceiling's (section 1); the databases with couchq's design documents have them as section 2 installs them, "+
 		"their self-updating views (claim and sweep) built before the run, and are given again with the time and server CPU "+
-		"their views took to catch up after the last job, which CouchDB's background indexer leaves behind a queue that reads no index.",
+		"their views took to catch up after the last job, which CouchDB's background indexer leaves behind a queue that reads no index. "+
+		"Each queue, couchq's too, has the server's own counters per job (GET /_node/_local/_stats, every node summed), from before its run "+
+		"to after its views caught up: documents the views' map functions were given (each self-updating design document maps each job's "+
+		"last revision once on each copy, and again each revision it indexed before the next was written), documents read, "+
+		"validate_doc_update calls and shard commits (one per shard copy a write request touched).",
 		minimalClaimers, minimalBatch)
 }
 
@@ -358,16 +367,15 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 		if err := q.w.fill(ctx, n, minimalBatch); err != nil {
 			return fmt.Errorf("minimal queue: storing %d jobs: %w", n, err)
 		}
-		// The views CouchDB keeps up to date by itself (the claim and
-		// sweep design documents; the ops one is indexed when read)
-		// start from the stored jobs, as they would after enqueue, so
-		// the run pays for claims and outcomes.
-		autoIndexed := []string{designdocs.ID, designdocs.SweepID}
+		// The views CouchDB keeps up to date by itself start from the
+		// stored jobs, as they would after enqueue, so the run pays for
+		// claims and outcomes.
 		if q.designDocs {
-			if _, err := b.bringIndexesUpToDate(ctx, db, autoIndexed...); err != nil {
+			if _, err := b.bringIndexesUpToDate(ctx, db, autoIndexed()...); err != nil {
 				return fmt.Errorf("minimal queue: %w", err)
 			}
 		}
+		counters0 := b.t.counters(ctx)
 		r, err := q.run(ctx, b.t.cpu)
 		if err != nil {
 			return err
@@ -384,7 +392,7 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 			// not yet indexing its last rounds, work a queue running
 			// for good pays all along. So the run is given again with
 			// that catch-up counted in.
-			catchUp, err := b.bringIndexesUpToDate(ctx, db, autoIndexed...)
+			catchUp, err := b.bringIndexesUpToDate(ctx, db, autoIndexed()...)
 			if err != nil {
 				return fmt.Errorf("minimal queue: %w", err)
 			}
@@ -397,6 +405,9 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 				s.add(durRow("  CPU per job, server processes, with the catch-up", (cpu2.server-r.cpu0.server)/time.Duration(r.jobs)))
 			}
 		}
+		// After the catch-up, where there is one: each job's revisions
+		// are then all indexed.
+		counterRow(s, counters0, b.t.counters(ctx), r.jobs)
 		if !b.cfg.Keep {
 			// Dropped now, so that no index of it is built while the
 			// next queue runs.

@@ -263,8 +263,9 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 // checkMinimalQueueRows checks section 2's yardstick: the minimal queues
 // ran every job, those in a database with couchq's design documents are
 // given again with their views' catch-up counted in (slower, or as fast),
-// and couchq's throughput tput is given as a share of the one that reads
-// the claim view.
+// couchq's throughput tput is given as a share of the one that reads the
+// claim view, and couchq and each minimal queue have the server's counters
+// per job (checkCounterRows).
 func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 	t.Helper()
 	rows := rep.Sections[1].Rows
@@ -272,8 +273,18 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 	var order []string
 	var catchUps []float64
 	var share, skipped *Row
+	counters := map[string]string{} // by queue: couchq's before the first minimal queue
 	for i, r := range rows {
 		switch {
+		case r.Metric == counterRowMetric:
+			q := "couchq"
+			if len(order) > 0 {
+				q = order[len(order)-1]
+			}
+			if _, twice := counters[q]; twice {
+				t.Errorf("%s: two counter rows for %s", rep.Server.Kind, q)
+			}
+			counters[q] = r.Text
 		case r.Metric == "minimal queue (yardstick)":
 			skipped = &rows[i]
 		case strings.HasPrefix(r.Metric, "minimal queue: "):
@@ -292,6 +303,9 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 		// Not run there, and said so.
 		if skipped == nil || !strings.HasPrefix(skipped.Text, "not run: ") || len(queues) != 0 {
 			t.Errorf("%s: the minimal queue is for Apache CouchDB only: skipped %v, queues %v", rep.Server.Kind, skipped, queues)
+		}
+		if len(counters) != 0 {
+			t.Errorf("%s: server counters given where the server has none: %v", rep.Server.Kind, counters)
 		}
 		return
 	}
@@ -312,6 +326,39 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 	}
 	if inView := queues[want[2]]; !near(share.Value, 100*tput/inView) {
 		t.Errorf("%s: couchq's share %g%% of the minimal queue in the view, want 100 × %g / %g", rep.Server.Kind, share.Value, tput, inView)
+	}
+	checkCounterRows(t, rep.Server.Kind, counters, want[0])
+}
+
+// checkCounterRows checks the server's counters per job of couchq and the
+// minimal queues (by queue; bare is the one in a bare database), which the
+// bench reads from every node after the views caught up with the last
+// job: the bare database's queue has no view to map its jobs nor a
+// validate_doc_update to call, while in a database with couchq's design
+// documents each job's last revision at least is mapped by both
+// self-updating design documents, and validated as it is written (the
+// test's databases keep validation on), twice at least: claimed, finished.
+func checkCounterRows(t *testing.T, kind string, counters map[string]string, bare string) {
+	t.Helper()
+	if len(counters) != 6 {
+		t.Errorf("%s: server counter rows for %d queues, want couchq and the five minimal ones: %v", kind, len(counters), counters)
+	}
+	for q, text := range counters {
+		var mapped, read, validated, commits float64
+		if _, err := fmt.Sscanf(text, "%f / %f / %f; %f", &mapped, &read, &validated, &commits); err != nil {
+			t.Errorf("%s: %s: counters %q: %v", kind, q, text, err)
+			continue
+		}
+		if q == bare {
+			if mapped != 0 || validated != 0 {
+				t.Errorf("%s: %s: %g documents mapped and %g validated per job, want none", kind, q, mapped, validated)
+			}
+		} else if mapped < 2 || validated < 2 {
+			t.Errorf("%s: %s: %g documents mapped and %g validated per job, want 2 at least", kind, q, mapped, validated)
+		}
+		if read <= 0 || commits <= 0 {
+			t.Errorf("%s: %s: %g documents read and %g commits per job", kind, q, read, commits)
+		}
 	}
 }
 

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -227,24 +226,11 @@ func (t *target) dropDB(ctx context.Context, name string) error {
 // copy of each shard counts. ok is false when the server does not say (no
 // _active_tasks, or not allowed to read it).
 func (t *target) indexing(ctx context.Context, db string) (n int, ok bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.base+"/_active_tasks", nil)
-	if err != nil {
-		return 0, false
-	}
-	req.Header.Set("Accept", "application/json")
-	if t.user != "" {
-		req.SetBasicAuth(t.user, t.password)
-	}
-	resp, err := t.raw.Do(req)
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
 	var tasks []struct {
 		Type     string `json:"type"`
 		Database string `json:"database"`
 	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&tasks) != nil {
+	if t.getJSON(ctx, t.base+"/_active_tasks", &tasks) != nil {
 		return 0, false
 	}
 	for _, task := range tasks {

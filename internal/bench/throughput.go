@@ -68,6 +68,7 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 	traffic0 := b.t.stats.snapshot()
 	alloc0 := heapAllocated()
 	cpu0 := b.t.cpu()
+	counters0 := b.t.counters(ctx)
 	var wb workedBacklog
 	who := fmt.Sprintf("%d worker goroutines", cfg.Workers)
 	if cfg.Procs > 0 {
@@ -126,6 +127,9 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 		b.requestRows(s, tr, cfg.Jobs)
 		cpuRows(s, "", cpu0, cpu1, cfg.Jobs)
 		s.add(numRow("Go heap allocated per job, bench process", float64(alloc)/float64(cfg.Jobs)/1024, "KiB", 1))
+		if err := b.couchqCounterRows(ctx, s, db, counters0, cfg.Jobs); err != nil {
+			return err
+		}
 		return b.runMinimalQueues(ctx, s, cfg.Jobs, tput)
 	}
 	if wb.workerOK {
@@ -133,7 +137,26 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 	}
 	cpu0.ok = false // the bench process only watched the worker processes
 	cpuRows(s, "", cpu0, cpu1, cfg.Jobs)
+	if err := b.couchqCounterRows(ctx, s, db, counters0, cfg.Jobs); err != nil {
+		return err
+	}
 	return b.runMinimalQueues(ctx, s, cfg.Jobs, tput)
+}
+
+// couchqCounterRows gives the server's counters per job from before
+// couchq's run to after its self-updating views caught up with the last
+// job, as the minimal queues give theirs (see serverCounters).
+func (b *run) couchqCounterRows(ctx context.Context, s *Section, db string, before serverCounters, jobs int) error {
+	if !before.ok {
+		return nil
+	}
+	catchUp, err := b.bringIndexesUpToDate(ctx, db, autoIndexed()...)
+	if err != nil {
+		return fmt.Errorf("after couchq's run: %w", err)
+	}
+	s.add(durRow("  views' catch-up after the last job", catchUp))
+	counterRow(s, before, b.t.counters(ctx), int64(jobs))
+	return nil
 }
 
 // workInProcess runs the backlog with worker.Worker values in this process.
