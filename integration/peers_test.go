@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -94,7 +95,24 @@ func TestPeersClaimTheirOwnJobsWithoutRacing(t *testing.T) {
 
 // A busy worker's jobs do not wait for it while a peer is idle: after
 // StealAfter the peer takes even the jobs the busy one would take next.
+// Also when the peer's own jobs take a while: it claims its last one, in
+// its only slot, before it may take the busy one's next job, and its look
+// at the time it may was lost (it waited for the fallback poll: with its
+// slots taken it set no timer, and the freed slot did not wake it).
 func TestBusyPeersJobsRunOnAnIdlePeer(t *testing.T) {
+	for _, c := range []struct{ work, stealAfter time.Duration }{
+		{0, 100 * time.Millisecond},
+		// The idle peer claims its last job of its own, in its only
+		// slot, before the busy one's next job may be stolen.
+		{50 * time.Millisecond, time.Second},
+	} {
+		t.Run(fmt.Sprintf("jobs of %v, steal after %v", c.work, c.stealAfter), func(t *testing.T) {
+			testBusyPeersJobsRunOnAnIdlePeer(t, c.work, c.stealAfter)
+		})
+	}
+}
+
+func testBusyPeersJobsRunOnAnIdlePeer(t *testing.T, work, stealAfter time.Duration) {
 	tb := setup(t, couchq.Config{})
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -110,12 +128,17 @@ func TestBusyPeersJobsRunOnAnIdlePeer(t *testing.T) {
 				case <-release:
 				case <-ctx.Done():
 				}
+				return nil
+			}
+			select {
+			case <-time.After(work):
+			case <-ctx.Done():
 			}
 			return nil
 		})})
 		c.ID = name
 		c.Concurrency = 1
-		c.StealAfter = 100 * time.Millisecond
+		c.StealAfter = stealAfter
 		return c
 	}
 	startWorker(t, tb, cfg("a"))

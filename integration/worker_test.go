@@ -195,6 +195,53 @@ func TestScheduledJobStartsOnTime(t *testing.T) {
 	}
 }
 
+// A job that comes due while every slot is taken starts when one frees,
+// not at the fallback poll (a minute): with its slots taken a worker sets
+// no timer for the next scheduled job, so the freed slot must wake it.
+func TestScheduledJobDueWhileEverySlotIsTakenStartsWhenOneFrees(t *testing.T) {
+	tb := setup(t, couchq.Config{})
+	const busyFor = time.Second
+	started := make(chan time.Time, 2)
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"slot": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			started <- time.Now()
+			if job.ID == "long" {
+				select {
+				case <-time.After(busyFor):
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		}),
+	})
+	cfg.Concurrency = 1
+	startWorker(t, tb, cfg)
+	time.Sleep(200 * time.Millisecond) // the worker is idle, waiting on the feed
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slot", ID: "scheduled", At: time.Now().Add(busyFor / 2)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the worker has a timer for it
+	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slot", ID: "long"}); err != nil {
+		t.Fatal(err)
+	}
+	var freed time.Time
+	select {
+	case s := <-started:
+		freed = s.Add(busyFor)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the long job never started")
+	}
+	select {
+	case s := <-started:
+		if late := s.Sub(freed); late > 2*time.Second {
+			t.Fatalf("the scheduled job started %s after the slot freed", late)
+		}
+		t.Logf("the scheduled job started %s after the slot freed", s.Sub(freed))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scheduled job did not start within 10 s of its time; its worker's only slot freed after 1 s")
+	}
+}
+
 // An idle worker wakes on the changes feed: a new job starts at once.
 func TestIdleWorkerWakesOnChanges(t *testing.T) {
 	tb := setup(t, couchq.Config{})

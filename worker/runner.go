@@ -44,6 +44,10 @@ type runner struct {
 	// behind records that the last fetch left due work behind, so that a
 	// finished job's freed slot should look for more.
 	behind atomic.Bool
+	// slotWanted records that the loop waits with every slot taken, so
+	// set no timer (the next scheduled job, a job left to a peer): the
+	// next freed slot wakes it to set them.
+	slotWanted atomic.Bool
 	// news records that the feed (or a sweep) reported claimable work
 	// since the last due query: the next one must see every change, not
 	// read the view as it stands (see fetch).
@@ -152,6 +156,12 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			return
 		}
 		wait := r.w.cfg.FallbackPoll
+		// Raised before the slots are counted, so that a slot freed in
+		// between still wakes the loop (at worst once for nothing).
+		r.slotWanted.Store(true)
+		if r.free() > 0 {
+			r.slotWanted.Store(false)
+		}
 		if r.w.cfg.Drain {
 			wait = 100 * time.Millisecond // drain: wait only for running jobs
 		} else if r.free() > 0 {
@@ -518,9 +528,12 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 			w.mu.Unlock()
 			w.cfg.Metrics.jobEnded(r.typ)
 			<-r.slots
-			// A freed slot matters only if work was left behind; otherwise
-			// the changes feed says when new work arrives.
-			if r.behind.Load() || r.w.cfg.Drain {
+			// A freed slot matters only if work was left behind, or if
+			// the loop waits for one to set its timers (a job scheduled
+			// or left to a peer may be due by now); otherwise the changes
+			// feed says when new work arrives.
+			wanted := r.slotWanted.Swap(false)
+			if r.behind.Load() || r.w.cfg.Drain || wanted {
 				r.nudge()
 			}
 		}
