@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // serverCounters are some of Apache CouchDB's own counters (GET
@@ -26,7 +28,16 @@ type serverCounters struct {
 	// touched).
 	commits float64
 	ok      bool
+	// err is why a server that has the counters did not give them.
+	err error
 }
+
+// counterReads is how many times a node's counters are asked for before
+// the reading fails, counterRetry how long apart.
+const (
+	counterReads = 3
+	counterRetry = 250 * time.Millisecond
+)
 
 // counterRowMetric is the text row of a queue's counters per job.
 const counterRowMetric = "  server's counters per job: documents mapped by views / read / validated; shard commits"
@@ -56,8 +67,18 @@ func (t *target) counters(ctx context.Context) serverCounters {
 				Commits counter `json:"commits"`
 			} `json:"couchdb"`
 		}
-		if err := t.getJSON(ctx, node+"/_node/_local/_stats", &stats); err != nil {
-			return serverCounters{}
+		// Read again after a failure: once in a full test run, with
+		// other suites loading the machine, a reading of the cluster's
+		// failed (why was not kept).
+		var err error
+		for try := 1; ; try++ {
+			err = t.getJSON(ctx, node+"/_node/_local/_stats", &stats)
+			if err == nil || try == counterReads || !sleepCtx(ctx, counterRetry) {
+				break
+			}
+		}
+		if err != nil {
+			return serverCounters{err: fmt.Errorf("reading the server's counters: %w", err)}
 		}
 		c := stats.CouchDB
 		sum.mapped += c.Mrview.MapDoc.Value
@@ -69,8 +90,13 @@ func (t *target) counters(ctx context.Context) serverCounters {
 	return sum
 }
 
-// counterRow adds what the server counted between two readings, per job.
+// counterRow adds what the server counted between two readings, per job,
+// or why it could not.
 func counterRow(s *Section, before, after serverCounters, jobs int64) {
+	if err := errors.Join(before.err, after.err); err != nil {
+		s.add(textRow(counterRowMetric, "not read: "+err.Error()))
+		return
+	}
 	if !before.ok || !after.ok || jobs <= 0 {
 		return
 	}

@@ -148,6 +148,7 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 // job, as the minimal queues give theirs (see serverCounters).
 func (b *run) couchqCounterRows(ctx context.Context, s *Section, db string, before serverCounters, jobs int) error {
 	if !before.ok {
+		counterRow(s, before, before, int64(jobs)) // why, if the server has them
 		return nil
 	}
 	catchUp, err := b.bringIndexesUpToDate(ctx, db, autoIndexed()...)
