@@ -42,8 +42,9 @@ const (
 // counterRowMetric is the text row of a queue's counters per job.
 const counterRowMetric = "  server's counters per job: documents mapped by views / read / validated; shard commits"
 
-// counters reads every node's counters; ok is false when one does not
-// answer them (PouchDB Server has no such endpoint).
+// counters reads every node's counters. ok is false when a node does not
+// answer them, with err saying why, and on PouchDB Server, which has no
+// such endpoint (no err there).
 func (t *target) counters(ctx context.Context) serverCounters {
 	if t.info.Vendor != "couchdb" {
 		return serverCounters{}
