@@ -248,7 +248,7 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 	if p50 <= 0 || p99 < p50 {
 		t.Errorf("%s: enqueue -> start p50 %g ms, p99 %g ms", rep.Server.Kind, p50, p99)
 	}
-	checkMinimalQueueRows(t, rep, tput.Value)
+	checkMinimalQueueRows(t, rep, tput.Value, limit)
 	if instrumented {
 		for _, m := range []string{"2/bytes sent per job (on the wire: HTTP headers and bodies)",
 			"2/bytes received per job (on the wire: HTTP headers and bodies)", "2/HTTP requests per job"} {
@@ -265,14 +265,16 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 // given again with their views' catch-up counted in (slower, or as fast),
 // couchq's throughput tput is given as a share of the one that reads the
 // claim view, and couchq and each minimal queue have the server's counters
-// per job (checkCounterRows).
-func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
+// per job (checkCounterRows); and whether the end-to-end target is within
+// reach of a queue keeping couchq's views follows from the fastest of them
+// against limit, bulk/3.
+func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 	t.Helper()
 	rows := rep.Sections[1].Rows
 	queues := map[string]float64{}
 	var order []string
 	var catchUps []float64
-	var share, skipped *Row
+	var share, skipped, reach *Row
 	counters := map[string]string{} // by queue: couchq's before the first minimal queue
 	for i, r := range rows {
 		switch {
@@ -297,6 +299,8 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 			catchUps = append(catchUps, r.Value)
 		case r.Metric == "couchq's throughput as a share of the minimal queue in the claim view":
 			share = &rows[i]
+		case r.Metric == reachRowMetric:
+			reach = &rows[i]
 		}
 	}
 	if rep.Server.Vendor != "couchdb" {
@@ -306,6 +310,9 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 		}
 		if len(counters) != 0 {
 			t.Errorf("%s: server counters given where the server has none: %v", rep.Server.Kind, counters)
+		}
+		if reach != nil {
+			t.Errorf("%s: %q judged without a minimal queue: %q", rep.Server.Kind, reach.Metric, reach.Text)
 		}
 		return
 	}
@@ -328,6 +335,27 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput float64) {
 		t.Errorf("%s: couchq's share %g%% of the minimal queue in the view, want 100 × %g / %g", rep.Server.Kind, share.Value, tput, inView)
 	}
 	checkCounterRows(t, rep.Server.Kind, counters, want[0])
+	checkReachRow(t, rep.Server.Kind, reach, slices.Max(catchUps), limit)
+}
+
+// checkReachRow checks the row that says whether the end-to-end target is
+// within reach of a queue keeping couchq's views: its value is the fastest
+// such minimal queue's share of limit (bulk/3), and it says yes exactly
+// when that share reaches the target's.
+func checkReachRow(t *testing.T, kind string, reach *Row, fastest, limit float64) {
+	t.Helper()
+	if reach == nil {
+		t.Errorf("%s: no row %q", kind, reachRowMetric)
+		return
+	}
+	share := 100 * fastest / limit
+	verdict := "no: "
+	if share >= 100*TargetThroughputShare {
+		verdict = "yes: "
+	}
+	if !near(reach.Value, share) || !strings.HasPrefix(reach.Text, verdict) || !strings.Contains(reach.Text, fmt.Sprintf("%.1f %% of bulk/3", share)) {
+		t.Errorf("%s: %q = %g (%q); want %g%% (%.0f jobs/s of %.0f), %q", kind, reach.Metric, reach.Value, reach.Text, share, fastest, limit, verdict)
+	}
 }
 
 // checkCounterRows checks the server's counters per job of couchq and the
