@@ -53,20 +53,12 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 	if err := tb.client.Extend(ctx, renewed, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(held))
-	for i, it := range held {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			result := fmt.Appendf(nil, `{"n":%d}`, i)
-			if i == 1 {
-				result = []byte(`{"forbidden":true}`)
-			}
-			errs[i] = tb.client.Complete(ctx, it, result)
-		}()
-	}
-	wg.Wait()
+	errs := completeAll(ctx, tb.client, held, 0, func(i int) json.RawMessage {
+		if i == 1 {
+			return json.RawMessage(`{"forbidden":true}`)
+		}
+		return fmt.Appendf(nil, `{"n":%d}`, i)
+	})
 	if !errors.Is(errs[0], couchq.ErrClaimLost) || kivik.HTTPStatus(errs[0]) != http.StatusConflict {
 		t.Errorf("stale job: %v", errs[0])
 	}
@@ -85,6 +77,24 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 	if it, _ := tb.client.Get(ctx, held[0].ID); it.Status != couchq.StatusRunning || it.Rev != renewed.Rev {
 		t.Errorf("the stale write must not have landed: %+v", it)
 	}
+}
+
+// completeAll completes the held jobs, each in its own goroutine started
+// gap after the one before, with result(i) for the i-th, and returns each
+// one's error.
+func completeAll(ctx context.Context, client *couchq.Client, held []*couchq.WorkItem, gap time.Duration, result func(i int) json.RawMessage) []error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(held))
+	for i, it := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = client.Complete(ctx, it, result(i))
+		}()
+		time.Sleep(gap)
+	}
+	wg.Wait()
+	return errs
 }
 
 // A held job's write that finds no request in flight waits WriteLinger for
@@ -129,17 +139,7 @@ func checkWriteLinger(t *testing.T, ctx context.Context, client *couchq.Client, 
 		held = append(held, r.Item)
 	}
 	writes.reset()
-	var wg sync.WaitGroup
-	errs := make([]error, len(held))
-	for i, it := range held {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = client.Complete(ctx, it, nil)
-		}()
-		time.Sleep(20 * time.Millisecond)
-	}
-	wg.Wait()
+	errs := completeAll(ctx, client, held, 20*time.Millisecond, func(int) json.RawMessage { return nil })
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("job %d: %v", i, err)

@@ -348,7 +348,7 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 		return nil
 	}
 	var viewRate float64
-	var fastest kept // of the queues in a database with couchq's design documents
+	var fastest float64 // of the queues in a database with couchq's design documents, catch-up counted
 	for _, q := range []*minimalQueue{
 		{n: n},
 		{n: n, designDocs: true},
@@ -401,7 +401,7 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 			withCatchUp := rate(r.jobs, r.wall+catchUp)
 			s.add(durRow("  views' catch-up after the last job", catchUp))
 			s.add(numRow("  counting the views' catch-up", withCatchUp, "jobs/s", 0))
-			fastest.consider(q, withCatchUp)
+			fastest = max(fastest, withCatchUp)
 			b.minimalShareRow(s, withCatchUp)
 			if r.cpu0.serverOK && cpu2.serverOK {
 				s.add(durRow("  CPU per job, server processes, with the catch-up", (cpu2.server-r.cpu0.server)/time.Duration(r.jobs)))
@@ -423,43 +423,30 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 	}
 	s.add(numRow("couchq's throughput as a share of the minimal queue in the claim view", 100*ratio(tput, viewRate), "%", 1))
 	if b.ceiling != nil {
-		s.add(fastest.reachRow(b.ceiling.jobsLimit()))
+		s.add(reachRow(fastest, b.ceiling.jobsLimit()))
 	}
 	return nil
 }
 
 // reachRowMetric names the row that says whether the end-to-end target is
 // within reach of a queue that keeps couchq's design documents.
-const reachRowMetric = "end-to-end target within reach of a queue keeping couchq's views"
+const reachRowMetric = "end-to-end target within reach of a queue keeping couchq's views? (fastest minimal queue there, catch-up counted, vs bulk/3)"
 
-// kept is the fastest minimal queue in a database with couchq's design
-// documents, its views' catch-up counted in. The one that finds its jobs by
-// id does nothing but claim and finish them, 100 a request, and leaves the
-// server only the validation and indexing every write there costs; so the
-// fastest of them is as fast as a queue keeping those views gets on this
-// server, and when it stays under TargetThroughputShare of bulk/3 the
-// end-to-end target is out of reach for couchq's design, not only for its
-// runtime.
-type kept struct {
-	what       string
-	jobsPerSec float64
-}
-
-func (k *kept) consider(q *minimalQueue, jobsPerSec float64) {
-	if jobsPerSec > k.jobsPerSec {
-		k.what, k.jobsPerSec = strings.TrimPrefix(q.what(), "minimal queue: "), jobsPerSec
-	}
-}
-
-// reachRow says whether the fastest such queue reached the target's share
-// of limit (bulk/3), with its share as the row's value.
-func (k *kept) reachRow(limit float64) Row {
-	share := 100 * ratio(k.jobsPerSec, limit)
+// reachRow says whether fastest, the rate of the fastest minimal queue in a
+// database with couchq's design documents with its views' catch-up counted
+// in, reached the target's share of limit (bulk/3); the share is the row's
+// value. The queue that finds its jobs by id does nothing but claim and
+// finish them, 100 a request, and leaves the server only the validation
+// and indexing every write there costs: no queue keeping those views gets
+// faster on this server, so when the fastest stays under the target, the
+// target is out of reach for couchq's design, not only for its runtime.
+func reachRow(fastest, limit float64) Row {
+	share := 100 * ratio(fastest, limit)
 	verdict := "no"
-	if k.jobsPerSec >= TargetThroughputShare*limit {
+	if fastest >= TargetThroughputShare*limit {
 		verdict = "yes"
 	}
-	r := textRow(reachRowMetric, fmt.Sprintf("%s: the fastest minimal queue keeping them ran at %.1f %% of bulk/3 (%s, views' catch-up counted)", verdict, share, k.what))
+	r := textRow(reachRowMetric, fmt.Sprintf("%s: %.1f %%", verdict, share))
 	r.Value, r.Unit = share, "%"
 	return r
 }
