@@ -333,7 +333,7 @@ func minimalNote() string {
 		"last revision once on each copy, and again each revision it indexed before the next was written), documents read, "+
 		"validate_doc_update calls and shard commits (one per shard copy a write request touched). "+
 		"The section's last row takes the fastest of the queues in a database with couchq's design documents, catch-up counted: "+
-		"as fast as any queue keeping couchq's views gets on this server, so when it is under %.0f%% of bulk/3 the end-to-end "+
+		"about as fast as any queue keeping couchq's views gets on this server, so when it is under %.0f%% of bulk/3 the end-to-end "+
 		"target is out of reach for couchq's design, not only for its runtime.",
 		minimalClaimers, minimalBatch, TargetThroughputShare*100)
 }
@@ -440,8 +440,8 @@ const reachRowMetric = "end-to-end target within reach of a queue keeping couchq
 // in, reached the target's share of limit (bulk/3); the share is the row's
 // value. The queue that finds its jobs by id does nothing but claim and
 // finish them, 100 a request, and leaves the server only the validation
-// and indexing every write there costs: no queue keeping those views gets
-// faster on this server, so when the fastest stays under the target, the
+// and indexing every write there costs: no queue keeping those views does
+// much better on this server, so when the fastest stays under the target, the
 // target is out of reach for couchq's design, not only for its runtime.
 func reachRow(fastest, limit float64) Row {
 	share := 100 * ratio(fastest, limit)
