@@ -9,16 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Agents claim by name: what they hold comes back first, and they may only
 // act on what they hold.
 func TestAgentClaims(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
 	for i := range 6 {
-		if _, err := tb.client.Enqueue(ctx, couchq.NewJob{Worker: "review", ID: fmt.Sprintf("r%d", i)}); err != nil {
+		if _, err := tb.client.Enqueue(ctx, protocol.NewJob{Worker: "review", ID: fmt.Sprintf("r%d", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -37,7 +37,7 @@ func TestAgentClaims(t *testing.T) {
 		t.Fatalf("bob: %+v, %v", bob, err)
 	}
 	// Bob cannot touch alice's job; a job nobody holds is refused too.
-	if _, err := tb.client.HeldJob(ctx, first[0], "bob"); !errors.Is(err, couchq.ErrNotHeld) || !strings.Contains(err.Error(), "alice holds it") {
+	if _, err := tb.client.HeldJob(ctx, first[0], "bob"); !errors.Is(err, protocol.ErrNotHeld) || !strings.Contains(err.Error(), "alice holds it") {
 		t.Errorf("bob acting on alice's job: %v", err)
 	}
 	it, err := tb.client.HeldJob(ctx, first[0], "alice")
@@ -47,11 +47,11 @@ func TestAgentClaims(t *testing.T) {
 	if err := tb.client.Complete(ctx, it, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tb.client.HeldJob(ctx, first[0], "alice"); !errors.Is(err, couchq.ErrNotHeld) {
+	if _, err := tb.client.HeldJob(ctx, first[0], "alice"); !errors.Is(err, protocol.ErrNotHeld) {
 		t.Errorf("acting on a finished job: %v", err)
 	}
 	// An agent's claim whose lease runs out goes back through the sweeper.
-	if _, err := tb.client.Enqueue(ctx, couchq.NewJob{Worker: "proofread", ID: "p1"}); err != nil {
+	if _, err := tb.client.Enqueue(ctx, protocol.NewJob{Worker: "proofread", ID: "p1"}); err != nil {
 		t.Fatal(err)
 	}
 	if short, err := tb.client.ClaimForAgent(ctx, "proofread", 1, "dave", time.Second); err != nil || len(short.Claimed) != 1 {
@@ -61,7 +61,7 @@ func TestAgentClaims(t *testing.T) {
 	if res, err := tb.client.Sweep(ctx, "sweeper", 100); err != nil || res.Requeued != 1 {
 		t.Errorf("sweep: %+v %v, want dave's job requeued", res, err)
 	}
-	if _, err := tb.client.HeldJob(ctx, "p1", "dave"); !errors.Is(err, couchq.ErrNotHeld) {
+	if _, err := tb.client.HeldJob(ctx, "p1", "dave"); !errors.Is(err, protocol.ErrNotHeld) {
 		t.Errorf("dave acting after his lease was swept: %v", err)
 	}
 	// A paused type gives no new jobs, only held ones.
@@ -79,17 +79,17 @@ func TestShellAgentExample(t *testing.T) {
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skip("no sh")
 	}
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	bin := buildCLI(t)
-	want := map[string]couchq.Status{}
+	want := map[string]protocol.Status{}
 	for i := range 12 {
 		text := fmt.Sprintf("article %d", i)
-		status := couchq.StatusDone
+		status := protocol.StatusDone
 		if i%4 == 0 {
 			text += " TODO: sources"
-			status = couchq.StatusFailed
+			status = protocol.StatusFailed
 		}
-		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "review", Payload: map[string]string{"text": text}})
+		it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "review", Payload: map[string]string{"text": text}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +110,7 @@ func TestShellAgentExample(t *testing.T) {
 		}
 		claimedBy := ""
 		for _, e := range it.History {
-			if e.Event == couchq.EventClaimed {
+			if e.Event == protocol.EventClaimed {
 				claimedBy = e.By
 			}
 		}

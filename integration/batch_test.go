@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Outcomes written at once by many goroutines are coalesced into
@@ -21,7 +21,7 @@ import (
 // stale revision is a lost claim for that job only, and a write the server's
 // validation refuses reports the real 403, not a retryable 500.
 func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
 	// An application's own validation that refuses one result.
 	code, body := tb.raw(t, http.MethodPut, "/_design/app", `{"validate_doc_update":
@@ -29,9 +29,9 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 	if code != http.StatusCreated {
 		t.Fatalf("installing the app's validation: %d %s", code, body)
 	}
-	var jobs []couchq.NewJob
+	var jobs []protocol.NewJob
 	for i := range 60 {
-		jobs = append(jobs, couchq.NewJob{Worker: "many", Payload: i})
+		jobs = append(jobs, protocol.NewJob{Worker: "many", Payload: i})
 	}
 	if _, err := tb.client.EnqueueMany(ctx, jobs); err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 	if err != nil || len(batch.Items) != 60 {
 		t.Fatalf("due: %v, %d items", err, len(batch.Items))
 	}
-	var held []*couchq.WorkItem
+	var held []*protocol.WorkItem
 	for _, r := range tb.client.ClaimMany(ctx, batch.Items, "many/1/w", time.Minute) {
 		if r.Err != nil {
 			t.Fatal(r.Err)
@@ -59,7 +59,7 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 		}
 		return fmt.Appendf(nil, `{"n":%d}`, i)
 	})
-	if !errors.Is(errs[0], couchq.ErrClaimLost) || kivik.HTTPStatus(errs[0]) != http.StatusConflict {
+	if !errors.Is(errs[0], protocol.ErrClaimLost) || kivik.HTTPStatus(errs[0]) != http.StatusConflict {
 		t.Errorf("stale job: %v", errs[0])
 	}
 	if kivik.HTTPStatus(errs[1]) != http.StatusForbidden {
@@ -70,11 +70,11 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 			t.Fatalf("job %d: %v", i, errs[i])
 		}
 		it, err := tb.client.Get(ctx, held[i].ID)
-		if err != nil || it.Status != couchq.StatusDone || string(it.Result) != fmt.Sprintf(`{"n":%d}`, i) {
+		if err != nil || it.Status != protocol.StatusDone || string(it.Result) != fmt.Sprintf(`{"n":%d}`, i) {
 			t.Fatalf("job %d: %v %+v", i, err, it)
 		}
 	}
-	if it, _ := tb.client.Get(ctx, held[0].ID); it.Status != couchq.StatusRunning || it.Rev != renewed.Rev {
+	if it, _ := tb.client.Get(ctx, held[0].ID); it.Status != protocol.StatusRunning || it.Rev != renewed.Rev {
 		t.Errorf("the stale write must not have landed: %+v", it)
 	}
 }
@@ -82,7 +82,7 @@ func TestConcurrentOutcomesEachWinOrLoseAlone(t *testing.T) {
 // completeAll completes the held jobs, each in its own goroutine started
 // gap after the one before, with result(i) for the i-th, and returns each
 // one's error.
-func completeAll(ctx context.Context, client *couchq.Client, held []*couchq.WorkItem, gap time.Duration, result func(i int) json.RawMessage) []error {
+func completeAll(ctx context.Context, client *protocol.Client, held []*protocol.WorkItem, gap time.Duration, result func(i int) json.RawMessage) []error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(held))
 	for i, it := range held {
@@ -103,9 +103,9 @@ func completeAll(ctx context.Context, client *couchq.Client, held []*couchq.Work
 func TestLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
 	for name, linger := range map[string]time.Duration{"linger 1s": time.Second, "no linger": -1} {
 		t.Run(name, func(t *testing.T) {
-			tb := setup(t, couchq.Config{})
+			tb := setup(t, protocol.Config{})
 			var writes writeLog
-			client := clientThrough(t, tb, couchq.Config{WriteLinger: linger}, writes.through)
+			client := clientThrough(t, tb, protocol.Config{WriteLinger: linger}, writes.through)
 			checkWriteLinger(t, tb.ctx, client, &writes, linger)
 		})
 	}
@@ -114,24 +114,24 @@ func TestLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
 // checkWriteLinger completes three held jobs 20 ms apart through client,
 // whose writes pass through writes, and checks that they went together
 // when linger is above that, the first alone otherwise.
-func checkWriteLinger(t *testing.T, ctx context.Context, client *couchq.Client, writes *writeLog, linger time.Duration) {
+func checkWriteLinger(t *testing.T, ctx context.Context, client *protocol.Client, writes *writeLog, linger time.Duration) {
 	t.Helper()
-	var jobs []couchq.NewJob
+	var jobs []protocol.NewJob
 	for i := range 3 {
-		jobs = append(jobs, couchq.NewJob{Worker: "together", Payload: i})
+		jobs = append(jobs, protocol.NewJob{Worker: "together", Payload: i})
 	}
 	enqueued, err := client.EnqueueMany(ctx, jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var due []*couchq.WorkItem
+	var due []*protocol.WorkItem
 	for _, r := range enqueued {
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
 		due = append(due, r.Item)
 	}
-	var held []*couchq.WorkItem
+	var held []*protocol.WorkItem
 	for _, r := range client.ClaimMany(ctx, due, "together/1/w", time.Minute) {
 		if r.Err != nil {
 			t.Fatal(r.Err)

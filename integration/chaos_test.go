@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // chaosSize is how big the chaos run is: small by default (CI), scaled up
@@ -59,7 +59,7 @@ const chaosLease = 5 * time.Second
 // delivered more than once had been claimed by a killed worker whose lease
 // then expired. Bounded in time and count; it stops by itself.
 func testChaos(t *testing.T, bin string) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	target := chaosTarget{
 		tb:          tb,
 		env:         func(int) []string { return procEnv(tb.db.Name()) },
@@ -114,7 +114,7 @@ func runChaos(t *testing.T, bin string, target chaosTarget) {
 	begin := time.Now()
 	deadline := begin.Add(size.duration)
 	next := size.workers
-	for time.Now().Before(deadline) && statusCount(t, tb, "chaos", couchq.StatusDone) < size.jobs {
+	for time.Now().Before(deadline) && statusCount(t, tb, "chaos", protocol.StatusDone) < size.jobs {
 		time.Sleep(time.Duration(1500+rand.IntN(1500)) * time.Millisecond)
 		if canRestart && !restarted && time.Since(begin) > size.duration/2 {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -141,7 +141,7 @@ func runChaos(t *testing.T, bin string, target chaosTarget) {
 		live[i] = fresh
 	}
 	t.Logf("chaos: %d kills, restart %v, %d of %d done after %s", kills, restarted,
-		statusCount(t, tb, "chaos", couchq.StatusDone), size.jobs, time.Since(begin).Round(time.Millisecond))
+		statusCount(t, tb, "chaos", protocol.StatusDone), size.jobs, time.Since(begin).Round(time.Millisecond))
 
 	// The chaos is over; the survivors (and the sweeper) finish the rest.
 	// How fast depends on the server (a cluster writes every job to a
@@ -149,7 +149,7 @@ func runChaos(t *testing.T, bin string, target chaosTarget) {
 	// finished, not when they are slow.
 	stall := 2*size.duration + 4*chaosLease
 	last, progressed := -1, time.Now()
-	for done := 0; done < size.jobs; done = statusCount(t, tb, "chaos", couchq.StatusDone) {
+	for done := 0; done < size.jobs; done = statusCount(t, tb, "chaos", protocol.StatusDone) {
 		if done != last {
 			last, progressed = done, time.Now()
 		}
@@ -173,7 +173,7 @@ func runChaos(t *testing.T, bin string, target chaosTarget) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if it.Status != couchq.StatusDone || it.Claimed {
+		if it.Status != protocol.StatusDone || it.Claimed {
 			t.Errorf("job %s ended %s (claimed %v): lost or stuck", id, it.Status, it.Claimed)
 		}
 		n := hook.count(id)

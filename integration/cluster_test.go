@@ -23,9 +23,9 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -41,11 +41,11 @@ type clusterBundle struct {
 	ctx     context.Context
 	cl      *couchtest.Cluster
 	dbName  string
-	clients []*couchq.Client // clients[i] speaks to node i+1
+	clients []*protocol.Client // clients[i] speaks to node i+1
 	log     zerolog.Logger
 }
 
-func setupCluster(t *testing.T, cfg couchq.Config) *clusterBundle {
+func setupCluster(t *testing.T, cfg protocol.Config) *clusterBundle {
 	t.Helper()
 	cl := server.Cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -54,14 +54,14 @@ func setupCluster(t *testing.T, cfg couchq.Config) *clusterBundle {
 		ctx: ctx, cl: cl, dbName: cl.UniqueDBName(t),
 		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel).With().Timestamp().Logger(),
 	}
-	if _, err := couchq.Init(ctx, cl.Client(t), cb.dbName, cb.log); err != nil {
+	if _, err := protocol.Init(ctx, cl.Client(t), cb.dbName, cb.log); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Logger = cb.log
 	for i := 1; i <= cl.Nodes(); i++ {
 		waitDBOnNode(ctx, t, cl, i, cb.dbName)
 		user, password := cl.Node(i).Credentials()
-		srv, err := couchq.Connect(ctx, cl.Node(i).URL(), user, password)
+		srv, err := protocol.Connect(ctx, cl.Node(i).URL(), user, password)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,9 +98,9 @@ func waitDBOnNode(ctx context.Context, t *testing.T, cl *couchtest.Cluster, i in
 
 func (cb *clusterBundle) enqueue(t *testing.T, worker string, n int) []string {
 	t.Helper()
-	jobs := make([]couchq.NewJob, n)
+	jobs := make([]protocol.NewJob, n)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: worker, Payload: map[string]int{"n": i}}
+		jobs[i] = protocol.NewJob{Worker: worker, Payload: map[string]int{"n": i}}
 	}
 	res, err := cb.clients[0].EnqueueMany(cb.ctx, jobs)
 	if err != nil {
@@ -122,7 +122,7 @@ func (cb *clusterBundle) enqueue(t *testing.T, worker string, n int) []string {
 // different copies and became a stored conflict): both are a lost race. A
 // job left claimed by nobody who runs it would come back with a sweep.
 func TestClusterClaimRaceAcrossNodes(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	const jobs, claimants = 150, 12
 	cb.enqueue(t, "race", jobs)
 
@@ -180,7 +180,7 @@ func TestClusterClaimRaceAcrossNodes(t *testing.T) {
 					if err := client.Complete(cb.ctx, claimed, nil); err != nil {
 						errs <- fmt.Errorf("completing %s: %w", it.ID, err)
 					}
-				case errors.Is(err, couchq.ErrClaimConflict):
+				case errors.Is(err, protocol.ErrClaimConflict):
 					conflicts.Add(1)
 				default:
 					errs <- fmt.Errorf("loser not told with ErrClaimConflict: %w", err)
@@ -197,7 +197,7 @@ func TestClusterClaimRaceAcrossNodes(t *testing.T) {
 		t.Fatalf("%d jobs claimed, want %d", len(winner), jobs)
 	}
 	for id, by := range winner {
-		it := waitStored(t, cb.clients[0], id, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusDone })
+		it := waitStored(t, cb.clients[0], id, func(it *protocol.WorkItem) bool { return it.Status == protocol.StatusDone })
 		if last := lastClaimant(it); last != by {
 			t.Errorf("job %s: claimed by %s, but its history's last claim is %s (%s)", id, by, last, events(it))
 		}
@@ -207,7 +207,7 @@ func TestClusterClaimRaceAcrossNodes(t *testing.T) {
 
 // waitStored reads a job through client until ok holds: reads are
 // eventually consistent across the copies.
-func waitStored(t *testing.T, client *couchq.Client, id string, ok func(*couchq.WorkItem) bool) *couchq.WorkItem {
+func waitStored(t *testing.T, client *protocol.Client, id string, ok func(*protocol.WorkItem) bool) *protocol.WorkItem {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -222,7 +222,7 @@ func waitStored(t *testing.T, client *couchq.Client, id string, ok func(*couchq.
 	}
 }
 
-func lastClaimant(it *couchq.WorkItem) string {
+func lastClaimant(it *protocol.WorkItem) string {
 	for i := len(it.History) - 1; i >= 0; i-- {
 		if it.History[i].Event == "claimed" {
 			return it.History[i].By
@@ -307,13 +307,13 @@ func startClusterWorker(t *testing.T, cb *clusterBundle, node int, id string, rc
 	return runWorker(t, cb.ctx, cb.clients[node-1], cfg)
 }
 
-func waitAllDone(t *testing.T, client *couchq.Client, ids []string, within time.Duration) {
+func waitAllDone(t *testing.T, client *protocol.Client, ids []string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for _, id := range ids {
 		for {
 			it, err := client.Get(context.Background(), id)
-			if err == nil && it.Status == couchq.StatusDone {
+			if err == nil && it.Status == protocol.StatusDone {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -330,7 +330,7 @@ func waitAllDone(t *testing.T, client *couchq.Client, ids []string, within time.
 // answer), nothing is lost or run twice, and when the node comes back
 // nothing is left stuck.
 func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	startClusterWorker(t, cb, 1, "w1", &rc, "flow")
 	startClusterWorker(t, cb, 2, "w2", &rc, "flow")
@@ -362,12 +362,12 @@ func TestClusterNodeDownJobsKeepFlowing(t *testing.T) {
 // With a node down, two workers attached to different nodes that claim
 // the same job each reach one of the two live copies: neither claim is
 // committed and neither runs. The claimants concede them at once
-// (couchq.EventClaimConceded) and the sweeper requeues the job; before,
+// (protocol.EventClaimConceded) and the sweeper requeues the job; before,
 // it waited for their leases to run out, often more than once. Here the
 // lease is two minutes and every job must be done within half of it, each
 // run once.
 func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	const lease = 2 * time.Minute
 	// A claim splits only when the two PUTs reach their nodes within about
@@ -380,7 +380,7 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"contest": rc.handler(fmt.Sprintf("w%d", node))})
 		cfg.ID, cfg.LeaseDuration, cfg.HeartbeatInterval = fmt.Sprintf("w%d", node), lease, 0
 		cfg.StealAfter = -1 // race for every job, not only for those whose owner is busy
-		client := cb.openThrough(t, node, couchq.Config{}, meet.through)
+		client := cb.openThrough(t, node, protocol.Config{}, meet.through)
 		workers = append(workers, runWorker(t, cb.ctx, client, cfg))
 	}
 	if err := cb.cl.StopNode(cb.ctx, 3); err != nil {
@@ -407,7 +407,7 @@ func TestClusterNodeDownContestedClaimsDoNotWaitForLeases(t *testing.T) {
 		var ids []string
 		began := time.Now()
 		for i := range 20 {
-			it, err := cb.clients[i%2].Enqueue(cb.ctx, couchq.NewJob{Worker: "contest"})
+			it, err := cb.clients[i%2].Enqueue(cb.ctx, protocol.NewJob{Worker: "contest"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -543,7 +543,7 @@ func (m *claimMeeting) await(ctx context.Context, keys []string) {
 // are enqueued one by one and two workers on node 1 run them: every job
 // runs exactly once (no worker dies here, so no extra run is explained).
 func TestClusterNodeRestartsNoDoubleRun(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	startClusterWorker(t, cb, 1, "w1", &rc, "one")
 	startClusterWorker(t, cb, 1, "w2", &rc, "one")
@@ -557,7 +557,7 @@ func TestClusterNodeRestartsNoDoubleRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 25 {
-			it, err := cb.clients[0].Enqueue(cb.ctx, couchq.NewJob{Worker: "one", Payload: map[string]int{"round": round, "i": i}})
+			it, err := cb.clients[0].Enqueue(cb.ctx, protocol.NewJob{Worker: "one", Payload: map[string]int{"round": round, "i": i}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -594,23 +594,23 @@ func (lc *lineCounter) Write(p []byte) (int, error) {
 // through the other nodes while the one it used is down, and says so once,
 // not once per request.
 func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	urls := cb.cl.NodeURLs()
 	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",") // node 3 first
 	warnings := &lineCounter{phrase: "CouchDB node unreachable", t: t}
 	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
-	hc := couchq.NewHTTPClient()
-	fo, err := couchq.NewFailover(hc.Transport, couchq.SplitNodeURLs(list), log)
+	hc := protocol.NewHTTPClient()
+	fo, err := protocol.NewFailover(hc.Transport, protocol.SplitNodeURLs(list), log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hc.Transport = fo
 	user, password := cb.cl.Node(1).Credentials()
-	srv, err := couchq.ConnectHTTP(cb.ctx, list, user, password, hc)
+	srv, err := protocol.ConnectHTTP(cb.ctx, list, user, password, hc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := srv.Open(cb.ctx, cb.dbName, couchq.Config{Logger: log})
+	client, err := srv.Open(cb.ctx, cb.dbName, protocol.Config{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +638,7 @@ func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
 	more := cb.enqueue(t, "fo", 40)
 	waitAllDone(t, cb.clients[0], more, time.Minute)
 	// And through the same client: enqueue, read back.
-	it, err := client.Enqueue(cb.ctx, couchq.NewJob{Worker: "fo"})
+	it, err := client.Enqueue(cb.ctx, protocol.NewJob{Worker: "fo"})
 	if err != nil {
 		t.Fatalf("enqueue through the failover client with node 3 down: %v", err)
 	}
@@ -669,12 +669,12 @@ func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
 // conflicts; the sweeper settles them, the jobs stay done, none runs
 // again, and node 3 serves them as done.
 func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	rc := runCounter{hold: time.Second}
 	const minorityID = "minority"
 	ids := cb.enqueue(t, "part", 40)
 	for _, id := range ids { // node 3 holds every job before it is cut off
-		waitStored(t, cb.clients[2], id, func(*couchq.WorkItem) bool { return true })
+		waitStored(t, cb.clients[2], id, func(*protocol.WorkItem) bool { return true })
 	}
 	minority := startClusterWorker(t, cb, 3, minorityID, &rc, "part")
 	startClusterWorker(t, cb, 1, "majority-1", &rc, "part")
@@ -719,10 +719,10 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 	// it must not stand. Any job node 3 still serves will do: on its side
 	// a job the minority worker touched after the cut can read as deleted
 	// until the heal (a CI run met that with the first job).
-	var stale *couchq.WorkItem
+	var stale *protocol.WorkItem
 	for _, id := range ids {
 		it, err := cb.clients[2].Get(cb.ctx, id)
-		if errors.Is(err, couchq.ErrNotFound) {
+		if errors.Is(err, protocol.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -766,7 +766,7 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 	}
 	explained := 0
 	// "claimed by <claimant> at <time>" in a claim-withdrawn entry
-	// (couchq.Client.traceWithdrawn lists the withdrawn branch's events).
+	// (protocol.Client.traceWithdrawn lists the withdrawn branch's events).
 	branchClaim := regexp.MustCompile(`claimed by (\S+) at ([^;\s]+)`)
 	for id, by := range rc.runs {
 		if len(by) == 1 {
@@ -783,20 +783,20 @@ func TestClusterPartitionMinorityNeverRuns(t *testing.T) {
 		}
 		named, claimedBefore := false, false
 		before := func(by, at string) {
-			when, err := time.Parse(couchq.HistoryTimeFormat, at)
+			when, err := time.Parse(protocol.HistoryTimeFormat, at)
 			claimedBefore = claimedBefore || (strings.HasSuffix(by, "/"+minorityID) && err == nil && when.Before(cut))
 		}
 		for _, e := range it.History {
-			lost := e.Event == couchq.EventLeaseExpired || e.Event == couchq.EventClaimWithdrawn
+			lost := e.Event == protocol.EventLeaseExpired || e.Event == protocol.EventClaimWithdrawn
 			named = named || (lost && (strings.Contains(e.Error, "/"+minorityID) || strings.Contains(e.By, "/"+minorityID)))
-			if e.Event == couchq.EventClaimed {
+			if e.Event == protocol.EventClaimed {
 				before(e.By, e.At)
 			}
 			// The minority's claim may be on a branch that settling
 			// withdrew (both sides claimed the same revision just before
 			// the cut; the majority took the job once the minority's lease
 			// ran out): its events are then listed in the withdrawal.
-			if e.Event == couchq.EventClaimWithdrawn {
+			if e.Event == protocol.EventClaimWithdrawn {
 				for _, m := range branchClaim.FindAllStringSubmatch(e.Error, -1) {
 					before(m[1], m[2])
 				}
@@ -821,7 +821,7 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("sends POSIX signals")
 	}
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	bin := buildCLI(t)
 	const n = 150
 	// Deliveries take 300 ms, so that each worker has some in flight when
@@ -829,9 +829,9 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 	h := newHookServer(t, func(*http.Request, string, int) (time.Duration, int) {
 		return 300 * time.Millisecond, http.StatusOK
 	})
-	jobs := make([]couchq.NewJob, n)
+	jobs := make([]protocol.NewJob, n)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: "hook", Payload: map[string]any{"url": fmt.Sprintf("%s/%d", h.URL, i)}}
+		jobs[i] = protocol.NewJob{Worker: "hook", Payload: map[string]any{"url": fmt.Sprintf("%s/%d", h.URL, i)}}
 	}
 	res, err := cb.clients[0].EnqueueMany(cb.ctx, jobs)
 	if err != nil {
@@ -874,7 +874,7 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 		}
 		explained := false
 		for _, e := range it.History {
-			explained = explained || (e.Event == couchq.EventLeaseExpired && strings.Contains(e.Error, dead))
+			explained = explained || (e.Event == protocol.EventLeaseExpired && strings.Contains(e.Error, dead))
 		}
 		if !explained || h.deliveries[id] > 2 {
 			t.Errorf("job %s delivered %d times, not explained by the killed worker (pid %d): %+v",
@@ -891,19 +891,19 @@ func TestClusterProcessesKilledWorker(t *testing.T) {
 }
 
 // open opens a client on node i of the test's database.
-func (cb *clusterBundle) open(t *testing.T, node int, cfg couchq.Config) *couchq.Client {
+func (cb *clusterBundle) open(t *testing.T, node int, cfg protocol.Config) *protocol.Client {
 	t.Helper()
 	return cb.openThrough(t, node, cfg, func(next http.RoundTripper) http.RoundTripper { return next })
 }
 
 // openThrough is open with requests passing through the transport wrap
 // makes of couchq's own.
-func (cb *clusterBundle) openThrough(t *testing.T, node int, cfg couchq.Config, wrap func(http.RoundTripper) http.RoundTripper) *couchq.Client {
+func (cb *clusterBundle) openThrough(t *testing.T, node int, cfg protocol.Config, wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
 	t.Helper()
 	user, password := cb.cl.Node(node).Credentials()
-	hc := couchq.NewHTTPClient()
+	hc := protocol.NewHTTPClient()
 	hc.Transport = wrap(hc.Transport)
-	srv, err := couchq.ConnectHTTP(cb.ctx, cb.cl.Node(node).URL(), user, password, hc)
+	srv, err := protocol.ConnectHTTP(cb.ctx, cb.cl.Node(node).URL(), user, password, hc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -920,16 +920,16 @@ func (cb *clusterBundle) openThrough(t *testing.T, node int, cfg couchq.Config, 
 // once through another, every time. The same without the option is
 // measured and logged: views are served from whichever copy answers first.
 func TestClusterCLIReadsItsOwnWrites(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	reader := cb.open(t, 3, couchq.Config{})
-	misses := func(writer *couchq.Client, typ string, rounds int) int {
+	cb := setupCluster(t, protocol.Config{})
+	reader := cb.open(t, 3, protocol.Config{})
+	misses := func(writer *protocol.Client, typ string, rounds int) int {
 		missed := 0
 		for i := range rounds {
-			it, err := writer.Enqueue(cb.ctx, couchq.NewJob{Worker: typ, Payload: i})
+			it, err := writer.Enqueue(cb.ctx, protocol.NewJob{Worker: typ, Payload: i})
 			if err != nil {
 				t.Fatal(err)
 			}
-			batch, err := reader.List(cb.ctx, couchq.ListOptions{Worker: typ, Status: couchq.StatusQueued, Limit: 1000})
+			batch, err := reader.List(cb.ctx, protocol.ListOptions{Worker: typ, Status: protocol.StatusQueued, Limit: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -944,8 +944,8 @@ func TestClusterCLIReadsItsOwnWrites(t *testing.T) {
 		return missed
 	}
 	const rounds = 40
-	plain := misses(cb.open(t, 1, couchq.Config{}), "plain", rounds)
-	ryw := misses(cb.open(t, 1, couchq.Config{ReadYourWrites: true}), "ryw", rounds)
+	plain := misses(cb.open(t, 1, protocol.Config{}), "plain", rounds)
+	ryw := misses(cb.open(t, 1, protocol.Config{ReadYourWrites: true}), "ryw", rounds)
 	t.Logf("a job enqueued through node 1 and listed at once through node 3: missing %d of %d times with w = majority, %d of %d with ReadYourWrites (w = n)",
 		plain, rounds, ryw, rounds)
 	if ryw > 0 {
@@ -979,7 +979,7 @@ func TestClusterChaos(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("sends POSIX signals")
 	}
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	bin := buildCLI(t)
 	tb := &testBundle{ctx: cb.ctx, kivik: cb.cl.Client(t), client: cb.clients[0], log: cb.log, lease: testLease(t)}
 	tb.db = tb.kivik.DB(cb.dbName)
@@ -1001,14 +1001,14 @@ func TestClusterChaos(t *testing.T) {
 // took a different enqueue first), all get the same job back, and the job
 // runs once.
 func TestClusterUniqueKeyThroughEveryNode(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	const rounds, perNode = 10, 3
 	ids := make([]string, rounds)
 	exactlyOne := 0
 	for round := range rounds {
-		u := couchq.UniqueOpts{Key: fmt.Sprintf("order-%d", round)}
-		ids[round] = couchq.UniqueID("uniq", u, time.Time{})
+		u := protocol.UniqueOpts{Key: fmt.Sprintf("order-%d", round)}
+		ids[round] = protocol.UniqueID("uniq", u, time.Time{})
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		created := 0
@@ -1017,14 +1017,14 @@ func TestClusterUniqueKeyThroughEveryNode(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					it, err := cb.clients[node].Enqueue(cb.ctx, couchq.NewJob{Worker: "uniq",
+					it, err := cb.clients[node].Enqueue(cb.ctx, protocol.NewJob{Worker: "uniq",
 						Payload: map[string]int{"node": node + 1, "i": i}, Unique: u})
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
 					case err == nil:
 						created++
-					case !errors.Is(err, couchq.ErrDuplicate):
+					case !errors.Is(err, protocol.ErrDuplicate):
 						t.Errorf("enqueue through node %d: %v", node+1, err)
 						return
 					}
@@ -1060,7 +1060,7 @@ func TestClusterUniqueKeyThroughEveryNode(t *testing.T) {
 // and 3 through their own feeds, and a resume through node 3 starts them
 // again.
 func TestClusterPauseReachesEveryNode(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	startClusterWorker(t, cb, 2, "w2", &rc, "held")
 	startClusterWorker(t, cb, 3, "w3", &rc, "held")
@@ -1089,13 +1089,13 @@ func TestClusterPauseReachesEveryNode(t *testing.T) {
 // tick missed, each run once, though each tick's job is created through
 // several nodes at once.
 func TestClusterPeriodicOneJobPerTick(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
-	sched := couchq.Periodic{Name: "beat", Schedule: "@every 1s", Job: couchq.NewJob{Worker: "beat"}}
+	sched := protocol.Periodic{Name: "beat", Schedule: "@every 1s", Job: protocol.NewJob{Worker: "beat"}}
 	var workers []*worker.Worker
 	for i := range 6 {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"beat": rc.handler(fmt.Sprintf("p%d", i))})
-		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []couchq.Periodic{sched}
+		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []protocol.Periodic{sched}
 		w, err := worker.New(cb.clients[i%3], cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -1109,7 +1109,7 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	time.Sleep(8 * time.Second)
 	var ids []string
 	var ticks []time.Time
-	batch, err := cb.clients[0].List(cb.ctx, couchq.ListOptions{Worker: "beat", Limit: 1000})
+	batch, err := cb.clients[0].List(cb.ctx, protocol.ListOptions{Worker: "beat", Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1124,7 +1124,7 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	for i := 1; i < len(ticks); i++ {
 		if d := ticks[i].Sub(ticks[i-1]); d != time.Second {
 			// What became of the missing tick's job, for whoever debugs it.
-			missing := couchq.PeriodicJobID("beat", ticks[i-1].Add(time.Second))
+			missing := protocol.PeriodicJobID("beat", ticks[i-1].Add(time.Second))
 			leaves, err := cb.clients[0].Leaves(cb.ctx, missing)
 			t.Logf("the missed tick's job %s has %d leaves (%v)", missing, len(leaves), err)
 			for _, l := range leaves {
@@ -1151,11 +1151,11 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 // cannot, so the same four workers first measure what they start
 // unlimited, and the limit is half of that.
 func TestClusterRateLimit(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	// Without validate_doc_update, run on every copy, the cluster starts
 	// twice as many jobs or more (see couchq-bench): room for a limit. What
 	// is judged is the rate limit, not validation.
-	if _, err := couchq.InitWith(cb.ctx, cb.cl.Client(t), cb.dbName, couchq.InitOptions{Validation: designdocs.ValidationOff}, cb.log); err != nil {
+	if _, err := protocol.InitWith(cb.ctx, cb.cl.Client(t), cb.dbName, protocol.InitOptions{Validation: designdocs.ValidationOff}, cb.log); err != nil {
 		t.Fatal(err)
 	}
 	const maxLimit, windows, workers = 20, 10, 4
@@ -1172,7 +1172,7 @@ func TestClusterRateLimit(t *testing.T) {
 	})
 	// run runs the four workers on typ for n full windows after a warm-up
 	// and returns the starts per window in them.
-	run := func(typ string, limits map[string]couchq.RateLimit, n int) []int {
+	run := func(typ string, limits map[string]protocol.RateLimit, n int) []int {
 		var ws []*worker.Worker
 		for i := range workers {
 			cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: h})
@@ -1216,7 +1216,7 @@ func TestClusterRateLimit(t *testing.T) {
 	if unlimited < 1.5*maxLimit {
 		limit = max(1, int(unlimited/2))
 	}
-	starts := run("rl", map[string]couchq.RateLimit{"rl": {N: limit, Per: time.Second}}, windows)
+	starts := run("rl", map[string]protocol.RateLimit{"rl": {N: limit, Per: time.Second}}, windows)
 	mu.Lock()
 	for w, n := range perWindow["rl"] {
 		if n > limit {
@@ -1235,7 +1235,7 @@ func TestClusterRateLimit(t *testing.T) {
 
 // A fleet-wide concurrency limit holds across workers on all three nodes.
 func TestClusterFleetConcurrency(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	const limit = 3
 	var p fleetProbe
 	ids := cb.enqueue(t, "heavy", 30)
@@ -1264,7 +1264,7 @@ func TestClusterFleetConcurrency(t *testing.T) {
 // copy answers first, so a few low jobs may still start while the high
 // ones reach the copies: the bound is loose, the order is not.
 func TestClusterHighPriorityOvertakes(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var mu sync.Mutex
 	var order []int
 	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -1274,9 +1274,9 @@ func TestClusterHighPriorityOvertakes(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		return nil
 	})
-	low := make([]couchq.NewJob, 200)
+	low := make([]protocol.NewJob, 200)
 	for i := range low {
-		low[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityLowest}
+		low[i] = protocol.NewJob{Worker: "render", Priority: protocol.PriorityLowest}
 	}
 	if _, err := cb.clients[0].EnqueueMany(cb.ctx, low); err != nil {
 		t.Fatal(err)
@@ -1301,9 +1301,9 @@ func TestClusterHighPriorityOvertakes(t *testing.T) {
 	mu.Lock()
 	at := len(order)
 	mu.Unlock()
-	high := make([]couchq.NewJob, 10)
+	high := make([]protocol.NewJob, 10)
 	for i := range high {
-		high[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityHighest}
+		high[i] = protocol.NewJob{Worker: "render", Priority: protocol.PriorityHighest}
 	}
 	if _, err := cb.clients[0].EnqueueMany(cb.ctx, high); err != nil {
 		t.Fatal(err)
@@ -1314,7 +1314,7 @@ func TestClusterHighPriorityOvertakes(t *testing.T) {
 		defer mu.Unlock()
 		highs, lows := 0, 0
 		for _, p := range order[at:] {
-			if p == couchq.PriorityHighest {
+			if p == protocol.PriorityHighest {
 				if highs++; highs == len(high) {
 					lowBefore = lows
 					return true
@@ -1381,18 +1381,18 @@ func TestClusterHarnessWaitsForAHealedNode(t *testing.T) {
 // slots a taker wrote through node 1 but could not confirm are withdrawn,
 // and a taker on node 2 finds them all free.
 func TestClusterSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	taker := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	cb := setupCluster(t, protocol.Config{})
+	taker := cb.openThrough(t, 1, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		return failLeavesReads{next: next}
 	})
-	checkSlotsWithdrawn(t, cb.ctx, taker, cb.open(t, 2, couchq.Config{}), 5*time.Second)
+	checkSlotsWithdrawn(t, cb.ctx, taker, cb.open(t, 2, protocol.Config{}), 5*time.Second)
 }
 
 // Outcomes written through a cluster's node within WriteLinger of each
 // other go in one _bulk_docs, as on one node.
 func TestClusterLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var writes writeLog
-	client := cb.openThrough(t, 1, couchq.Config{WriteLinger: time.Second}, writes.through)
+	client := cb.openThrough(t, 1, protocol.Config{WriteLinger: time.Second}, writes.through)
 	checkWriteLinger(t, cb.ctx, client, &writes, time.Second)
 }

@@ -11,9 +11,9 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // The cluster protocol's decisions, proven on one server: the revision
@@ -32,7 +32,7 @@ type conflictBundle struct {
 func setupConflict(t *testing.T) *conflictBundle {
 	t.Helper()
 	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
-	return &conflictBundle{testBundle: setup(t, couchq.Config{AlwaysConfirm: true, Now: clk.Now}), clock: clk}
+	return &conflictBundle{testBundle: setup(t, protocol.Config{AlwaysConfirm: true, Now: clk.Now}), clock: clk}
 }
 
 // child injects a revision of doc written over parent (as another copy of
@@ -51,7 +51,7 @@ func (cb *conflictBundle) child(t *testing.T, parent string, doc map[string]any)
 }
 
 // asDoc is a job as a plain document, for injected revisions.
-func asDoc(t *testing.T, it *couchq.WorkItem) map[string]any {
+func asDoc(t *testing.T, it *protocol.WorkItem) map[string]any {
 	t.Helper()
 	b, err := json.Marshal(it)
 	if err != nil {
@@ -66,11 +66,11 @@ func asDoc(t *testing.T, it *couchq.WorkItem) map[string]any {
 
 // claimDirectly writes a claim of it the way ClaimMany does, without the
 // confirming read, and returns the claimed job.
-func (cb *conflictBundle) claimDirectly(t *testing.T, it *couchq.WorkItem, by string) *couchq.WorkItem {
+func (cb *conflictBundle) claimDirectly(t *testing.T, it *protocol.WorkItem, by string) *protocol.WorkItem {
 	t.Helper()
 	next := it.Clone()
-	next.Claimed, next.Status, next.ClaimedBy = true, couchq.StatusRunning, by
-	next.LeaseUntil = couchq.ToUnix(cb.clock.Now().Add(time.Minute))
+	next.Claimed, next.Status, next.ClaimedBy = true, protocol.StatusRunning, by
+	next.LeaseUntil = protocol.ToUnix(cb.clock.Now().Add(time.Minute))
 	next.Attempts++
 	rev, err := cb.db.Put(cb.ctx, next.ID, next)
 	if err != nil {
@@ -82,7 +82,7 @@ func (cb *conflictBundle) claimDirectly(t *testing.T, it *couchq.WorkItem, by st
 
 // doneBy enqueues a job of worker, and claims and completes it as by: the
 // job as enqueued, and as completed.
-func (cb *conflictBundle) doneBy(t *testing.T, worker, by string) (enqueued, done *couchq.WorkItem) {
+func (cb *conflictBundle) doneBy(t *testing.T, worker, by string) (enqueued, done *protocol.WorkItem) {
 	t.Helper()
 	enqueued = cb.enqueued(t, worker)
 	done = cb.claimDirectly(t, enqueued, by)
@@ -92,9 +92,9 @@ func (cb *conflictBundle) doneBy(t *testing.T, worker, by string) (enqueued, don
 	return enqueued, done
 }
 
-func (cb *conflictBundle) enqueued(t *testing.T, worker string) *couchq.WorkItem {
+func (cb *conflictBundle) enqueued(t *testing.T, worker string) *protocol.WorkItem {
 	t.Helper()
-	job, err := cb.client.Enqueue(cb.ctx, couchq.NewJob{Worker: worker})
+	job, err := cb.client.Enqueue(cb.ctx, protocol.NewJob{Worker: worker})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func (cb *conflictBundle) enqueued(t *testing.T, worker string) *couchq.WorkItem
 
 // branched makes a job edited on the majority (a claim goes there) and a
 // stale copy's branch of its first revision holding other.
-func (cb *conflictBundle) branched(t *testing.T, other map[string]any) (moved *couchq.WorkItem, otherRev string) {
+func (cb *conflictBundle) branched(t *testing.T, other map[string]any) (moved *protocol.WorkItem, otherRev string) {
 	t.Helper()
 	it := cb.enqueued(t, "branch")
 	edited := asDoc(t, it)
@@ -158,9 +158,9 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 		}
 		found := false
 		for _, e := range stored.History {
-			found = found || (e.Event == couchq.EventClaimWithdrawn && e.By == "host-b/2/b")
+			found = found || (e.Event == protocol.EventClaimWithdrawn && e.By == "host-b/2/b")
 		}
-		if !found || stored.Status != couchq.StatusDone {
+		if !found || stored.Status != protocol.StatusDone {
 			t.Fatalf("job %d: %s, history %+v", i, stored.Status, stored.History)
 		}
 	}
@@ -173,7 +173,7 @@ func TestCommittedClaimWithdrawsSiblingClaims(t *testing.T) {
 // job on the branch that went furthest, and the job runs once more.
 func TestClaimOverAnotherBranch(t *testing.T) {
 	cb := setupConflict(t)
-	branches := func(other map[string]any) (*couchq.WorkItem, string) {
+	branches := func(other map[string]any) (*protocol.WorkItem, string) {
 		t.Helper()
 		return cb.branched(t, other)
 	}
@@ -193,9 +193,9 @@ func TestClaimOverAnotherBranch(t *testing.T) {
 
 	// A branch with a live claim of someone else: back off.
 	moved, _ = branches(map[string]any{"claimed": true, "status": "running", "claimed_by": "host-b/2/b",
-		"lease_until": couchq.ToUnix(cb.clock.Now().Add(30 * time.Second))})
+		"lease_until": protocol.ToUnix(cb.clock.Now().Add(30 * time.Second))})
 	a = cb.claimDirectly(t, moved, "host-a/1/a")
-	if err := cb.client.ConfirmClaim(cb.ctx, a, moved.Rev); !errors.Is(err, couchq.ErrClaimConflict) {
+	if err := cb.client.ConfirmClaim(cb.ctx, a, moved.Rev); !errors.Is(err, protocol.ErrClaimConflict) {
 		t.Fatalf("claim over a job with a live claim on another branch: %v, want ErrClaimConflict", err)
 	}
 	// Two live leases: the sweeper waits for them.
@@ -219,7 +219,7 @@ func TestClaimOverAnotherBranch(t *testing.T) {
 	loser := map[string]string{"host-a/1/a": "host-b/2/b", "host-b/2/b": "host-a/1/a"}[kept.ClaimedBy]
 	traced := false
 	for _, e := range kept.History {
-		traced = traced || (e.Event == couchq.EventClaimWithdrawn && e.By == loser && strings.Contains(e.Error, "settled"))
+		traced = traced || (e.Event == protocol.EventClaimWithdrawn && e.By == loser && strings.Contains(e.Error, "settled"))
 	}
 	if loser == "" || !traced {
 		t.Fatalf("kept branch (claimed by %q) has no trace of the withdrawn claim of %q: %+v", kept.ClaimedBy, loser, kept.History)
@@ -250,7 +250,7 @@ func TestDeletedJobStaysDeletedOverAStaleBranch(t *testing.T) {
 	// A stale copy's claim of the first revision, never run, lease ran out.
 	b := asDoc(t, it)
 	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
-	b["lease_until"] = couchq.ToUnix(cb.clock.Now().Add(-time.Second))
+	b["lease_until"] = protocol.ToUnix(cb.clock.Now().Add(-time.Second))
 	cb.child(t, it.Rev, b)
 	if _, err := cb.client.Get(cb.ctx, it.ID); err != nil {
 		t.Fatalf("the stale claim should show as the winner now: %v", err)
@@ -262,7 +262,7 @@ func TestDeletedJobStaysDeletedOverAStaleBranch(t *testing.T) {
 	if res.Requeued != 0 || res.Settled != 1 {
 		t.Fatalf("sweep: %+v, want the stale claim settled, nothing requeued", res)
 	}
-	if _, err := cb.client.Get(cb.ctx, it.ID); !errors.Is(err, couchq.ErrNotFound) {
+	if _, err := cb.client.Get(cb.ctx, it.ID); !errors.Is(err, protocol.ErrNotFound) {
 		t.Fatalf("job after settling: %v, want not found", err)
 	}
 
@@ -279,7 +279,7 @@ func TestDeletedJobStaysDeletedOverAStaleBranch(t *testing.T) {
 	if err != nil || staleItem.Rev != staleRev {
 		t.Fatalf("stale branch: %v %+v", err, staleItem)
 	}
-	if _, err := cb.client.Claim(cb.ctx, staleItem, "host-c/3/c", time.Minute); !errors.Is(err, couchq.ErrClaimConflict) {
+	if _, err := cb.client.Claim(cb.ctx, staleItem, "host-c/3/c", time.Minute); !errors.Is(err, protocol.ErrClaimConflict) {
 		t.Fatalf("claim of a deleted job's stale branch: %v, want ErrClaimConflict", err)
 	}
 }
@@ -288,7 +288,7 @@ func TestDeletedJobStaysDeletedOverAStaleBranch(t *testing.T) {
 func TestLeavesListsEveryBranch(t *testing.T) {
 	cb := setupConflict(t)
 	it := cb.enqueued(t, "leaves")
-	if leaves, err := cb.client.Leaves(cb.ctx, it.ID); err != nil || len(leaves) != 1 || leaves[0].Rev != it.Rev || leaves[0].Status != couchq.StatusQueued {
+	if leaves, err := cb.client.Leaves(cb.ctx, it.ID); err != nil || len(leaves) != 1 || leaves[0].Rev != it.Rev || leaves[0].Status != protocol.StatusQueued {
 		t.Fatalf("one revision: %+v %v", leaves, err)
 	}
 	a := cb.claimDirectly(t, it, "host-a/1/a")
@@ -358,14 +358,14 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 	plain := cb.enqueued(t, "branch")
 	stale, _ := cb.branched(t, map[string]any{"note": "stale branch"})
 	held, _ := cb.branched(t, map[string]any{"claimed": true, "status": "running", "claimed_by": "host-b/2/b",
-		"lease_until": couchq.ToUnix(cb.clock.Now().Add(30 * time.Second))})
-	res := cb.client.ClaimMany(cb.ctx, []*couchq.WorkItem{plain, stale, held}, "host-a/1/a", time.Minute)
+		"lease_until": protocol.ToUnix(cb.clock.Now().Add(30 * time.Second))})
+	res := cb.client.ClaimMany(cb.ctx, []*protocol.WorkItem{plain, stale, held}, "host-a/1/a", time.Minute)
 	for k, want := range []bool{true, true, false} {
 		it, err := res[k].Item, res[k].Err
 		if want && (err != nil || it == nil) {
 			t.Fatalf("claim %d: %v, want it to stand", k, err)
 		}
-		if !want && !errors.Is(err, couchq.ErrClaimConflict) {
+		if !want && !errors.Is(err, protocol.ErrClaimConflict) {
 			t.Fatalf("claim %d: %v, want ErrClaimConflict", k, err)
 		}
 		if want {
@@ -386,16 +386,16 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 			t.Fatalf("claim %d: unrun %+v", k, r.Unrun)
 		}
 	}
-	if n := cb.client.Concede(cb.ctx, "host-a/1/a", []*couchq.UnrunClaim{res[2].Unrun}); n != 1 {
+	if n := cb.client.Concede(cb.ctx, "host-a/1/a", []*protocol.UnrunClaim{res[2].Unrun}); n != 1 {
 		t.Fatalf("conceded %d of 1", n)
 	}
-	var conceded *couchq.Leaf
+	var conceded *protocol.Leaf
 	for _, l := range liveLeaves(t, cb.ctx, cb.client, held.ID) {
 		if l.Item != nil && l.Item.Conceded() {
 			conceded = &l
 		}
 	}
-	if conceded == nil || conceded.Item.Attempts != held.Attempts || conceded.Item.LeaseUntil > couchq.ToUnix(cb.clock.Now()) {
+	if conceded == nil || conceded.Item.Attempts != held.Attempts || conceded.Item.LeaseUntil > protocol.ToUnix(cb.clock.Now()) {
 		t.Fatalf("conceded leaf %+v: want the claim given up, its lease ended, attempts %d", conceded, held.Attempts)
 	}
 	if _, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil {
@@ -413,7 +413,7 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 		}
 	}
 	live := liveLeaves(t, cb.ctx, cb.client, held.ID)
-	if len(live) != 1 || live[0].Claimed || live[0].Status != couchq.StatusQueued || live[0].Item.Conceded() {
+	if len(live) != 1 || live[0].Claimed || live[0].Status != protocol.StatusQueued || live[0].Item.Conceded() {
 		t.Fatalf("after the other lease ran out: %+v, want one queued leaf", live)
 	}
 }
@@ -421,13 +421,13 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 // concededDoc is a claim of parent by `by` that its claimant gave up, as
 // ClaimMany writes it over the claim: the job as it was, still held, with
 // a lease that ended when it was claimed.
-func (cb *conflictBundle) concededDoc(t *testing.T, parent *couchq.WorkItem, by string) map[string]any {
+func (cb *conflictBundle) concededDoc(t *testing.T, parent *protocol.WorkItem, by string) map[string]any {
 	t.Helper()
 	doc := asDoc(t, parent)
-	now := couchq.ToUnix(cb.clock.Now())
+	now := protocol.ToUnix(cb.clock.Now())
 	doc["claimed"], doc["status"], doc["claimed_by"], doc["claimed_at"], doc["lease_until"] = true, "running", by, now, now
 	doc["history"] = append(doc["history"].([]any), map[string]any{
-		"at": cb.clock.Now().UTC().Format(couchq.HistoryTimeFormat), "event": couchq.EventClaimConceded,
+		"at": cb.clock.Now().UTC().Format(protocol.HistoryTimeFormat), "event": protocol.EventClaimConceded,
 		"by": by, "attempt": parent.Attempts, "error": "reached a minority of the copies"})
 	return doc
 }
@@ -448,7 +448,7 @@ func TestSweepRequeuesConcededClaims(t *testing.T) {
 	a2 := cb.claimDirectly(t, split, "host-a/1/a")
 	b := asDoc(t, split)
 	b["claimed"], b["status"], b["claimed_by"], b["attempts"] = true, "running", "host-b/2/b", 1
-	b["lease_until"] = couchq.ToUnix(cb.clock.Now().Add(time.Hour))
+	b["lease_until"] = protocol.ToUnix(cb.clock.Now().Add(time.Hour))
 	revB := cb.child(t, split.Rev, b)
 	cb.child(t, a2.Rev, cb.concededDoc(t, split, "host-a/1/a"))
 	cb.child(t, revB, cb.concededDoc(t, split, "host-b/2/b"))
@@ -469,12 +469,12 @@ func TestSweepRequeuesConcededClaims(t *testing.T) {
 			t.Fatalf("job %s: live leaves %+v, want one", id, live)
 		}
 		it := live[0].Item
-		if it.Claimed || it.Status != couchq.StatusQueued || it.Attempts != 0 || it.LastError != "" {
+		if it.Claimed || it.Status != protocol.StatusQueued || it.Attempts != 0 || it.LastError != "" {
 			t.Fatalf("job %s after the sweep: claimed %v, %s, attempts %d, last error %q; want queued, uncharged",
 				id, it.Claimed, it.Status, it.Attempts, it.LastError)
 		}
 		for _, e := range it.History {
-			if e.Event == couchq.EventClaimed || e.Event == couchq.EventLeaseExpired {
+			if e.Event == protocol.EventClaimed || e.Event == protocol.EventLeaseExpired {
 				t.Fatalf("job %s: history %+v counts a run that never happened", id, it.History)
 			}
 		}
@@ -530,7 +530,7 @@ func TestSettleKeepsAConcessionOverTheBranchItsClaimWithdrew(t *testing.T) {
 			t.Errorf("the other creation's branch was kept: %s over %s, %s", l.Rev, l.Parent, l.Status)
 		case !l.Deleted && (l.Rev == conceded || l.Parent == conceded):
 			kept++
-			if l.Item == nil || l.Item.Claimed || l.Item.Status != couchq.StatusQueued || l.Item.Attempts != 0 {
+			if l.Item == nil || l.Item.Claimed || l.Item.Status != protocol.StatusQueued || l.Item.Attempts != 0 {
 				t.Errorf("the concession was kept but not requeued uncharged: %+v", l.Item)
 			}
 		}
@@ -566,7 +566,7 @@ func TestCommittedClaimWithdrawsAConcededSibling(t *testing.T) {
 	}
 	found := false
 	for _, e := range a.History {
-		found = found || (e.Event == couchq.EventClaimWithdrawn && e.By == "host-b/2/b")
+		found = found || (e.Event == protocol.EventClaimWithdrawn && e.By == "host-b/2/b")
 	}
 	if !found {
 		t.Fatalf("the conceded sibling's claimant is not in the history: %+v", a.History)
@@ -609,10 +609,10 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 	cb := setupConflict(t)
 	it, _ := cb.doneBy(t, "twice", "host-a/1/a")
 	other := asDoc(t, it)
-	other["status"], other["attempts"], other["finished_at"] = "done", 1, couchq.ToUnix(cb.clock.Now())
+	other["status"], other["attempts"], other["finished_at"] = "done", 1, protocol.ToUnix(cb.clock.Now())
 	other["history"] = append(other["history"].([]any),
-		map[string]any{"at": cb.clock.Now().Add(-time.Second).UTC().Format(couchq.HistoryTimeFormat), "event": "claimed", "by": "host-b/2/b", "attempt": 1},
-		map[string]any{"at": cb.clock.Now().UTC().Format(couchq.HistoryTimeFormat), "event": "done", "by": "host-b/2/b", "attempt": 1})
+		map[string]any{"at": cb.clock.Now().Add(-time.Second).UTC().Format(protocol.HistoryTimeFormat), "event": "claimed", "by": "host-b/2/b", "attempt": 1},
+		map[string]any{"at": cb.clock.Now().UTC().Format(protocol.HistoryTimeFormat), "event": "done", "by": "host-b/2/b", "attempt": 1})
 	cb.child(t, it.Rev, other)
 
 	rows := cb.db.Query(cb.ctx, designdocs.DocFor("conflicts"), "_view/conflicts", kivik.Param("key", "twice"))
@@ -640,14 +640,14 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
 	}
 	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
-	if len(live) != 1 || live[0].Status != couchq.StatusDone {
+	if len(live) != 1 || live[0].Status != protocol.StatusDone {
 		t.Fatalf("leaves after the sweep: %+v, want one done", live)
 	}
 	h := live[0].Item.History
 	var keptBy string
 	done := 0
 	for _, e := range h {
-		if e.Event == couchq.EventDone {
+		if e.Event == protocol.EventDone {
 			done++ // the withdrawn branch's events are listed, not copied
 			keptBy = e.By
 		}
@@ -655,7 +655,7 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 	otherBy := map[string]string{"host-a/1/a": "host-b/2/b", "host-b/2/b": "host-a/1/a"}[keptBy]
 	traced := false
 	for _, e := range h {
-		traced = traced || (e.Event == couchq.EventClaimWithdrawn && e.By == otherBy && strings.Contains(e.Error, "done by "+otherBy))
+		traced = traced || (e.Event == protocol.EventClaimWithdrawn && e.By == otherBy && strings.Contains(e.Error, "done by "+otherBy))
 	}
 	if !traced || done != 1 {
 		t.Fatalf("history of the kept branch: want one done and a claim-withdrawn entry listing %q's run: %+v", otherBy, h)
@@ -706,7 +706,7 @@ func TestGetReadsAConflictAsItWillBeSettled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != couchq.StatusDone || got.Claimed || got.Rev != a.Rev {
+	if got.Status != protocol.StatusDone || got.Claimed || got.Rev != a.Rev {
 		t.Fatalf("Get read %s (claimed %v, rev %s), want the done branch %s", got.Status, got.Claimed, got.Rev, a.Rev)
 	}
 	if _, ok := got.Extra("_conflicts"); ok {

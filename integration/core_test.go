@@ -17,20 +17,20 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // 32 goroutines race to claim 200 jobs: every job is claimed exactly once
 // and every loser is told so with ErrClaimConflict.
 func TestClaimRaceEveryJobClaimedOnce(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
 	const jobs, claimants = 200, 32
-	newJobs := make([]couchq.NewJob, jobs)
+	newJobs := make([]protocol.NewJob, jobs)
 	for i := range newJobs {
-		newJobs[i] = couchq.NewJob{Worker: "race", Payload: map[string]int{"n": i}}
+		newJobs[i] = protocol.NewJob{Worker: "race", Payload: map[string]int{"n": i}}
 	}
 	res, err := tb.client.EnqueueMany(ctx, newJobs)
 	if err != nil {
@@ -71,10 +71,10 @@ func TestClaimRaceEveryJobClaimedOnce(t *testing.T) {
 					}
 					winner[it.ID] = by
 					mu.Unlock()
-					if claimed.ClaimedBy != by || !claimed.Claimed || claimed.Status != couchq.StatusRunning {
+					if claimed.ClaimedBy != by || !claimed.Claimed || claimed.Status != protocol.StatusRunning {
 						errs <- fmt.Errorf("claim result wrong: %+v", claimed)
 					}
-				case errors.Is(err, couchq.ErrClaimConflict):
+				case errors.Is(err, protocol.ErrClaimConflict):
 					conflicts.Add(1)
 					if kivik.HTTPStatus(err) != http.StatusConflict && !strings.Contains(err.Error(), "status") {
 						errs <- fmt.Errorf("a claim conflict should carry CouchDB's 409: %v", err)
@@ -108,7 +108,7 @@ func TestClaimRaceEveryJobClaimedOnce(t *testing.T) {
 // A document written by hand over raw HTTP, with no couchq code, is listed
 // due and claimed.
 func TestHandWrittenMinimalDocumentIsClaimed(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	for id, body := range map[string]string{
 		"by-hand-1": `{"type":"WorkItem","worker":"email","date":0}`,
 		"by-hand-2": `{"type":"WorkItem","worker":"email"}`,
@@ -143,9 +143,9 @@ func TestHandWrittenMinimalDocumentIsClaimed(t *testing.T) {
 // Scheduled jobs are not due before their date and are found as "next".
 func TestScheduledJobsWaitForTheirDate(t *testing.T) {
 	clock := opstest.NewClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
-	tb := setup(t, couchq.Config{Now: clock.Now})
+	tb := setup(t, protocol.Config{Now: clock.Now})
 	at := clock.Now().Add(10 * time.Second)
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "report", At: at})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "report", At: at})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,9 +169,9 @@ func TestScheduledJobsWaitForTheirDate(t *testing.T) {
 	}
 	// The next scheduled job is the earliest, whatever its priority.
 	soon, later := clock.Now().Add(4*time.Second), clock.Now().Add(6*time.Second)
-	for _, j := range []couchq.NewJob{
-		{Worker: "digest", At: later, Priority: couchq.PriorityHighest},
-		{Worker: "digest", At: soon, Priority: couchq.PriorityLowest},
+	for _, j := range []protocol.NewJob{
+		{Worker: "digest", At: later, Priority: protocol.PriorityHighest},
+		{Worker: "digest", At: soon, Priority: protocol.PriorityLowest},
 		{Worker: "digest", At: clock.Now().Add(8 * time.Second)},
 	} {
 		if _, err := tb.client.Enqueue(tb.ctx, j); err != nil {
@@ -190,7 +190,7 @@ func TestScheduledJobsWaitForTheirDate(t *testing.T) {
 // succeed, one design document results; an edited function is upgraded and
 // an older schema never downgrades a newer one.
 func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
 	name := tb.freshName(t)
 	var wg sync.WaitGroup
@@ -200,7 +200,7 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o, err := couchq.Init(ctx, tb.kivik, name, tb.log)
+			o, err := protocol.Init(ctx, tb.kivik, name, tb.log)
 			if err != nil {
 				errs <- err
 				return
@@ -258,14 +258,14 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 		t.Fatalf("re-install: %v %v", o, err)
 	}
 	// This build's (older) document must not replace the newer one.
-	if o, err := couchq.Init(ctx, tb.kivik, name, tb.log); err != nil || o != designdocs.KeptNewer {
+	if o, err := protocol.Init(ctx, tb.kivik, name, tb.log); err != nil || o != designdocs.KeptNewer {
 		t.Fatalf("older install over newer: %v %v", o, err)
 	}
-	client, err := couchq.New(ctx, db, couchq.Config{Logger: tb.log})
+	client, err := protocol.New(ctx, db, protocol.Config{Logger: tb.log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Enqueue(ctx, couchq.NewJob{Worker: "x"}); err != nil {
+	if _, err := client.Enqueue(ctx, protocol.NewJob{Worker: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	rows := db.Query(ctx, designdocs.ID, "_view/due_priority")
@@ -330,7 +330,7 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 // logged reason (never a crash), then quarantined as failed with their
 // offending values kept; good jobs beside them are unaffected.
 func TestMalformedDocumentsAreSkippedAndQuarantined(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{}) // no design document yet: nothing validates
+	tb := setupWithout(t, protocol.Config{}) // no design document yet: nothing validates
 	bad := map[string]string{
 		"bad-date":     `{"type":"WorkItem","worker":"mail","date":"tomorrow","tenant":"acme"}`,
 		"bad-status":   `{"type":"WorkItem","worker":"mail","status":"paused"}`,
@@ -375,7 +375,7 @@ func TestMalformedDocumentsAreSkippedAndQuarantined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if it.Status != couchq.StatusFailed || !strings.Contains(it.LastError, "date") {
+	if it.Status != protocol.StatusFailed || !strings.Contains(it.LastError, "date") {
 		t.Fatalf("quarantined job: status %s, last_error %q", it.Status, it.LastError)
 	}
 	if inv, _ := it.Extra("invalid"); !strings.Contains(string(inv), `"tomorrow"`) {
@@ -393,10 +393,10 @@ func TestMalformedDocumentsAreSkippedAndQuarantined(t *testing.T) {
 // A claim made through ClaimMany with confirmation on loses cleanly when a
 // competing revision wins the conflict.
 func TestClaimManyConfirmsEachClaim(t *testing.T) {
-	tb := setup(t, couchq.Config{AlwaysConfirm: true})
-	var jobs []couchq.NewJob
+	tb := setup(t, protocol.Config{AlwaysConfirm: true})
+	var jobs []protocol.NewJob
 	for i := range 5 {
-		jobs = append(jobs, couchq.NewJob{Worker: "many", Payload: i})
+		jobs = append(jobs, protocol.NewJob{Worker: "many", Payload: i})
 	}
 	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
 		t.Fatal(err)
@@ -413,8 +413,8 @@ func TestClaimManyConfirmsEachClaim(t *testing.T) {
 		}
 	}
 	// The same rev again: every claim conflicts, none is half-applied.
-	again := tb.client.ClaimMany(tb.ctx, []*couchq.WorkItem{stale}, "test/2/w", time.Minute)
-	if !errors.Is(again[0].Err, couchq.ErrClaimConflict) || kivik.HTTPStatus(again[0].Err) != http.StatusConflict {
+	again := tb.client.ClaimMany(tb.ctx, []*protocol.WorkItem{stale}, "test/2/w", time.Minute)
+	if !errors.Is(again[0].Err, protocol.ErrClaimConflict) || kivik.HTTPStatus(again[0].Err) != http.StatusConflict {
 		t.Fatalf("stale claim: %v (status %d)", again[0].Err, kivik.HTTPStatus(again[0].Err))
 	}
 }
@@ -423,8 +423,8 @@ func TestClaimManyConfirmsEachClaim(t *testing.T) {
 // 409 means the claim was lost and nothing is overwritten.
 func TestHeldClaimTransitions(t *testing.T) {
 	clock := opstest.NewClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
-	tb := setup(t, couchq.Config{Now: clock.Now, MaxAttempts: 2})
-	claim := func() *couchq.WorkItem {
+	tb := setup(t, protocol.Config{Now: clock.Now, MaxAttempts: 2})
+	claim := func() *protocol.WorkItem {
 		t.Helper()
 		batch, err := tb.client.Due(tb.ctx, "t", 1)
 		if err != nil || len(batch.Items) != 1 {
@@ -436,7 +436,7 @@ func TestHeldClaimTransitions(t *testing.T) {
 		}
 		return it
 	}
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "t"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "t"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -445,18 +445,18 @@ func TestHeldClaimTransitions(t *testing.T) {
 	if err := tb.client.Extend(tb.ctx, it, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if want := couchq.ToUnix(clock.Now().Add(time.Minute)); it.LeaseUntil != want {
+	if want := protocol.ToUnix(clock.Now().Add(time.Minute)); it.LeaseUntil != want {
 		t.Fatalf("lease_until %v, want %v", it.LeaseUntil, want)
 	}
 	// The stale copy lost: a 409, reported as a lost claim, nothing written.
 	err := tb.client.Complete(tb.ctx, stale, nil)
-	if !errors.Is(err, couchq.ErrClaimLost) || kivik.HTTPStatus(err) != http.StatusConflict {
+	if !errors.Is(err, protocol.ErrClaimLost) || kivik.HTTPStatus(err) != http.StatusConflict {
 		t.Fatalf("complete with a stale rev: %v", err)
 	}
-	if err := tb.client.Fail(tb.ctx, it, "boom", couchq.FailOptions{RetryAfter: 5 * time.Second}); err != nil {
+	if err := tb.client.Fail(tb.ctx, it, "boom", protocol.FailOptions{RetryAfter: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if it.Status != couchq.StatusQueued || it.LastError != "boom" || it.Date != couchq.ToUnix(clock.Now().Add(5*time.Second)) {
+	if it.Status != protocol.StatusQueued || it.LastError != "boom" || it.Date != protocol.ToUnix(clock.Now().Add(5*time.Second)) {
 		t.Fatalf("after a retryable failure: %+v", it)
 	}
 	clock.Add(5 * time.Second)
@@ -467,14 +467,14 @@ func TestHeldClaimTransitions(t *testing.T) {
 	if err := tb.client.Release(tb.ctx, it, "shutdown"); err != nil {
 		t.Fatal(err)
 	}
-	if it.Attempts != 1 || it.Status != couchq.StatusQueued || it.Claimed {
+	if it.Attempts != 1 || it.Status != protocol.StatusQueued || it.Claimed {
 		t.Fatalf("release must not charge the attempt: %+v", it)
 	}
 	it = claim()
-	if err := tb.client.Fail(tb.ctx, it, "boom again", couchq.FailOptions{}); err != nil {
+	if err := tb.client.Fail(tb.ctx, it, "boom again", protocol.FailOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if it.Status != couchq.StatusFailed || it.FinishedAt == 0 {
+	if it.Status != protocol.StatusFailed || it.FinishedAt == 0 {
 		t.Fatalf("attempts used up: want failed, got %+v", it)
 	}
 	events := []string{}
@@ -485,12 +485,12 @@ func TestHeldClaimTransitions(t *testing.T) {
 	if strings.Join(events, " ") != want {
 		t.Fatalf("history %v, want %s", events, want)
 	}
-	if _, err := tb.client.Get(tb.ctx, "no-such-job"); !errors.Is(err, couchq.ErrNotFound) || kivik.HTTPStatus(err) != http.StatusNotFound {
+	if _, err := tb.client.Get(tb.ctx, "no-such-job"); !errors.Is(err, protocol.ErrNotFound) || kivik.HTTPStatus(err) != http.StatusNotFound {
 		t.Fatalf("missing job: %v", err)
 	}
 }
 
-func ids(items []*couchq.WorkItem) []string {
+func ids(items []*protocol.WorkItem) []string {
 	out := make([]string, len(items))
 	for i, it := range items {
 		out[i] = it.ID
@@ -519,7 +519,7 @@ func copyFS(t *testing.T, src fs.FS) fstest.MapFS {
 // before couchq was installed, is swept: quarantined as failed with its bad
 // value kept, never left claimed forever (item 8 of the real-CouchDB issue).
 func TestSweepQuarantinesClaimsWithoutANumericLease(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{})
+	tb := setupWithout(t, protocol.Config{})
 	bad := map[string]string{
 		"lease-never":   `{"type":"WorkItem","worker":"mail","claimed":true,"status":"running","lease_until":"never"}`,
 		"lease-missing": `{"type":"WorkItem","worker":"mail","claimed":true,"status":"running","claimed_by":"h/1/w"}`,
@@ -541,7 +541,7 @@ func TestSweepQuarantinesClaimsWithoutANumericLease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if it.Claimed || it.Status == couchq.StatusRunning {
+		if it.Claimed || it.Status == protocol.StatusRunning {
 			t.Errorf("%s still claimed after a sweep: %+v", id, it)
 		}
 	}

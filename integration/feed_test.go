@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -29,15 +29,15 @@ func TestChangesFeedPassesOnlyClaimableWork(t *testing.T) {
 // eachFeedFilter runs check with a client that follows the feed through
 // the design document's filter (every server), then with one that uses
 // CouchDB's native _selector filter (skipped where the server has none).
-func eachFeedFilter(t *testing.T, check func(*testing.T, *testBundle, *couchq.Client)) {
+func eachFeedFilter(t *testing.T, check func(*testing.T, *testBundle, *protocol.Client)) {
 	t.Run("design-document filter", func(t *testing.T) {
-		tb := setup(t, couchq.Config{})
+		tb := setup(t, protocol.Config{})
 		check(t, tb, tb.client)
 	})
 	t.Run("_selector filter", func(t *testing.T) {
-		tb := setup(t, couchq.Config{})
+		tb := setup(t, protocol.Config{})
 		user, password := server.Credentials()
-		srv, err := couchq.Connect(tb.ctx, server.URL(), user, password)
+		srv, err := protocol.Connect(tb.ctx, server.URL(), user, password)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func eachFeedFilter(t *testing.T, check func(*testing.T, *testBundle, *couchq.Cl
 			couchtest.Skip(t, "the server has no _selector changes filter ("+srv.Caps.Vendor+" "+srv.Caps.Version+
 				"); couchq follows the design document's filter there, tested above")
 		}
-		client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: tb.log})
+		client, err := srv.Open(tb.ctx, tb.db.Name(), protocol.Config{Logger: tb.log})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +57,7 @@ func eachFeedFilter(t *testing.T, check func(*testing.T, *testBundle, *couchq.Cl
 	})
 }
 
-func checkFeed(t *testing.T, tb *testBundle, c *couchq.Client) {
+func checkFeed(t *testing.T, tb *testBundle, c *protocol.Client) {
 	t.Helper()
 	ctx := tb.ctx
 	_, since, err := c.WaitForChanges(ctx, "now", []string{"feed"}, 10*time.Millisecond)
@@ -75,11 +75,11 @@ func checkFeed(t *testing.T, tb *testBundle, c *couchq.Client) {
 		}
 		since = next
 	}
-	if _, err := c.Enqueue(ctx, couchq.NewJob{Worker: "other-type"}); err != nil {
+	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "other-type"}); err != nil {
 		t.Fatal(err)
 	}
 	wait("a job of another type", false)
-	job, err := c.Enqueue(ctx, couchq.NewJob{Worker: "feed"})
+	job, err := c.Enqueue(ctx, protocol.NewJob{Worker: "feed"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func checkFeed(t *testing.T, tb *testBundle, c *couchq.Client) {
 		t.Fatal(err)
 	}
 	wait("a lease renewal", false)
-	if err := c.Fail(ctx, it, "again", couchq.FailOptions{}); err != nil {
+	if err := c.Fail(ctx, it, "again", protocol.FailOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	wait("a retry", true)
@@ -132,9 +132,9 @@ func (s *slowDBInfo) RoundTrip(r *http.Request) (*http.Response, error) {
 // the feed starts from the update sequence read in Start, not from
 // whenever its first request happens to go out.
 func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var slow *slowDBInfo
-	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		slow = &slowDBInfo{next: next, delay: 1500 * time.Millisecond}
 		return slow
 	})
@@ -146,7 +146,7 @@ func TestJobEnqueuedRightAfterStartIsNotMissed(t *testing.T) {
 	runWorker(t, tb.ctx, client, cfg)
 	slow.on.Store(true) // from now on, reading the update sequence is slow
 	time.Sleep(300 * time.Millisecond)
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "early"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "early"}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -224,10 +224,10 @@ func readDueQuery(r *http.Request) (*http.Request, int, error) {
 // due runs at once: the wake-up does not wait for that query. On a
 // cluster the query is about a third of an idle round.
 func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const delay = 6 * time.Second
 	var slow *slowNext
-	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		slow = &slowNext{next: next, delay: delay}
 		return slow
 	})
@@ -249,7 +249,7 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	began := time.Now()
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "woken"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "woken"}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -261,7 +261,7 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 	// A job scheduled since then runs when due, give or take one slow
 	// query: an answer to a query sent before it existed ("nothing
 	// scheduled") must not put the runner to sleep until the fallback poll.
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "woken", At: time.Now().Add(500 * time.Millisecond)}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "woken", At: time.Now().Add(500 * time.Millisecond)}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -319,9 +319,9 @@ func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
 // shortly after, so the job runs at once rather than at the next fallback
 // poll.
 func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var lag *laggingCopy
-	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := cb.openThrough(t, 1, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		lag = &laggingCopy{next: next}
 		return lag
 	})
@@ -335,7 +335,7 @@ func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // past the runner's first look, which found nothing
 	lag.arm.Store(true)
 	began := time.Now()
-	if _, err := cb.clients[1].Enqueue(cb.ctx, couchq.NewJob{Worker: "lagged"}); err != nil {
+	if _, err := cb.clients[1].Enqueue(cb.ctx, protocol.NewJob{Worker: "lagged"}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -371,9 +371,9 @@ func (h *hangingDue) RoundTrip(r *http.Request) (*http.Response, error) {
 // asked again: the job it would have found runs. Without the timeout the
 // runner waits on that query for good (the fallback poll is a minute).
 func TestHungDueQueryIsCutOffByQueryTimeout(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var hang *hangingDue
-	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		hang = &hangingDue{next: next}
 		return hang
 	})
@@ -387,7 +387,7 @@ func TestHungDueQueryIsCutOffByQueryTimeout(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // past the runner's first look
 	hang.arm.Store(true)
 	began := time.Now()
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "hung"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "hung"}); err != nil {
 		t.Fatal(err)
 	}
 	select {

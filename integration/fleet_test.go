@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -35,12 +35,12 @@ func (p *fleetProbe) handler() worker.Handler {
 // Three workers of four slots each share a fleet-wide limit of three
 // running jobs: never more run at once, and every job runs.
 func TestFleetConcurrencyLimit(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const limit, n = 3, 40
 	var p fleetProbe
-	jobs := make([]couchq.NewJob, n)
+	jobs := make([]protocol.NewJob, n)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: "heavy"}
+		jobs[i] = protocol.NewJob{Worker: "heavy"}
 	}
 	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
 		t.Fatal(err)

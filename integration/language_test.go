@@ -3,8 +3,8 @@ package integration
 import (
 	"testing"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // languages are the design document languages couchq's functions must
@@ -23,7 +23,7 @@ func languages() []designdocs.Language {
 func inEachLanguage(t *testing.T, f func(t *testing.T, tb *testBundle)) {
 	for _, lang := range languages() {
 		t.Run(string(lang), func(t *testing.T) {
-			tb := setupWithout(t, couchq.Config{})
+			tb := setupWithout(t, protocol.Config{})
 			tb.installLanguage(t, lang)
 			f(t, tb)
 		})
@@ -34,7 +34,7 @@ func inEachLanguage(t *testing.T, f func(t *testing.T, tb *testBundle)) {
 // in lang.
 func (tb *testBundle) installLanguage(t *testing.T, lang designdocs.Language) {
 	t.Helper()
-	if _, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Language: lang}, tb.log); err != nil {
+	if _, err := protocol.InitWith(tb.ctx, tb.kivik, tb.db.Name(), protocol.InitOptions{Language: lang}, tb.log); err != nil {
 		t.Fatal(err)
 	}
 	tb.checkLanguage(t, lang)
@@ -65,14 +65,14 @@ func TestInitChoosesTheDesignDocumentsLanguage(t *testing.T) {
 		t.Logf("%s %s has no QuickJS: only the default engine is checked", caps.Vendor, caps.Version)
 	}
 
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	tb.checkLanguage(t, best)
 	// The functions run: validate_doc_update refuses a bad job and the
 	// claim view lists a good one.
 	if code, body := tb.raw(t, "PUT", "/bad", `{"type":"WorkItem","worker":""}`); code != 403 {
 		t.Errorf("a job without a worker: %d %s, want 403 from validate_doc_update", code, body)
 	}
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "lang", ID: "good"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "lang", ID: "good"}); err != nil {
 		t.Fatal(err)
 	}
 	if due, _, err := tb.client.DueCandidates(tb.ctx, "lang", 10, false); err != nil || len(due) != 1 {
@@ -83,13 +83,13 @@ func TestInitChoosesTheDesignDocumentsLanguage(t *testing.T) {
 		return // the server has no QuickJS to switch to
 	}
 	other := designdocs.JavaScript
-	o, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Language: other}, tb.log)
+	o, err := protocol.InitWith(tb.ctx, tb.kivik, tb.db.Name(), protocol.InitOptions{Language: other}, tb.log)
 	if err != nil || o != designdocs.Upgraded {
 		t.Fatalf("init --language %s: %v %v, want upgraded", other, o, err)
 	}
 	tb.checkLanguage(t, other)
 	// A worker's init (no choice) keeps the admin's.
-	if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Unchanged {
+	if o, err := protocol.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Unchanged {
 		t.Fatalf("init without a language after init --language %s: %v %v, want unchanged", other, o, err)
 	}
 	tb.checkLanguage(t, other)
@@ -104,7 +104,7 @@ func TestInitChoosesTheDesignDocumentsLanguage(t *testing.T) {
 	if _, err := tb.db.Put(tb.ctx, designdocs.ID, &stored); err != nil {
 		t.Fatal(err)
 	}
-	if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
+	if o, err := protocol.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
 		t.Fatalf("init over schema %d: %v %v, want upgraded", designdocs.LanguageSchema-1, o, err)
 	}
 	tb.checkLanguage(t, best)

@@ -16,8 +16,8 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // server is the package's test server, started once by TestMain.
@@ -33,7 +33,7 @@ type testBundle struct {
 	ctx    context.Context
 	kivik  *kivik.Client
 	db     *kivik.DB
-	client *couchq.Client
+	client *protocol.Client
 	log    zerolog.Logger
 	// lease is the lease test workers use (see testLease).
 	lease time.Duration
@@ -41,7 +41,7 @@ type testBundle struct {
 
 // setup creates a database for the test, installs the design document and
 // returns a Client configured with cfg.
-func setup(t *testing.T, cfg couchq.Config) *testBundle {
+func setup(t *testing.T, cfg protocol.Config) *testBundle {
 	t.Helper()
 	tb := setupWithout(t, cfg)
 	tb.install(t)
@@ -50,7 +50,7 @@ func setup(t *testing.T, cfg couchq.Config) *testBundle {
 
 // setupWithout is setup without the design document (nothing validates
 // writes yet), for tests of documents written before couchq was installed.
-func setupWithout(t *testing.T, cfg couchq.Config) *testBundle {
+func setupWithout(t *testing.T, cfg protocol.Config) *testBundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
@@ -62,7 +62,7 @@ func setupWithout(t *testing.T, cfg couchq.Config) *testBundle {
 		log:   zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel).With().Timestamp().Logger(),
 	}
 	cfg.Logger = tb.log
-	client, err := couchq.New(ctx, tb.db, cfg)
+	client, err := protocol.New(ctx, tb.db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func setupWithout(t *testing.T, cfg couchq.Config) *testBundle {
 // install installs couchq's design document into the bundle's database.
 func (tb *testBundle) install(t *testing.T) {
 	t.Helper()
-	if _, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil {
+	if _, err := protocol.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -163,12 +163,12 @@ func testLease(t *testing.T) time.Duration {
 
 // clientThrough is a client of tb's database (logging to tb's log) whose
 // requests pass through the transport wrap makes of couchq's own.
-func clientThrough(t *testing.T, tb *testBundle, cfg couchq.Config, wrap func(http.RoundTripper) http.RoundTripper) *couchq.Client {
+func clientThrough(t *testing.T, tb *testBundle, cfg protocol.Config, wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
 	t.Helper()
-	hc := couchq.NewHTTPClient()
+	hc := protocol.NewHTTPClient()
 	hc.Transport = wrap(hc.Transport)
 	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	srv, err := protocol.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
 	if err != nil {
 		t.Fatal(err)
 	}

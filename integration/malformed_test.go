@@ -18,8 +18,8 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -475,12 +475,12 @@ func malServerDid(body string, stored map[string]json.RawMessage) string {
 
 // malAsJob decodes a stored document as couchq reads it (Client.Get without
 // the round trip: a thousand reads would cost the server seconds).
-func malAsJob(doc map[string]json.RawMessage) (*couchq.WorkItem, error) {
+func malAsJob(doc map[string]json.RawMessage) (*protocol.WorkItem, error) {
 	raw, err := json.Marshal(doc)
 	if err != nil {
 		return nil, err
 	}
-	var it couchq.WorkItem
+	var it protocol.WorkItem
 	if err := json.Unmarshal(raw, &it); err != nil {
 		return nil, err
 	}
@@ -510,7 +510,7 @@ func TestMalformedWorkItemsDoNotStopTheQueue(t *testing.T) {
 // documents' functions in lang.
 func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Language) {
 	began := time.Now()
-	tb := setupWithout(t, couchq.Config{})
+	tb := setupWithout(t, protocol.Config{})
 	ctx := tb.ctx
 
 	bad := malMakeDocs(t, malShapes(), malTotal, "bad")
@@ -528,9 +528,9 @@ func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Langu
 	wrote := time.Now()
 	tb.installLanguage(t, lang) // validation arrives after the documents
 
-	var jobs []couchq.NewJob
+	var jobs []protocol.NewJob
 	for i := range malGoodEach {
-		jobs = append(jobs, couchq.NewJob{ID: fmt.Sprintf("good-enq-%02d", i), Worker: malTypes[i%2], Payload: map[string]int{"n": i}})
+		jobs = append(jobs, protocol.NewJob{ID: fmt.Sprintf("good-enq-%02d", i), Worker: malTypes[i%2], Payload: map[string]int{"n": i}})
 	}
 	res, err := tb.client.EnqueueMany(ctx, jobs)
 	if err != nil {
@@ -730,7 +730,7 @@ func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Langu
 			}
 			untouched[d.shape.why] = append(untouched[d.shape.why], d.id)
 			// couchq still says what is wrong with it, to whoever looks.
-			var m *couchq.MalformedError
+			var m *protocol.MalformedError
 			if _, err := malAsJob(doc); !errors.As(err, &m) || m.Field == "" {
 				t.Errorf("%s (%s): reading it should say what is malformed, got %v", d.id, d.shape.name, err)
 			}
@@ -739,7 +739,7 @@ func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Langu
 				t.Errorf("%s (%s): handler ran %d times, want 1", d.id, d.shape.name, ran[d.id])
 			}
 			it, err := malAsJob(doc)
-			if err != nil || it.Status != couchq.StatusDone || it.Attempts != 1 {
+			if err != nil || it.Status != protocol.StatusDone || it.Attempts != 1 {
 				t.Errorf("%s (%s): want done after one attempt, got %+v (%v)", d.id, d.shape.name, it, err)
 			}
 		case malQuarantined:
@@ -834,7 +834,7 @@ func malCheckQuarantined(t *testing.T, d *malDoc, was, doc map[string]json.RawMe
 		t.Errorf("%s (%s): a valid last_error (%d bytes) was not kept as previous_last_error", d.id, d.shape.name, len(v))
 	}
 	it, err := malAsJob(doc)
-	if err != nil || it.Status != couchq.StatusFailed {
+	if err != nil || it.Status != protocol.StatusFailed {
 		t.Errorf("%s (%s): couchq cannot read the quarantined job: %+v %v", d.id, d.shape.name, it, err)
 	}
 	return notes
@@ -845,7 +845,7 @@ func malCheckQuarantined(t *testing.T, d *malDoc, was, doc map[string]json.RawMe
 // keyed 0). There are more of them than one sweep reads: a real expired
 // claim behind them must still be swept.
 func TestMalformedClaimsDoNotStarveTheSweeper(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{})
+	tb := setupWithout(t, protocol.Config{})
 	const page = 500 // what Sweep reads per call when given no limit
 	bodies := make([]string, 0, page+10)
 	for i := range page + 10 {
@@ -856,7 +856,7 @@ func TestMalformedClaimsDoNotStarveTheSweeper(t *testing.T) {
 		t.Fatalf("_bulk_docs: %d %.300s", code, resp)
 	}
 	tb.install(t)
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "sweep"})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "sweep"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -872,7 +872,7 @@ func TestMalformedClaimsDoNotStarveTheSweeper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Requeued != 1 || it.Status != couchq.StatusQueued || it.Claimed {
+	if res.Requeued != 1 || it.Status != protocol.StatusQueued || it.Claimed {
 		t.Fatalf("sweep %+v: the expired claim of %s stays %s (claimed %v) behind %d malformed claims",
 			res, job.ID, it.Status, it.Claimed, page+10)
 	}
@@ -882,7 +882,7 @@ func TestMalformedClaimsDoNotStarveTheSweeper(t *testing.T) {
 // own validate_doc_update refuses the rewrite) must not make the worker
 // query the due view in a tight loop.
 func TestMalformedUnrepairableDocumentDoesNotSpin(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{})
+	tb := setupWithout(t, protocol.Config{})
 	if code, resp := tb.raw(t, http.MethodPut, "/bad-1", `{"type":"WorkItem","worker":"spin","date":"x"}`); code != http.StatusCreated {
 		t.Fatalf("PUT: %d %s", code, resp)
 	}

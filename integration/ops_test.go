@@ -9,9 +9,9 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // opsScript runs a known script of jobs on a controlled clock and returns
@@ -21,15 +21,15 @@ func opsScript(t *testing.T) (*testBundle, *opstest.Clock, time.Time) {
 	t.Helper()
 	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	clk := opstest.NewClock(t0)
-	tb := setup(t, couchq.Config{Now: clk.Now})
+	tb := setup(t, protocol.Config{Now: clk.Now})
 	c := tb.client
 	at := func(sec int) { clk.Set(t0.Add(time.Duration(sec) * time.Second)) }
 	enqueue := func(id string, due time.Time) {
-		if _, err := c.Enqueue(tb.ctx, couchq.NewJob{ID: id, Worker: "mail", At: due}); err != nil {
+		if _, err := c.Enqueue(tb.ctx, protocol.NewJob{ID: id, Worker: "mail", At: due}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	claim := func(id string) *couchq.WorkItem {
+	claim := func(id string) *protocol.WorkItem {
 		it, err := c.Get(tb.ctx, id)
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +55,7 @@ func opsScript(t *testing.T) (*testBundle, *opstest.Clock, time.Time) {
 	if err := c.Complete(tb.ctx, a, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Fail(tb.ctx, b, "smtp timeout", couchq.FailOptions{RetryAfter: time.Second}); err != nil {
+	if err := c.Fail(tb.ctx, b, "smtp timeout", protocol.FailOptions{RetryAfter: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	at(6)
@@ -73,7 +73,7 @@ func opsScript(t *testing.T) (*testBundle, *opstest.Clock, time.Time) {
 // Metrics from a known script: exact counts and times.
 func TestStatsFromAKnownScript(t *testing.T) {
 	tb, _, t0 := opsScript(t)
-	st, err := tb.client.Stats(tb.ctx, couchq.StatsOptions{Since: t0.Add(-time.Second)})
+	st, err := tb.client.Stats(tb.ctx, protocol.StatsOptions{Since: t0.Add(-time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,12 +88,12 @@ func TestStatsFromAKnownScript(t *testing.T) {
 	checkSummary(t, "wait", m.Wait, 3, 2, 13.0/3, 7, 4, 7)
 	checkSummary(t, "service", m.Service, 2, 5, 7.5, 10, 5, 10)
 	checkSummary(t, "execution", m.Execution, 3, 1, 8.0/3, 4, 3, 4)
-	want := couchq.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
+	want := protocol.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
 	if m.Queue != want {
 		t.Errorf("queue now %+v, want %+v", m.Queue, want)
 	}
 	// A window that starts after the script saw nothing happen.
-	later, err := tb.client.Stats(tb.ctx, couchq.StatsOptions{Worker: "mail", Since: t0.Add(15 * time.Second)})
+	later, err := tb.client.Stats(tb.ctx, protocol.StatsOptions{Worker: "mail", Since: t0.Add(15 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestStatsFromAKnownScript(t *testing.T) {
 	}
 }
 
-func checkSummary(t *testing.T, name string, s couchq.Summary, count int64, lo, mean, hi, p50, p95 float64) {
+func checkSummary(t *testing.T, name string, s protocol.Summary, count int64, lo, mean, hi, p50, p95 float64) {
 	t.Helper()
 	near := func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
 	if s.Count != count || !near(s.Min, lo) || !near(s.Mean, mean) || !near(s.Max, hi) ||
@@ -123,37 +123,37 @@ func TestOperatorRetryCancelRequeue(t *testing.T) {
 	tb, _, _ := opsScript(t)
 	c := tb.client
 	// E is running: it can be requeued, not retried.
-	if _, err := c.Retry(tb.ctx, "E", "cli"); !errors.Is(err, couchq.ErrWrongState) {
+	if _, err := c.Retry(tb.ctx, "E", "cli"); !errors.Is(err, protocol.ErrWrongState) {
 		t.Fatalf("retrying a running job: %v", err)
 	}
 	e, err := c.Requeue(tb.ctx, "E", "cli")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Status != couchq.StatusQueued || e.Claimed || !strings.Contains(e.History[len(e.History)-1].Error, "host/1/w1") {
+	if e.Status != protocol.StatusQueued || e.Claimed || !strings.Contains(e.History[len(e.History)-1].Error, "host/1/w1") {
 		t.Fatalf("requeued: %+v", e)
 	}
 	// C is queued: cancel it, then retry it.
 	cj, err := c.CancelJob(tb.ctx, "C", "cli", "")
-	if err != nil || cj.Status != couchq.StatusCancelled {
+	if err != nil || cj.Status != protocol.StatusCancelled {
 		t.Fatalf("cancel: %v %+v", err, cj)
 	}
-	if _, err := c.CancelJob(tb.ctx, "C", "cli", ""); !errors.Is(err, couchq.ErrWrongState) {
+	if _, err := c.CancelJob(tb.ctx, "C", "cli", ""); !errors.Is(err, protocol.ErrWrongState) {
 		t.Fatalf("cancelling twice: %v", err)
 	}
 	r, err := c.Retry(tb.ctx, "C", "cli")
-	if err != nil || r.Status != couchq.StatusQueued || r.Attempts != 0 || r.History[len(r.History)-1].Event != "requeued" {
+	if err != nil || r.Status != protocol.StatusQueued || r.Attempts != 0 || r.History[len(r.History)-1].Event != "requeued" {
 		t.Fatalf("retry: %v %+v", err, r)
 	}
-	if _, err := c.Retry(tb.ctx, "nope", "cli"); !errors.Is(err, couchq.ErrNotFound) {
+	if _, err := c.Retry(tb.ctx, "nope", "cli"); !errors.Is(err, protocol.ErrNotFound) {
 		t.Fatalf("missing id: %v", err)
 	}
 }
 
 // History stays bounded under 100 retries, keeping the first "enqueued".
 func TestHistoryBoundedUnderManyRetries(t *testing.T) {
-	tb := setup(t, couchq.Config{HistoryLimit: 20, MaxAttempts: 1000})
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "h"})
+	tb := setup(t, protocol.Config{HistoryLimit: 20, MaxAttempts: 1000})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "h"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestHistoryBoundedUnderManyRetries(t *testing.T) {
 		if it, err = tb.client.Claim(tb.ctx, it, "h/1/w", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if err := tb.client.Fail(tb.ctx, it, fmt.Sprintf("try %d", i), couchq.FailOptions{}); err != nil {
+		if err := tb.client.Fail(tb.ctx, it, fmt.Sprintf("try %d", i), protocol.FailOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -182,12 +182,12 @@ func TestHistoryBoundedUnderManyRetries(t *testing.T) {
 func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	clk := opstest.NewClock(t0)
-	tb := setup(t, couchq.Config{Now: clk.Now})
+	tb := setup(t, protocol.Config{Now: clk.Now})
 	c := tb.client
 	// 3,000 jobs of two types, written in bulk as finished documents would
 	// look: 1,500 done long ago, 300 failed, 200 done recently, 1,000 queued.
-	old := couchq.ToUnix(t0)
-	recent := couchq.ToUnix(t0.Add(10 * 24 * time.Hour))
+	old := protocol.ToUnix(t0)
+	recent := protocol.ToUnix(t0.Add(10 * 24 * time.Hour))
 	var docs []any
 	for i := range 3000 {
 		doc := map[string]any{"_id": fmt.Sprintf("job-%04d", i), "type": "WorkItem", "worker": []string{"p1", "p2"}[i%2],
@@ -213,12 +213,12 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 			}
 		}
 	}
-	totals := func() map[couchq.Status]int64 {
+	totals := func() map[protocol.Status]int64 {
 		counts, err := c.Counts(tb.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[couchq.Status]int64{}
+		out := map[protocol.Status]int64{}
 		for _, byStatus := range counts {
 			for st, k := range byStatus {
 				out[st] += k
@@ -226,13 +226,13 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 		}
 		return out
 	}
-	want := map[couchq.Status]int64{couchq.StatusDone: 1700, couchq.StatusFailed: 300, couchq.StatusQueued: 1000}
+	want := map[protocol.Status]int64{protocol.StatusDone: 1700, protocol.StatusFailed: 300, protocol.StatusQueued: 1000}
 	if got := totals(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("before purge: %v, want %v", got, want)
 	}
 	clk.Set(t0.Add(10*24*time.Hour + time.Hour))
 	progress := 0
-	deleted, err := c.Purge(tb.ctx, couchq.PurgeOptions{Status: couchq.StatusDone, OlderThan: 7 * 24 * time.Hour,
+	deleted, err := c.Purge(tb.ctx, protocol.PurgeOptions{Status: protocol.StatusDone, OlderThan: 7 * 24 * time.Hour,
 		Progress: func(n int) { progress = n }})
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	if deleted != 1500 || progress != 1500 {
 		t.Fatalf("purged %d (progress %d), want 1500", deleted, progress)
 	}
-	want[couchq.StatusDone] = 200
+	want[protocol.StatusDone] = 200
 	if got := totals(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after purge: %v, want %v", got, want)
 	}
@@ -249,7 +249,7 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	if err != nil || known != (server.Caps().Vendor == "couchdb") || (known && ts < 1500) {
 		t.Fatalf("tombstones %d (known %v) %v", ts, known, err)
 	}
-	if _, err := c.Purge(tb.ctx, couchq.PurgeOptions{Status: couchq.StatusRunning}); err == nil {
+	if _, err := c.Purge(tb.ctx, protocol.PurgeOptions{Status: protocol.StatusRunning}); err == nil {
 		t.Fatal("purging running jobs must be refused")
 	}
 }
@@ -266,10 +266,10 @@ func TestFauxtonViewsCarryReadableValues(t *testing.T) {
 	if it, err = c.Claim(tb.ctx, it, "host/1/w1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Fail(tb.ctx, it, "mailbox full", couchq.FailOptions{Final: true}); err != nil {
+	if err := c.Fail(tb.ctx, it, "mailbox full", protocol.FailOptions{Final: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.PutWorker(tb.ctx, &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: "host/1/w1",
+	if err := c.PutWorker(tb.ctx, &protocol.WorkerInfo{ID: protocol.WorkerDocID("host", 1, "w1"), Claimant: "host/1/w1",
 		Types: []string{"mail"}, Concurrency: 4, Running: []string{"E"}, LastHeartbeat: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -44,7 +44,7 @@ func (p *pauseProbe) count() int {
 // while the jobs they hold finish; another type goes on. Resuming starts
 // the waiting jobs at once.
 func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	probe := &pauseProbe{release: make(chan struct{})}
 	var other sync.WaitGroup
 	cfg := fastWorker(tb, map[string]worker.Handler{
@@ -60,7 +60,7 @@ func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
 		t.Helper()
 		var ids []string
 		for range n {
-			it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: typ})
+			it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: typ})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
 	time.Sleep(time.Second) // "within a second"
 	close(probe.release)    // the held jobs finish while paused
 	for _, id := range held {
-		waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
+		waitStatus(t, tb, id, protocol.StatusDone, 10*time.Second)
 	}
 	waiting := enqueue("mail", 3)
 	other.Add(2)
@@ -96,7 +96,7 @@ func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
 	if n := probe.count(); n != 2 {
 		t.Fatalf("%d mail jobs started; the worker claimed %d after the type was paused", n, n-2)
 	}
-	st, err := tb.client.Stats(tb.ctx, couchq.StatsOptions{Worker: "mail"})
+	st, err := tb.client.Stats(tb.ctx, protocol.StatsOptions{Worker: "mail"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range waiting {
-		waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
+		waitStatus(t, tb, id, protocol.StatusDone, 10*time.Second)
 	}
 	t.Logf("3 waiting jobs done %s after the resume (fallback poll %s)", time.Since(resumed).Round(time.Millisecond), cfg.FallbackPoll)
 	if p, err := tb.client.Paused(tb.ctx); err != nil || len(p) != 0 {
@@ -119,11 +119,11 @@ func TestPauseStopsClaimingAndResumeStartsAgain(t *testing.T) {
 
 // A worker started while its type is paused claims nothing until resumed.
 func TestWorkerStartsPaused(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	if err := tb.client.Pause(tb.ctx, "late", "test", ""); err != nil {
 		t.Fatal(err)
 	}
-	it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "late"})
+	it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "late"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,18 +131,18 @@ func TestWorkerStartsPaused(t *testing.T) {
 		"late": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil }),
 	}))
 	time.Sleep(time.Second)
-	if got, err := tb.client.Get(tb.ctx, it.ID); err != nil || got.Status != couchq.StatusQueued {
+	if got, err := tb.client.Get(tb.ctx, it.ID); err != nil || got.Status != protocol.StatusQueued {
 		t.Fatalf("job of a paused type: %+v %v; want it still queued", got, err)
 	}
 	if err := tb.client.Resume(tb.ctx, "late", "test"); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, tb, it.ID, couchq.StatusDone, 10*time.Second)
+	waitStatus(t, tb, it.ID, protocol.StatusDone, 10*time.Second)
 }
 
 // A control document written by hand is checked like a job.
 func TestControlDocumentsValidated(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	for id, body := range map[string]string{
 		"control:a":     `{"type":"TypeControl","worker":"b","paused":true}`,
 		"control:c":     `{"type":"TypeControl","worker":"c","paused":"yes"}`,

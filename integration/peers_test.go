@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -20,7 +20,7 @@ func TestFeedReportsWorkersJoining(t *testing.T) {
 	eachFeedFilter(t, checkJoins)
 }
 
-func checkJoins(t *testing.T, tb *testBundle, c *couchq.Client) {
+func checkJoins(t *testing.T, tb *testBundle, c *protocol.Client) {
 	t.Helper()
 	_, since, err := c.WaitForWork(tb.ctx, "now", []string{"join"}, 10*time.Millisecond)
 	if err != nil {
@@ -37,7 +37,7 @@ func checkJoins(t *testing.T, tb *testBundle, c *couchq.Client) {
 			t.Fatalf("after %s the feed reported %d workers joining and %d job changes, want %d and 0", what, fc.Joined, fc.Jobs, want)
 		}
 	}
-	info := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "a"), Claimant: "host/1/a", Types: []string{"other", "join"}, Joined: true}
+	info := &protocol.WorkerInfo{ID: protocol.WorkerDocID("host", 1, "a"), Claimant: "host/1/a", Types: []string{"other", "join"}, Joined: true}
 	if err := c.PutWorker(tb.ctx, info); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func checkJoins(t *testing.T, tb *testBundle, c *couchq.Client) {
 		t.Fatal(err)
 	}
 	feed("its heartbeat", 0)
-	other := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 2, "b"), Claimant: "host/2/b", Types: []string{"other"}, Joined: true}
+	other := &protocol.WorkerInfo{ID: protocol.WorkerDocID("host", 2, "b"), Claimant: "host/2/b", Types: []string{"other"}, Joined: true}
 	if err := c.PutWorker(tb.ctx, other); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func checkJoins(t *testing.T, tb *testBundle, c *couchq.Client) {
 // leaves it (before, the one without a job of its own took the other's,
 // and one of the two lost the claim to a 409).
 func TestPeersClaimTheirOwnJobsWithoutRacing(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var mu sync.Mutex
 	ranBy := map[string]int{}
 	cfg := func(name string) worker.Config {
@@ -79,9 +79,9 @@ func TestPeersClaimTheirOwnJobsWithoutRacing(t *testing.T) {
 	// registered.
 	time.Sleep(time.Second)
 	const jobs = 20
-	ids := enqueueSpaced(t, tb.ctx, func(int) *couchq.Client { return tb.client }, "share", jobs, 30*time.Millisecond)
+	ids := enqueueSpaced(t, tb.ctx, func(int) *protocol.Client { return tb.client }, "share", jobs, 30*time.Millisecond)
 	for _, id := range ids {
-		waitStatus(t, tb, id, couchq.StatusDone, 20*time.Second)
+		waitStatus(t, tb, id, protocol.StatusDone, 20*time.Second)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -113,7 +113,7 @@ func TestBusyPeersJobsRunOnAnIdlePeer(t *testing.T) {
 }
 
 func testBusyPeersJobsRunOnAnIdlePeer(t *testing.T, work, stealAfter time.Duration) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	var mu sync.Mutex
@@ -144,17 +144,17 @@ func testBusyPeersJobsRunOnAnIdlePeer(t *testing.T, work, stealAfter time.Durati
 	startWorker(t, tb, cfg("a"))
 	startWorker(t, tb, cfg("b"))
 	time.Sleep(time.Second)
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "busy", ID: "blocker"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "busy", ID: "blocker"}); err != nil {
 		t.Fatal(err)
 	}
-	blocker := waitStatus(t, tb, "blocker", couchq.StatusRunning, 10*time.Second)
+	blocker := waitStatus(t, tb, "blocker", protocol.StatusRunning, 10*time.Second)
 	// Jobs of both: whichever worker runs the blocker, half of them hash
 	// to it, one of those in what it takes next.
-	ids := enqueueSpaced(t, tb.ctx, func(int) *couchq.Client { return tb.client }, "busy", 6, 0)
+	ids := enqueueSpaced(t, tb.ctx, func(int) *protocol.Client { return tb.client }, "busy", 6, 0)
 	for _, id := range ids {
-		waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
+		waitStatus(t, tb, id, protocol.StatusDone, 10*time.Second)
 	}
-	if it, err := tb.client.Get(tb.ctx, "blocker"); err != nil || it.Status != couchq.StatusRunning {
+	if it, err := tb.client.Get(tb.ctx, "blocker"); err != nil || it.Status != protocol.StatusRunning {
 		t.Fatalf("the blocker is %+v (%v), want it still running: the test proves nothing", it, err)
 	}
 	mu.Lock()
@@ -167,7 +167,7 @@ func testBusyPeersJobsRunOnAnIdlePeer(t *testing.T, work, stealAfter time.Durati
 // Not quite without a race: a view or a document read from a copy that
 // lags can show a job its owner has just claimed as still due.
 func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var rc runCounter
 	start := func(node int, id string) *worker.Worker {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"share": rc.handler(id)})
@@ -183,7 +183,7 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	workers := []*worker.Worker{start(1, "w1"), start(2, "w2")}
 	time.Sleep(time.Second) // w1 learns of w2 from the feed
 	const jobs = 20
-	ids := enqueueSpaced(t, cb.ctx, func(i int) *couchq.Client { return cb.clients[i%2] }, "share", jobs, 50*time.Millisecond)
+	ids := enqueueSpaced(t, cb.ctx, func(i int) *protocol.Client { return cb.clients[i%2] }, "share", jobs, 50*time.Millisecond)
 	waitAllDone(t, cb.clients[0], ids, time.Minute)
 	var lost int64
 	for _, w := range workers {
@@ -212,11 +212,11 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 
 // enqueueSpaced enqueues n jobs of type typ one at a time, the i-th
 // through client(i), gap apart, and returns their ids.
-func enqueueSpaced(t *testing.T, ctx context.Context, client func(i int) *couchq.Client, typ string, n int, gap time.Duration) []string {
+func enqueueSpaced(t *testing.T, ctx context.Context, client func(i int) *protocol.Client, typ string, n int, gap time.Duration) []string {
 	t.Helper()
 	ids := make([]string, 0, n)
 	for i := range n {
-		it, err := client(i).Enqueue(ctx, couchq.NewJob{Worker: typ})
+		it, err := client(i).Enqueue(ctx, protocol.NewJob{Worker: typ})
 		if err != nil {
 			t.Fatal(err)
 		}

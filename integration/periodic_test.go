@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
 // Ten worker processes run the same schedule, @every 1s, for ten ticks:
 // one job per tick, no tick missed, each run once.
 func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var mu sync.Mutex
 	runs := map[string]int{}
 	h := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -25,11 +25,11 @@ func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	sched := couchq.Periodic{Name: "beat", Schedule: "@every 1s", Job: couchq.NewJob{Worker: "beat"}}
+	sched := protocol.Periodic{Name: "beat", Schedule: "@every 1s", Job: protocol.NewJob{Worker: "beat"}}
 	var workers []*worker.Worker
 	for i := range 10 {
 		cfg := fastWorker(tb, map[string]worker.Handler{"beat": h})
-		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []couchq.Periodic{sched}
+		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []protocol.Periodic{sched}
 		workers = append(workers, startWorker(t, tb, cfg))
 	}
 	time.Sleep(10*time.Second + 300*time.Millisecond)
@@ -48,7 +48,7 @@ func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
 	var ticks []time.Time
 	for _, it := range jobs {
 		ticks = append(ticks, it.DueAt())
-		if it.ID != couchq.PeriodicJobID("beat", it.DueAt()) {
+		if it.ID != protocol.PeriodicJobID("beat", it.DueAt()) {
 			t.Errorf("job %s is not its tick's (%s)", it.ID, it.DueAt())
 		}
 	}
@@ -73,7 +73,7 @@ func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
 	// update: the state names one of the last ticks' jobs.
 	named := false
 	for _, tick := range ticks[max(0, len(ticks)-3):] {
-		named = named || st != nil && st[0].LastJob == couchq.PeriodicJobID("beat", tick)
+		named = named || st != nil && st[0].LastJob == protocol.PeriodicJobID("beat", tick)
 	}
 	if err != nil || len(st) != 1 || !named {
 		t.Fatalf("schedule state: %+v %v; want one of the last ticks' jobs (%s)", st, err, ticks[len(ticks)-1])
@@ -86,14 +86,14 @@ func TestPeriodicTenProcessesOneJobPerTick(t *testing.T) {
 // from now.
 func TestPeriodicMissedTicks(t *testing.T) {
 	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 30, 0, time.UTC))
-	tb := setup(t, couchq.Config{Now: clk.Now})
+	tb := setup(t, protocol.Config{Now: clk.Now})
 	for _, tc := range []struct {
-		catchUp couchq.CatchUp
+		catchUp protocol.CatchUp
 		want    int
-	}{{couchq.CatchUpOnce, 1}, {couchq.CatchUpAll, 5}} {
-		p := couchq.Periodic{Name: fmt.Sprintf("report%d", tc.catchUp), Schedule: "*/1 * * * *",
-			Job: couchq.NewJob{Worker: "report"}, CatchUp: tc.catchUp}
-		ticks, err := couchq.CheckPeriodic(p)
+	}{{protocol.CatchUpOnce, 1}, {protocol.CatchUpAll, 5}} {
+		p := protocol.Periodic{Name: fmt.Sprintf("report%d", tc.catchUp), Schedule: "*/1 * * * *",
+			Job: protocol.NewJob{Worker: "report"}, CatchUp: tc.catchUp}
+		ticks, err := protocol.CheckPeriodic(p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestPeriodicMissedTicks(t *testing.T) {
 			t.Fatalf("catch-up %d: enqueued %v (%v), want %d", tc.catchUp, got, err, tc.want)
 		}
 		latest := start.Truncate(time.Minute).Add(5 * time.Minute)
-		if got[len(got)-1] != couchq.PeriodicJobID(p.Name, latest) || !next.Equal(latest.Add(time.Minute)) {
+		if got[len(got)-1] != protocol.PeriodicJobID(p.Name, latest) || !next.Equal(latest.Add(time.Minute)) {
 			t.Fatalf("catch-up %d: last job %s, next %s", tc.catchUp, got[len(got)-1], next)
 		}
 		if _, again, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "other"); err != nil || len(again) != 0 {
@@ -119,14 +119,14 @@ func TestPeriodicMissedTicks(t *testing.T) {
 
 // Bad schedules are refused with the reason.
 func TestPeriodicRefused(t *testing.T) {
-	for _, p := range []couchq.Periodic{
-		{Name: "a", Schedule: "every day", Job: couchq.NewJob{Worker: "a"}},
-		{Name: "a", Schedule: "@every 10ms", Job: couchq.NewJob{Worker: "a"}},
-		{Name: "a:b", Schedule: "@daily", Job: couchq.NewJob{Worker: "a"}},
+	for _, p := range []protocol.Periodic{
+		{Name: "a", Schedule: "every day", Job: protocol.NewJob{Worker: "a"}},
+		{Name: "a", Schedule: "@every 10ms", Job: protocol.NewJob{Worker: "a"}},
+		{Name: "a:b", Schedule: "@daily", Job: protocol.NewJob{Worker: "a"}},
 		{Name: "a", Schedule: "@daily"},
-		{Name: "a", Schedule: "@daily", Job: couchq.NewJob{Worker: "a", ID: "x"}},
+		{Name: "a", Schedule: "@daily", Job: protocol.NewJob{Worker: "a", ID: "x"}},
 	} {
-		if _, err := couchq.CheckPeriodic(p); err == nil {
+		if _, err := protocol.CheckPeriodic(p); err == nil {
 			t.Errorf("%+v accepted", p)
 		}
 	}

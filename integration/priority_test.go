@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -20,7 +20,7 @@ import (
 // arrive: the high ones start before any further low one (only the low
 // jobs already claimed, at most a claim batch, go first).
 func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var mu sync.Mutex
 	var order []int // priorities in start order
 	highAt := -1    // len(order) when the high jobs were enqueued
@@ -34,9 +34,9 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 		}),
 	})
 	cfg.Concurrency, cfg.ClaimBatch, cfg.PickAmong = 2, 2, 4
-	low := make([]couchq.NewJob, 1000)
+	low := make([]protocol.NewJob, 1000)
 	for i := range low {
-		low[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityLowest}
+		low[i] = protocol.NewJob{Worker: "render", Priority: protocol.PriorityLowest}
 	}
 	for start := 0; start < len(low); start += 500 {
 		if _, err := tb.client.EnqueueMany(tb.ctx, low[start:start+500]); err != nil {
@@ -50,9 +50,9 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 		return len(order)
 	}
 	waitFor(t, 30*time.Second, "the worker to get busy", func() bool { return started() >= 10 })
-	high := make([]couchq.NewJob, 10)
+	high := make([]protocol.NewJob, 10)
 	for i := range high {
-		high[i] = couchq.NewJob{Worker: "render", Priority: couchq.PriorityHighest}
+		high[i] = protocol.NewJob{Worker: "render", Priority: protocol.PriorityHighest}
 	}
 	mu.Lock()
 	highAt = len(order)
@@ -65,7 +65,7 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 		defer mu.Unlock()
 		n := 0
 		for _, p := range order[highAt:] {
-			if p == couchq.PriorityHighest {
+			if p == protocol.PriorityHighest {
 				n++
 			}
 		}
@@ -76,7 +76,7 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 	lowBefore := 0
 	seenHigh := 0
 	for _, p := range order[highAt:] {
-		if p == couchq.PriorityHighest {
+		if p == protocol.PriorityHighest {
 			seenHigh++
 			if seenHigh == len(high) {
 				break
@@ -96,7 +96,7 @@ func TestHighPriorityOvertakesABusyQueue(t *testing.T) {
 // sits in the middle, and a hand-written priority counts.
 func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
-	tb := setup(t, couchq.Config{Now: clk.Now})
+	tb := setup(t, protocol.Config{Now: clk.Now})
 	base := clk.Now().Add(-time.Hour)
 	for i, j := range []struct {
 		id       string
@@ -106,14 +106,14 @@ func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 		{"low-old", 5, 0}, {"mid-new", 0, 3 * time.Minute}, {"high-new", 1, 2 * time.Minute},
 		{"mid-old", 3, time.Minute}, {"high-old", 1, 30 * time.Second}, {"two", 2, 10 * time.Minute},
 	} {
-		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", ID: j.id, Priority: j.priority, At: base.Add(j.at)}); err != nil {
+		if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "p", ID: j.id, Priority: j.priority, At: base.Add(j.at)}); err != nil {
 			t.Fatalf("job %d: %v", i, err)
 		}
 	}
 	if code, body := tb.raw(t, "PUT", "/by-hand", `{"type":"WorkItem","worker":"p","priority":2,"date":1}`); code != 201 {
 		t.Fatalf("hand-written job: %d %s", code, body)
 	}
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", ID: "future", Priority: 1, At: clk.Now().Add(time.Hour)}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "p", ID: "future", Priority: 1, At: clk.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := tb.client.DueFirst(tb.ctx, "p", 100)
@@ -141,14 +141,14 @@ func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 	got = got[:0]
 	for _, c := range cands {
 		got = append(got, c.ID)
-		if c.Priority < couchq.PriorityHighest || c.Priority > couchq.PriorityLowest {
+		if c.Priority < protocol.PriorityHighest || c.Priority > protocol.PriorityLowest {
 			t.Errorf("candidate %s: priority %d", c.ID, c.Priority)
 		}
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("DueCandidates: %v, want %v", got, want)
 	}
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "p", Priority: 6}); err == nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "p", Priority: 6}); err == nil {
 		t.Fatal("priority 6 accepted")
 	}
 }
@@ -159,14 +159,14 @@ func TestDueFirstOrdersByPriorityThenDate(t *testing.T) {
 // set aside for quarantine, and an id that never existed is skipped.
 func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
-	tb := setupWithout(t, couchq.Config{Now: clk.Now})
+	tb := setupWithout(t, protocol.Config{Now: clk.Now})
 	// Without validation, so that the malformed job can be written.
-	if _, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
+	if _, err := protocol.InitWith(tb.ctx, tb.kivik, tb.db.Name(), protocol.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
 		t.Fatal(err)
 	}
 	ids := []string{"claimed", "done", "deleted", "later", "malformed", "still-due", "also-due"}
 	for _, id := range ids {
-		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "f", ID: id, At: clk.Now().Add(-time.Minute)}); err != nil {
+		if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "f", ID: id, At: clk.Now().Add(-time.Minute)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 		t.Fatalf("%d candidates, want %d", len(cands), len(ids))
 	}
 	// What happens between the view query and the read of the documents.
-	get := func(id string) *couchq.WorkItem {
+	get := func(id string) *protocol.WorkItem {
 		it, err := tb.client.Get(tb.ctx, id)
 		if err != nil {
 			t.Fatal(err)
@@ -199,7 +199,7 @@ func TestFetchDueKeepsOnlyJobsStillDue(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := get("later")
-	later.Date = couchq.ToUnix(clk.Now().Add(time.Hour))
+	later.Date = protocol.ToUnix(clk.Now().Add(time.Hour))
 	if _, err := tb.db.Put(tb.ctx, later.ID, later); err != nil {
 		t.Fatal(err)
 	}
@@ -243,18 +243,18 @@ func (c *countAllDocs) RoundTrip(r *http.Request) (*http.Response, error) {
 // then reads none by id: the batch is the one DueCandidates and FetchDue
 // give, malformed documents set aside alike, one request fewer.
 func TestDueCandidatesWithDocsNeedNoSecondRead(t *testing.T) {
-	tb := setupWithout(t, couchq.Config{})
+	tb := setupWithout(t, protocol.Config{})
 	// Without validation, so that the malformed job can be written.
-	if _, err := couchq.InitWith(tb.ctx, tb.kivik, tb.db.Name(), couchq.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
+	if _, err := protocol.InitWith(tb.ctx, tb.kivik, tb.db.Name(), protocol.InitOptions{Validation: designdocs.ValidationOff}, tb.log); err != nil {
 		t.Fatal(err)
 	}
 	var count *countAllDocs
-	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		count = &countAllDocs{next: next}
 		return count
 	})
 	for i := range 4 {
-		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "d", Priority: 1 + i%3}); err != nil {
+		if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "d", Priority: 1 + i%3}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -262,7 +262,7 @@ func TestDueCandidatesWithDocsNeedNoSecondRead(t *testing.T) {
 	if _, err := tb.db.Put(tb.ctx, "malformed", bad); err != nil {
 		t.Fatal(err)
 	}
-	ids := func(b *couchq.Batch) (items, malformed []string) {
+	ids := func(b *protocol.Batch) (items, malformed []string) {
 		for _, it := range b.Items {
 			items = append(items, it.ID)
 		}
@@ -307,14 +307,14 @@ func TestDueCandidatesWithDocsNeedNoSecondRead(t *testing.T) {
 // reads by id: a view's copy may not hold a claim a majority took, and a
 // claim of the older revision it lists would start a second branch there.
 func TestClusterDueCandidatesWithDocsReadDocumentsByID(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
+	cb := setupCluster(t, protocol.Config{})
 	var count *countAllDocs
-	client := cb.openThrough(t, 1, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := cb.openThrough(t, 1, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		count = &countAllDocs{next: next}
 		return count
 	})
 	ids := cb.enqueue(t, "d", 3)
-	var cands []couchq.DueCandidate
+	var cands []protocol.DueCandidate
 	deadline := time.Now().Add(10 * time.Second)
 	for len(cands) < len(ids) && time.Now().Before(deadline) {
 		var err error

@@ -22,9 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Process-level tests: the couchq CLI is built once and run as real
@@ -292,7 +292,7 @@ func registered(t *testing.T, tb *testBundle, procs ...*cliProc) map[*cliProc]st
 }
 
 // statusCount counts jobs of typ in status.
-func statusCount(t *testing.T, tb *testBundle, typ string, status couchq.Status) int {
+func statusCount(t *testing.T, tb *testBundle, typ string, status protocol.Status) int {
 	t.Helper()
 	counts, err := tb.client.Counts(tb.ctx)
 	if err != nil {
@@ -302,9 +302,9 @@ func statusCount(t *testing.T, tb *testBundle, typ string, status couchq.Status)
 }
 
 // allJobs reads every job of typ (up to 1000).
-func allJobs(t *testing.T, tb *testBundle, typ string) []*couchq.WorkItem {
+func allJobs(t *testing.T, tb *testBundle, typ string) []*protocol.WorkItem {
 	t.Helper()
-	batch, err := tb.client.List(tb.ctx, couchq.ListOptions{Worker: typ, Limit: 1000})
+	batch, err := tb.client.List(tb.ctx, protocol.ListOptions{Worker: typ, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,9 +396,9 @@ func (h *hookServer) inflightSince() map[string]time.Time {
 // webhookJobs enqueues n webhook jobs of typ, job i posting to path(i).
 func webhookJobs(t *testing.T, tb *testBundle, h *hookServer, typ string, n int, path func(i int) string) []string {
 	t.Helper()
-	jobs := make([]couchq.NewJob, n)
+	jobs := make([]protocol.NewJob, n)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: typ, Payload: map[string]any{"url": h.URL + path(i), "body": map[string]int{"n": i}}}
+		jobs[i] = protocol.NewJob{Worker: typ, Payload: map[string]any{"url": h.URL + path(i), "body": map[string]int{"n": i}}}
 	}
 	res, err := tb.client.EnqueueMany(tb.ctx, jobs)
 	if err != nil {
@@ -416,9 +416,9 @@ func webhookJobs(t *testing.T, tb *testBundle, h *hookServer, typ string, n int,
 
 // retriesOf counts a job's failed attempts that were retried, and is how a
 // second delivery to a live worker is explained.
-func retriesOf(it *couchq.WorkItem) (n int, why []string) {
+func retriesOf(it *protocol.WorkItem) (n int, why []string) {
 	for _, e := range it.History {
-		if e.Event == couchq.EventRetryScheduled {
+		if e.Event == protocol.EventRetryScheduled {
 			n++
 			why = append(why, e.Error)
 		}
@@ -428,13 +428,13 @@ func retriesOf(it *couchq.WorkItem) (n int, why []string) {
 
 // claimedThenExpired reports whether the job's history has a claim by
 // claimant followed by a lease-expired entry that names it.
-func claimedThenExpired(it *couchq.WorkItem, claimant string) bool {
+func claimedThenExpired(it *protocol.WorkItem, claimant string) bool {
 	claimed := false
 	for _, e := range it.History {
 		switch {
-		case e.Event == couchq.EventClaimed && e.By == claimant:
+		case e.Event == protocol.EventClaimed && e.By == claimant:
 			claimed = true
-		case claimed && e.Event == couchq.EventLeaseExpired && strings.Contains(e.Error, "claimant "+claimant+" presumed dead"):
+		case claimed && e.Event == protocol.EventLeaseExpired && strings.Contains(e.Error, "claimant "+claimant+" presumed dead"):
 			return true
 		}
 	}
@@ -446,7 +446,7 @@ func claimedThenExpired(it *couchq.WorkItem, claimant string) bool {
 // jobs delivered twice are ones the killed process had claimed.
 func testKilledWorker(t *testing.T, bin string) {
 	const jobs = 500
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	// Every 10th job is held until the victim is dead, so that the victim
 	// is caught with a delivery certainly in flight; the rest take 10 ms.
 	gate := make(chan struct{})
@@ -514,7 +514,7 @@ func testKilledWorker(t *testing.T, bin string) {
 		victim.name, dead, h.total.Load(), killedAt.Sub(start).Round(time.Millisecond), caught)
 
 	waitFor(t, 60*time.Second, "every job to be done", func() bool {
-		return statusCount(t, tb, "hook", couchq.StatusDone) == jobs
+		return statusCount(t, tb, "hook", protocol.StatusDone) == jobs
 	})
 	t.Logf("all %d jobs done %s after the kill, %s in all; %d deliveries",
 		jobs, time.Since(killedAt).Round(time.Millisecond), time.Since(start).Round(time.Millisecond), h.total.Load())
@@ -526,14 +526,14 @@ func testKilledWorker(t *testing.T, bin string) {
 	twice, swept := 0, 0
 	for _, it := range items {
 		n := h.count(it.ID)
-		if it.Status != couchq.StatusDone || it.Claimed {
+		if it.Status != protocol.StatusDone || it.Claimed {
 			t.Errorf("job %s: status %s, claimed %v", it.ID, it.Status, it.Claimed)
 		}
 		if n == 0 {
 			t.Errorf("job %s is done but was never delivered", it.ID)
 		}
 		for _, e := range it.History {
-			if e.Event == couchq.EventLeaseExpired {
+			if e.Event == protocol.EventLeaseExpired {
 				swept++
 				if !strings.Contains(e.Error, "claimant "+dead+" presumed dead") {
 					t.Errorf("job %s: a lease expired that was not the killed worker's: %+v", it.ID, e)
@@ -554,10 +554,10 @@ func testKilledWorker(t *testing.T, bin string) {
 			}
 		}
 		// The killed worker finished jobs before it died, never after.
-		if last := it.History[len(it.History)-1]; last.Event != couchq.EventDone {
+		if last := it.History[len(it.History)-1]; last.Event != protocol.EventDone {
 			t.Errorf("job %s: last history entry %+v, want done", it.ID, last)
 		} else if at, err := time.Parse(time.RFC3339Nano, last.At); last.By == dead && (err != nil || at.After(killedAt)) {
-			t.Errorf("job %s: done by the killed worker at %s, after it was killed at %s", it.ID, last.At, killedAt.UTC().Format(couchq.HistoryTimeFormat))
+			t.Errorf("job %s: done by the killed worker at %s, after it was killed at %s", it.ID, last.At, killedAt.UTC().Format(protocol.HistoryTimeFormat))
 		}
 	}
 	it, err := tb.client.Get(tb.ctx, caught)
@@ -617,7 +617,7 @@ func testKilledWorker(t *testing.T, bin string) {
 // frozen one wakes up, its late result is refused and logged, and the
 // stored result stays the other's.
 func testFrozenWorker(t *testing.T, bin string) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	// The first delivery is held three leases and answered 202; any later
 	// one is answered 200 at once, so the stored status tells whose it is.
 	h := newHookServer(t, func(r *http.Request, _ string, attempt int) (time.Duration, int) {
@@ -635,14 +635,14 @@ func testFrozenWorker(t *testing.T, bin string) {
 
 	a.signal(t, syscall.SIGSTOP)
 	frozenAt := time.Now()
-	var it *couchq.WorkItem
+	var it *protocol.WorkItem
 	waitFor(t, 2*procLease(), "the frozen worker's job to be swept", func() bool {
 		var err error
 		it, err = tb.client.Get(tb.ctx, id)
 		return err == nil && claimedThenExpired(it, claimants[a])
 	})
 	t.Logf("swept %s after A froze (lease %s)", time.Since(frozenAt).Round(time.Millisecond), procLease())
-	it = waitStatus(t, tb, id, couchq.StatusDone, 10*time.Second)
+	it = waitStatus(t, tb, id, protocol.StatusDone, 10*time.Second)
 	if got := events(it); got != "enqueued claimed lease-expired claimed done" {
 		t.Errorf("history: %s", got)
 	}
@@ -668,7 +668,7 @@ func testFrozenWorker(t *testing.T, bin string) {
 		}
 		return false
 	})
-	if refused.str("level") != "warn" || !strings.Contains(refused.str("error"), couchq.ErrClaimLost.Error()) ||
+	if refused.str("level") != "warn" || !strings.Contains(refused.str("error"), protocol.ErrClaimLost.Error()) ||
 		!strings.Contains(strings.ToLower(refused.str("error")), "conflict") {
 		t.Errorf("A's refusal log line: %v; want a warning with the claim-lost error of a 409 conflict", refused)
 	}
@@ -693,7 +693,7 @@ func testFrozenWorker(t *testing.T, bin string) {
 	if err := json.Unmarshal(final.Result, &res); err != nil || res.Status != http.StatusOK {
 		t.Errorf("stored result %s (%v): want B's, status 200 (A's delivery was answered 202)", final.Result, err)
 	}
-	if final.Rev != it.Rev || final.Status != couchq.StatusDone || final.Attempts != 2 {
+	if final.Rev != it.Rev || final.Status != protocol.StatusDone || final.Attempts != 2 {
 		t.Errorf("the job changed after B finished it: %+v", final)
 	}
 	if n := h.count(id); n != 2 {
@@ -717,7 +717,7 @@ func testServerRestart(t *testing.T, bin string) {
 		couchtest.Skip(t, fmt.Sprintf("only a server couchtest started itself can be restarted; this is a %s server (%s)",
 			server.Kind(), server.Reason()))
 	}
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	h := newHookServer(t, func(*http.Request, string, int) (time.Duration, int) {
 		return 100 * time.Millisecond, http.StatusOK
 	})
@@ -754,12 +754,12 @@ func testServerRestart(t *testing.T, bin string) {
 	})
 	after := webhookJobs(t, tb, h, "hook", 20, func(i int) string { return fmt.Sprintf("/after/%d", i) })
 	waitFor(t, 45*time.Second, "every job to be done", func() bool {
-		return statusCount(t, tb, "hook", couchq.StatusDone) == len(before)+len(after)
+		return statusCount(t, tb, "hook", protocol.StatusDone) == len(before)+len(after)
 	})
 	t.Logf("all jobs done %s after the restart; %d deliveries for %d jobs",
 		time.Since(restartAt).Round(time.Millisecond), h.total.Load(), len(before)+len(after))
 	for _, it := range allJobs(t, tb, "hook") {
-		if it.Status != couchq.StatusDone || it.Claimed || h.count(it.ID) == 0 {
+		if it.Status != protocol.StatusDone || it.Claimed || h.count(it.ID) == 0 {
 			t.Errorf("job %s: status %s, claimed %v, %d deliveries", it.ID, it.Status, it.Claimed, h.count(it.ID))
 		}
 	}
@@ -781,7 +781,7 @@ func testServerRestart(t *testing.T, bin string) {
 // exits 0. A second signal exits at once with status 1, and the job left
 // claimed goes back to the queue through couchq sweep once its lease ends.
 func testGracefulShutdown(t *testing.T, bin string) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	h := newHookServer(t, func(r *http.Request, _ string, _ int) (time.Duration, int) {
 		if strings.HasSuffix(r.URL.Path, "/second") {
 			return time.Second, http.StatusOK
@@ -833,11 +833,11 @@ func testGracefulShutdown(t *testing.T, bin string) {
 		}
 		switch c.typ {
 		case "finish":
-			if it.Status != couchq.StatusDone || it.Attempts != 1 || events(it) != "enqueued claimed done" {
+			if it.Status != protocol.StatusDone || it.Attempts != 1 || events(it) != "enqueued claimed done" {
 				t.Errorf("finish: %s, attempts %d, history %s; want done in its first attempt", it.Status, it.Attempts, events(it))
 			}
 		case "release":
-			if it.Status != couchq.StatusQueued || it.Claimed || it.Attempts != 0 || events(it) != "enqueued claimed released" {
+			if it.Status != protocol.StatusQueued || it.Claimed || it.Attempts != 0 || events(it) != "enqueued claimed released" {
 				t.Errorf("release: %s, claimed %v, attempts %d, history %s; want released, no attempt charged",
 					it.Status, it.Claimed, it.Attempts, events(it))
 			}
@@ -851,7 +851,7 @@ func testGracefulShutdown(t *testing.T, bin string) {
 			if took > 3*time.Second {
 				t.Errorf("abandon: the second signal took %s to end the process", took)
 			}
-			if it.Status != couchq.StatusRunning || !it.Claimed {
+			if it.Status != protocol.StatusRunning || !it.Claimed {
 				t.Errorf("abandon: %s, claimed %v; want still claimed by the process that exited", it.Status, it.Claimed)
 			}
 		}
@@ -876,7 +876,7 @@ func testGracefulShutdown(t *testing.T, bin string) {
 		t.Errorf("couchq sweep: exit %d, stdout %q, stderr %s", code, out, errOut)
 	}
 	it, err = tb.client.Get(tb.ctx, abandoned)
-	if err != nil || it.Status != couchq.StatusQueued || it.Claimed || !strings.HasSuffix(events(it), "lease-expired") {
+	if err != nil || it.Status != protocol.StatusQueued || it.Claimed || !strings.HasSuffix(events(it), "lease-expired") {
 		t.Errorf("abandoned job after couchq sweep: %+v, %v", it, err)
 	}
 }
@@ -885,12 +885,12 @@ func testGracefulShutdown(t *testing.T, bin string) {
 // exit 0 once none is left, leaving nothing claimed and the scheduled job
 // alone.
 func testDrainProcesses(t *testing.T, bin string) {
-	tb := setup(t, couchq.Config{})
-	jobs := make([]couchq.NewJob, 60)
+	tb := setup(t, protocol.Config{})
+	jobs := make([]protocol.NewJob, 60)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: "cron", Payload: i}
+		jobs[i] = protocol.NewJob{Worker: "cron", Payload: i}
 	}
-	jobs = append(jobs, couchq.NewJob{Worker: "cron", ID: "tomorrow", At: time.Now().Add(24 * time.Hour)})
+	jobs = append(jobs, protocol.NewJob{Worker: "cron", ID: "tomorrow", At: time.Now().Add(24 * time.Hour)})
 	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
 		t.Fatal(err)
 	}
@@ -907,16 +907,16 @@ func testDrainProcesses(t *testing.T, bin string) {
 			t.Errorf("%s did not log that it drained", p.name)
 		}
 	}
-	if n := statusCount(t, tb, "cron", couchq.StatusDone); n != 60 {
+	if n := statusCount(t, tb, "cron", protocol.StatusDone); n != 60 {
 		t.Errorf("%d jobs done, want 60", n)
 	}
 	for _, it := range allJobs(t, tb, "cron") {
-		if it.Claimed || it.Status == couchq.StatusRunning {
+		if it.Claimed || it.Status == protocol.StatusRunning {
 			t.Errorf("job %s left claimed: %+v", it.ID, it)
 		}
 	}
 	it, err := tb.client.Get(tb.ctx, "tomorrow")
-	if err != nil || it.Status != couchq.StatusQueued || it.Attempts != 0 {
+	if err != nil || it.Status != protocol.StatusQueued || it.Attempts != 0 {
 		t.Errorf("the scheduled job: %+v, %v; want queued, untouched", it, err)
 	}
 	if infos, err := tb.client.Workers(tb.ctx); err != nil || len(infos) != 0 {
@@ -927,7 +927,7 @@ func testDrainProcesses(t *testing.T, bin string) {
 // f. Each built-in handler through the CLI worker: a success and a
 // failure each, with --max-attempts 1 so that a failure is final.
 func testBuiltinHandlers(t *testing.T, bin string) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	h := newHookServer(t, func(r *http.Request, _ string, _ int) (time.Duration, int) {
 		if code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/status/")); err == nil {
 			return 0, code
@@ -943,7 +943,7 @@ printf '{"id":"%s","attempt":%s,"arg":"%s"}\n' "$COUCHQ_JOB_ID" "$COUCHQ_ATTEMPT
 		t.Fatal(err)
 	}
 	enqueue := func(id, typ string, payload any) {
-		if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{ID: id, Worker: typ, Payload: payload}); err != nil {
+		if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{ID: id, Worker: typ, Payload: payload}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -965,7 +965,7 @@ printf '{"id":"%s","attempt":%s,"arg":"%s"}\n' "$COUCHQ_JOB_ID" "$COUCHQ_ATTEMPT
 			t.Errorf("%s worker: exit %d, want 0", p.name, code)
 		}
 	}
-	get := func(id string) *couchq.WorkItem {
+	get := func(id string) *protocol.WorkItem {
 		it, err := tb.client.Get(tb.ctx, id)
 		if err != nil {
 			t.Fatal(err)
@@ -974,24 +974,24 @@ printf '{"id":"%s","attempt":%s,"arg":"%s"}\n' "$COUCHQ_JOB_ID" "$COUCHQ_ATTEMPT
 	}
 	for _, tc := range []struct {
 		id         string
-		status     couchq.Status
+		status     protocol.Status
 		result     func(json.RawMessage) bool
 		lastErrHas []string
 	}{
-		{"hook-ok", couchq.StatusDone, func(r json.RawMessage) bool {
+		{"hook-ok", protocol.StatusDone, func(r json.RawMessage) bool {
 			var res handlers.WebhookResult
 			return json.Unmarshal(r, &res) == nil && res.Status == 200 && res.URL == h.URL+"/ok"
 		}, nil},
-		{"hook-500", couchq.StatusFailed, nil, []string{"POST " + h.URL + "/status/500", "status 500 Internal Server Error"}},
-		{"check-ok", couchq.StatusDone, func(r json.RawMessage) bool {
+		{"hook-500", protocol.StatusFailed, nil, []string{"POST " + h.URL + "/status/500", "status 500 Internal Server Error"}},
+		{"check-ok", protocol.StatusDone, func(r json.RawMessage) bool {
 			var res handlers.HTTPCheckResult
 			return json.Unmarshal(r, &res) == nil && res.Status == 200 && res.FinalURL == h.URL+"/ok"
 		}, nil},
-		{"check-404", couchq.StatusFailed, nil, []string{"GET " + h.URL + "/status/404", "status 404 Not Found"}},
-		{"exec-ok", couchq.StatusDone, func(r json.RawMessage) bool {
+		{"check-404", protocol.StatusFailed, nil, []string{"GET " + h.URL + "/status/404", "status 404 Not Found"}},
+		{"exec-ok", protocol.StatusDone, func(r json.RawMessage) bool {
 			return string(r) == `{"id":"exec-ok","attempt":1,"arg":"hello world"}`
 		}, nil},
-		{"exec-3", couchq.StatusFailed, nil, []string{"exit status 3", "disk full"}},
+		{"exec-3", protocol.StatusFailed, nil, []string{"exit status 3", "disk full"}},
 	} {
 		it := get(tc.id)
 		if it.Status != tc.status || it.Attempts != 1 || it.Claimed {

@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
 // Four worker processes share a limit of 20 starts per second: over ten
 // full windows they start 200 ± 10 % jobs, and never more than 20 in one.
 func TestRateLimitAcrossProcesses(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const limit, windows = 20, 10
 	starts := rateLimitedProcesses(t, tb.ctx, tb.client, buildCLI(t), func(int) []string { return procEnv(tb.db.Name()) },
 		"rl", limit, windows)
@@ -31,13 +31,13 @@ func TestRateLimitAcrossProcesses(t *testing.T) {
 // starts per second (none when 0), for windows full windows after a
 // warm-up. It fails the test when a window had more than limit starts, and
 // returns the starts in each full window, by the claims' claimed_at.
-func rateLimitedProcesses(t *testing.T, ctx context.Context, client *couchq.Client, bin string, env func(i int) []string,
+func rateLimitedProcesses(t *testing.T, ctx context.Context, client *protocol.Client, bin string, env func(i int) []string,
 	typ string, limit, windows int) []int {
 	t.Helper()
 	const workers = 4
-	jobs := make([]couchq.NewJob, 600)
+	jobs := make([]protocol.NewJob, 600)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: typ}
+		jobs[i] = protocol.NewJob{Worker: typ}
 	}
 	for start := 0; start < len(jobs); start += 300 {
 		if _, err := client.EnqueueMany(ctx, jobs[start:start+300]); err != nil {
@@ -67,7 +67,7 @@ func rateLimitedProcesses(t *testing.T, ctx context.Context, client *couchq.Clie
 			t.Fatalf("%s exited %d", p.name, code)
 		}
 	}
-	batch, err := client.List(ctx, couchq.ListOptions{Worker: typ, Limit: len(jobs)})
+	batch, err := client.List(ctx, protocol.ListOptions{Worker: typ, Limit: len(jobs)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func rateLimitedProcesses(t *testing.T, ctx context.Context, client *couchq.Clie
 	perWindow := map[int64]int{}
 	for _, it := range batch.Items {
 		for _, e := range it.History {
-			if e.Event != couchq.EventClaimed {
+			if e.Event != protocol.EventClaimed {
 				continue
 			}
 			at, err := time.Parse(time.RFC3339Nano, e.At)
@@ -134,14 +134,14 @@ func (s *slowReads) RoundTrip(r *http.Request) (*http.Response, error) {
 // would start. One runner's round (1.2 s) is longer than a window, so it
 // cannot serve every window: a third of them at least.
 func TestRateLimitSlowSlotRounds(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const limit, windows = 5, 8
-	client := clientThrough(t, tb, couchq.Config{}, func(next http.RoundTripper) http.RoundTripper {
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
 		return &slowReads{next: next, delay: 1200 * time.Millisecond}
 	})
-	jobs := make([]couchq.NewJob, 100)
+	jobs := make([]protocol.NewJob, 100)
 	for i := range jobs {
-		jobs[i] = couchq.NewJob{Worker: "slowrl"}
+		jobs[i] = protocol.NewJob{Worker: "slowrl"}
 	}
 	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestRateLimitSlowSlotRounds(t *testing.T) {
 		return nil
 	})})
 	cfg.Concurrency = 10
-	cfg.RateLimits = map[string]couchq.RateLimit{"slowrl": {N: limit, Per: time.Second}}
+	cfg.RateLimits = map[string]protocol.RateLimit{"slowrl": {N: limit, Per: time.Second}}
 	w, err := worker.New(client, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func (a *afterRequests) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func isBulkDocs(r *http.Request) bool { return strings.HasSuffix(r.URL.Path, "/_bulk_docs") }
 
-// isLeavesRead matches a read of every leaf (couchq.Client.Leaves or a
+// isLeavesRead matches a read of every leaf (protocol.Client.Leaves or a
 // _bulk_get of several documents).
 func isLeavesRead(r *http.Request) bool {
 	return strings.HasSuffix(r.URL.Path, "/_bulk_get") || r.URL.Query().Get("open_revs") == "all"
@@ -229,10 +229,10 @@ func isLeavesRead(r *http.Request) bool {
 
 // slotTaker is a client of tb's database whose requests pass through
 // hooks, and which confirms its writes as on a cluster (AlwaysConfirm).
-func slotTaker(t *testing.T, tb *testBundle) (*couchq.Client, *afterRequests) {
+func slotTaker(t *testing.T, tb *testBundle) (*protocol.Client, *afterRequests) {
 	t.Helper()
 	hooks := &afterRequests{}
-	taker := clientThrough(t, tb, couchq.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
+	taker := clientThrough(t, tb, protocol.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
 		hooks.next = next
 		return hooks
 	})
@@ -243,14 +243,14 @@ func slotTaker(t *testing.T, tb *testBundle) (*couchq.Client, *afterRequests) {
 // then gives the slot document a second first revision, ranked below the
 // first (so that takers read and write over the first): another creation
 // of the slot, through another node of a cluster. It returns that leaf.
-func twoLeafSlot(t *testing.T, tb *testBundle, taker *couchq.Client, typ string, w0 time.Time) map[string]any {
+func twoLeafSlot(t *testing.T, tb *testBundle, taker *protocol.Client, typ string, w0 time.Time) map[string]any {
 	t.Helper()
-	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	rl := protocol.RateLimit{N: 1, Per: time.Second}
 	if got, _, _, err := taker.AcquireStartsFor(tb.ctx, typ, rl, w0, 1, "a"); err != nil || got != 1 {
 		t.Fatalf("first take: %d %v", got, err)
 	}
-	other := map[string]any{"_id": couchq.RateSlotID(typ, 0), "_rev": "1-00000000000000000000000000000000",
-		"type": couchq.RateSlotDocType, "worker": typ, "window": couchq.ToUnix(w0), "by": "b",
+	other := map[string]any{"_id": protocol.RateSlotID(typ, 0), "_rev": "1-00000000000000000000000000000000",
+		"type": protocol.RateSlotDocType, "worker": typ, "window": protocol.ToUnix(w0), "by": "b",
 		"_revisions": map[string]any{"start": 1, "ids": []string{"00000000000000000000000000000000"}}}
 	tb.injectRevision(t, other)
 	return other
@@ -261,8 +261,8 @@ func twoLeafSlot(t *testing.T, tb *testBundle, taker *couchq.Client, typ string,
 func competitorTakes(t *testing.T, tb *testBundle, other map[string]any, w time.Time) string {
 	t.Helper()
 	id := other["_id"].(string)
-	next := map[string]any{"_id": id, "_rev": other["_rev"], "type": couchq.RateSlotDocType,
-		"worker": other["worker"], "window": couchq.ToUnix(w), "by": "b"}
+	next := map[string]any{"_id": id, "_rev": other["_rev"], "type": protocol.RateSlotDocType,
+		"worker": other["worker"], "window": protocol.ToUnix(w), "by": "b"}
 	rev, err := tb.db.Put(tb.ctx, id, next)
 	if err != nil {
 		t.Errorf("the competitor's take: %v", err)
@@ -272,13 +272,13 @@ func competitorTakes(t *testing.T, tb *testBundle, other map[string]any, w time.
 
 // liveLeaves lists the revisions of id that are not tombstones, as client
 // reads them.
-func liveLeaves(t *testing.T, ctx context.Context, client *couchq.Client, id string) []couchq.Leaf {
+func liveLeaves(t *testing.T, ctx context.Context, client *protocol.Client, id string) []protocol.Leaf {
 	t.Helper()
 	leaves, err := client.Leaves(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var live []couchq.Leaf
+	var live []protocol.Leaf
 	for _, l := range leaves {
 		if !l.Deleted {
 			live = append(live, l)
@@ -295,13 +295,13 @@ func liveLeaves(t *testing.T, ctx context.Context, client *couchq.Client, id str
 // withdraws its leaf. Proven on one server with AlwaysConfirm (the cluster
 // tier's rate limit test saw 10 starts in a window of 7 without it).
 func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	taker, hooks := slotTaker(t, tb)
-	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	rl := protocol.RateLimit{N: 1, Per: time.Second}
 	w0 := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
 	w1 := w0.Add(time.Second)
 	other := twoLeafSlot(t, tb, taker, "twoleaves", w0)
-	id := couchq.RateSlotID("twoleaves", 0)
+	id := protocol.RateSlotID("twoleaves", 0)
 	// The competitor takes the slot for the same window over the other leaf.
 	hooks.arm(isBulkDocs, func() { competitorTakes(t, tb, other, w1) })
 	got, _, _, err := taker.AcquireStartsFor(tb.ctx, "twoleaves", rl, w1, 1, "a")
@@ -328,13 +328,13 @@ func TestRateSlotTakenOverTwoLeavesCountsOnce(t *testing.T) {
 // would otherwise be lost to both (the cluster tier lost up to a third of
 // its rate limit's slots this way).
 func TestRateSlotStandsOnceTheOtherLeafIsWithdrawn(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	taker, hooks := slotTaker(t, tb)
-	rl := couchq.RateLimit{N: 1, Per: time.Second}
+	rl := protocol.RateLimit{N: 1, Per: time.Second}
 	w0 := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
 	w1 := w0.Add(time.Second)
 	other := twoLeafSlot(t, tb, taker, "withdrawn", w0)
-	id := couchq.RateSlotID("withdrawn", 0)
+	id := protocol.RateSlotID("withdrawn", 0)
 	var competitorRev string
 	hooks.arm(isBulkDocs, func() { competitorRev = competitorTakes(t, tb, other, w1) })
 	reads := 0
@@ -365,8 +365,8 @@ func TestRateSlotStandsOnceTheOtherLeafIsWithdrawn(t *testing.T) {
 // not written once the window has ended: ClaimManyBefore writes nothing
 // past its deadline, and stamps claims before it otherwise.
 func TestClaimManyBeforeDeadline(t *testing.T) {
-	tb := setup(t, couchq.Config{})
-	if _, err := tb.client.EnqueueMany(tb.ctx, []couchq.NewJob{{Worker: "stamped"}, {Worker: "stamped"}}); err != nil {
+	tb := setup(t, protocol.Config{})
+	if _, err := tb.client.EnqueueMany(tb.ctx, []protocol.NewJob{{Worker: "stamped"}, {Worker: "stamped"}}); err != nil {
 		t.Fatal(err)
 	}
 	batch, err := tb.client.Due(tb.ctx, "stamped", 10)
@@ -391,7 +391,7 @@ func TestClaimManyBeforeDeadline(t *testing.T) {
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
-		if at := couchq.FromUnix(r.Item.ClaimedAt); !at.Before(deadline) {
+		if at := protocol.FromUnix(r.Item.ClaimedAt); !at.Before(deadline) {
 			t.Errorf("claim stamped %s, not before its deadline %s", at, deadline)
 		}
 	}
@@ -413,8 +413,8 @@ func (f failLeavesReads) RoundTrip(r *http.Request) (*http.Response, error) {
 // fleet-wide limit short by as many until their lease ran out, and rate
 // slots the window's starts. Another taker then finds them free.
 func TestSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
-	tb := setup(t, couchq.Config{})
-	taker := clientThrough(t, tb, couchq.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
+	tb := setup(t, protocol.Config{})
+	taker := clientThrough(t, tb, protocol.Config{AlwaysConfirm: true}, func(next http.RoundTripper) http.RoundTripper {
 		return failLeavesReads{next: next}
 	})
 	checkSlotsWithdrawn(t, tb.ctx, taker, tb.client, 0)
@@ -424,7 +424,7 @@ func TestSlotsWithdrawnWhenTheirConfirmingReadFails(t *testing.T) {
 // through taker, whose confirming reads fail, and then through other, which
 // must get them all, within settle (a cluster's copies may lag behind the
 // withdrawals).
-func checkSlotsWithdrawn(t *testing.T, ctx context.Context, taker, other *couchq.Client, settle time.Duration) {
+func checkSlotsWithdrawn(t *testing.T, ctx context.Context, taker, other *protocol.Client, settle time.Duration) {
 	t.Helper()
 	const limit = 3
 	// takeAll takes slots until it has the limit's, or settle has passed.
@@ -452,7 +452,7 @@ func checkSlotsWithdrawn(t *testing.T, ctx context.Context, taker, other *couchq
 		t.Fatalf("another holder took %d of %d run slots after the first counted none (%v): the first still holds them", n, limit, err)
 	}
 
-	rl := couchq.RateLimit{N: limit, Per: time.Hour}
+	rl := protocol.RateLimit{N: limit, Per: time.Hour}
 	now := time.Now()
 	if n, _, _, err := taker.AcquireStartsFor(ctx, "paced", rl, now, limit, "a"); err != nil || n != 0 {
 		t.Fatalf("rate slots taken without a confirming read: %d %v", n, err)

@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
 // reserveAll reserves and releases n slots of seq from each client at once
 // and returns every slot handed out, in the order the calls returned.
-func reserveAll(t *testing.T, ctx context.Context, clients []*couchq.Client, seq couchq.Sequence, n int) []string {
+func reserveAll(t *testing.T, ctx context.Context, clients []*protocol.Client, seq protocol.Sequence, n int) []string {
 	t.Helper()
 	var (
 		mu    sync.Mutex
@@ -52,7 +52,7 @@ func reserveAll(t *testing.T, ctx context.Context, clients []*couchq.Client, seq
 
 // checkDistinctNoGaps checks that slots are exactly the sequence's first
 // len(slots) values, each once.
-func checkDistinctNoGaps(t *testing.T, seq couchq.Sequence, slots []string) {
+func checkDistinctNoGaps(t *testing.T, seq protocol.Sequence, slots []string) {
 	t.Helper()
 	seen := map[string]int{}
 	for _, s := range slots {
@@ -75,16 +75,16 @@ func checkDistinctNoGaps(t *testing.T, seq couchq.Sequence, slots []string) {
 // 8 clients reserving at once get distinct slots with no gaps, and the
 // marker ends at the last.
 func TestReserveDistinctNoGaps(t *testing.T) {
-	tb := setup(t, couchq.Config{})
-	clients := []*couchq.Client{tb.client}
+	tb := setup(t, protocol.Config{})
+	clients := []*protocol.Client{tb.client}
 	for range 7 {
-		c, err := couchq.New(tb.ctx, server.Client(t).DB(tb.db.Name()), couchq.Config{Logger: tb.log})
+		c, err := protocol.New(tb.ctx, server.Client(t).DB(tb.db.Name()), protocol.Config{Logger: tb.log})
 		if err != nil {
 			t.Fatal(err)
 		}
 		clients = append(clients, c)
 	}
-	seq := couchq.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
+	seq := protocol.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
 	// Not the bundle's two minutes: 1,000 reservations take about 85 s on
 	// an idle 2-core machine, and more beside the rest of the suite.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -106,10 +106,10 @@ func TestReserveDistinctNoGaps(t *testing.T) {
 // Abandoned slots are taken first; releases out of order never move the
 // marker back.
 func TestReserveTTLAbandonAndMarker(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
-	seq := couchq.NumberedSequence("seats", "S%d", 1, time.Second)
-	reserve := func(holder string) *couchq.Reservation {
+	seq := protocol.NumberedSequence("seats", "S%d", 1, time.Second)
+	reserve := func(holder string) *protocol.Reservation {
 		t.Helper()
 		r, err := tb.client.Reserve(ctx, seq, holder)
 		if err != nil {
@@ -131,7 +131,7 @@ func TestReserveTTLAbandonAndMarker(t *testing.T) {
 	if again.Slot != "S1" {
 		t.Errorf("after the TTL, Reserve got %s, want the dead holder's S1", again.Slot)
 	}
-	if err := tb.client.ReleaseSlot(ctx, dead); !errors.Is(err, couchq.ErrReservationLost) {
+	if err := tb.client.ReleaseSlot(ctx, dead); !errors.Is(err, protocol.ErrReservationLost) {
 		t.Errorf("the dead holder's release: %v, want ErrReservationLost", err)
 	}
 	if err := tb.client.ReleaseSlot(ctx, again); err != nil {
@@ -143,7 +143,7 @@ func TestReserveTTLAbandonAndMarker(t *testing.T) {
 	if got := []string{r3.Slot, r4.Slot, r5.Slot}; fmt.Sprint(got) != "[S3 S4 S5]" {
 		t.Fatalf("slots %v", got)
 	}
-	for _, r := range []*couchq.Reservation{r5, r3} {
+	for _, r := range []*protocol.Reservation{r5, r3} {
 		if err := tb.client.ReleaseSlot(ctx, r); err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +181,7 @@ func TestReserveTTLAbandonAndMarker(t *testing.T) {
 
 // Reservation documents written by hand are validated like jobs.
 func TestReservationValidated(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	for _, body := range []string{
 		`{"type":"SlotReservation","sequence":"s","slot":"1","state":"reserved","expires_at":1,"ordinal":1}`,
 		`{"type":"SlotReservation","sequence":"s","slot":"2","state":"taken","expires_at":1,"ordinal":2}`,
@@ -195,19 +195,19 @@ func TestReservationValidated(t *testing.T) {
 	if status != http.StatusCreated {
 		t.Errorf("a valid reservation: %d %s", status, answer)
 	}
-	if _, err := tb.client.Reserve(tb.ctx, couchq.Sequence{Name: "x:y"}, "h"); !errors.Is(err, couchq.ErrInvalidSequence) {
+	if _, err := tb.client.Reserve(tb.ctx, protocol.Sequence{Name: "x:y"}, "h"); !errors.Is(err, protocol.ErrInvalidSequence) {
 		t.Errorf("bad sequence: %v", err)
 	}
 }
 
 // On the cluster, clients on all three nodes never hold one slot at once.
 func TestClusterReserveDistinct(t *testing.T) {
-	cb := setupCluster(t, couchq.Config{})
-	var clients []*couchq.Client
+	cb := setupCluster(t, protocol.Config{})
+	var clients []*protocol.Client
 	for i := range 8 {
 		clients = append(clients, cb.clients[i%3])
 	}
-	seq := couchq.NumberedSequence("invoices", "INV-%05d", 1, time.Minute)
+	seq := protocol.NumberedSequence("invoices", "INV-%05d", 1, time.Minute)
 	began := time.Now()
 	slots := reserveAll(t, cb.ctx, clients, seq, 25)
 	t.Logf("%d reservations from 8 holders on 3 nodes in %s", len(slots), time.Since(began).Round(time.Millisecond))
@@ -229,7 +229,7 @@ func TestClusterReserveDistinct(t *testing.T) {
 // that succeed use the sequence's first values with no gaps, and a failed
 // attempt's slot goes to the next job.
 func TestWorkerSequenceSlots(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const jobs = 20
 	var (
 		mu     sync.Mutex
@@ -252,18 +252,18 @@ func TestWorkerSequenceSlots(t *testing.T) {
 	})
 	var ids []string
 	for i := range jobs {
-		it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "ticket", ID: fmt.Sprintf("ticket-%d", i)})
+		it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "ticket", ID: fmt.Sprintf("ticket-%d", i)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, it.ID)
 	}
-	seq := couchq.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
+	seq := protocol.NumberedSequence("tickets", "AAAA-%04d", 1, time.Minute)
 	cfg := fastWorker(tb, map[string]worker.Handler{"ticket": handler})
-	cfg.Sequences = map[string]couchq.Sequence{"ticket": seq}
+	cfg.Sequences = map[string]protocol.Sequence{"ticket": seq}
 	startWorker(t, tb, cfg)
 	for _, id := range ids {
-		waitStatus(t, tb, id, couchq.StatusDone, time.Minute)
+		waitStatus(t, tb, id, protocol.StatusDone, time.Minute)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -279,7 +279,7 @@ func TestWorkerSequenceSlots(t *testing.T) {
 // Reservations from 8 processes at once (the CLI, each reservation its own
 // process run) get distinct slots with no gaps.
 func TestReserveFromProcesses(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	bin := buildCLI(t)
 	const procs, each = 8, 25
 	var (
@@ -313,5 +313,5 @@ func TestReserveFromProcesses(t *testing.T) {
 	if len(slots) != procs*each {
 		t.Fatalf("%d slots, want %d", len(slots), procs*each)
 	}
-	checkDistinctNoGaps(t, couchq.NumberedSequence("serials", "S-%05d", 1, 0), slots)
+	checkDistinctNoGaps(t, protocol.NumberedSequence("serials", "S-%05d", 1, 0), slots)
 }

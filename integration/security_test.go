@@ -14,9 +14,9 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // rolesBundle is a queue database with couchq's roles set: a producer (by
@@ -26,11 +26,11 @@ type rolesBundle struct {
 	srv      *couchtest.Server
 	dbName   string
 	log      zerolog.Logger
-	admin    *couchq.Client
-	producer *couchq.Client
-	worker   *couchq.Client
+	admin    *protocol.Client
+	producer *protocol.Client
+	worker   *protocol.Client
 	users    map[string]string // role in the test -> "name:password"
-	adminSrv *couchq.Server
+	adminSrv *protocol.Server
 }
 
 func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
@@ -39,7 +39,7 @@ func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
 	t.Cleanup(cancel)
 	rb := &rolesBundle{ctx: ctx, srv: srv, dbName: srv.UniqueDBName(t), users: map[string]string{},
 		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
-	if _, err := couchq.Init(ctx, srv.Client(t), rb.dbName, rb.log); err != nil {
+	if _, err := protocol.Init(ctx, srv.Client(t), rb.dbName, rb.log); err != nil {
 		t.Fatal(err)
 	}
 	sfx := fmt.Sprintf("%08x", rand.Uint32())
@@ -56,9 +56,9 @@ func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
 	}
 	user, password := srv.Credentials()
 	rb.adminSrv = rb.connect(t, user+":"+password)
-	sec, err := rb.adminSrv.SetRoles(ctx, rb.dbName, couchq.Roles{
-		Workers:   couchq.Access{Roles: []string{workerRole}},
-		Producers: couchq.Access{Names: []string{"producer-" + sfx}},
+	sec, err := rb.adminSrv.SetRoles(ctx, rb.dbName, protocol.Roles{
+		Workers:   protocol.Access{Roles: []string{workerRole}},
+		Producers: protocol.Access{Names: []string{"producer-" + sfx}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -85,10 +85,10 @@ func (rb *rolesBundle) cred(who string) (string, string) {
 func (rb *rolesBundle) as(who string) string { return rb.users[who] }
 
 // connect connects as user ("name:password").
-func (rb *rolesBundle) connect(t *testing.T, userPassword string) *couchq.Server {
+func (rb *rolesBundle) connect(t *testing.T, userPassword string) *protocol.Server {
 	t.Helper()
 	user, password, _ := strings.Cut(userPassword, ":")
-	srv, err := couchq.Connect(rb.ctx, rb.srv.URL(), user, password)
+	srv, err := protocol.Connect(rb.ctx, rb.srv.URL(), user, password)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +99,10 @@ func (rb *rolesBundle) connect(t *testing.T, userPassword string) *couchq.Server
 // open connects as user ("name:password") and opens the database. With
 // readYourWrites every write waits for all copies, so that on a cluster
 // each step reads what the one before wrote.
-func (rb *rolesBundle) open(t *testing.T, userPassword string, readYourWrites bool) *couchq.Client {
+func (rb *rolesBundle) open(t *testing.T, userPassword string, readYourWrites bool) *protocol.Client {
 	t.Helper()
 	user, _, _ := strings.Cut(userPassword, ":")
-	c, err := rb.connect(t, userPassword).Open(rb.ctx, rb.dbName, couchq.Config{Logger: rb.log, Actor: user, ReadYourWrites: readYourWrites})
+	c, err := rb.connect(t, userPassword).Open(rb.ctx, rb.dbName, protocol.Config{Logger: rb.log, Actor: user, ReadYourWrites: readYourWrites})
 	if err != nil {
 		t.Fatalf("opening %s as %s: %v", rb.dbName, user, err)
 	}
@@ -142,7 +142,7 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	const producerOnly = "is a couchq producer"
 
 	// A producer enqueues, and may edit a job nobody holds.
-	job, err := rb.producer.Enqueue(ctx, couchq.NewJob{Worker: "mail", Payload: map[string]any{"to": "a@example.com"}})
+	job, err := rb.producer.Enqueue(ctx, protocol.NewJob{Worker: "mail", Payload: map[string]any{"to": "a@example.com"}})
 	if err != nil {
 		t.Fatalf("producer enqueue: %v", err)
 	}
@@ -166,7 +166,7 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 		t.Fatalf("worker claiming: %v", err)
 	}
 	rb.refused(t, "producer completing", rb.producer.Complete(ctx, held, nil), producerOnly)
-	rb.refused(t, "producer failing", rb.producer.Fail(ctx, held, "no", couchq.FailOptions{Final: true}), producerOnly)
+	rb.refused(t, "producer failing", rb.producer.Fail(ctx, held, "no", protocol.FailOptions{Final: true}), producerOnly)
 	rb.refused(t, "producer cancelling", rb.producer.Cancel(ctx, held, "no"), producerOnly)
 	claim := rawDoc(t, rb.producer, held.ID)
 	claim["lease_until"] = claim["lease_until"].(float64) + 3600
@@ -201,7 +201,7 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 
 	// A unique key whose job finished is enqueued again by a producer: the
 	// old job is archived and its id reused.
-	u := couchq.NewJob{Worker: "mail", Unique: couchq.UniqueOpts{Key: "digest"}}
+	u := protocol.NewJob{Worker: "mail", Unique: protocol.UniqueOpts{Key: "digest"}}
 	first, err := rb.producer.Enqueue(ctx, u)
 	if err != nil {
 		t.Fatalf("producer unique enqueue: %v", err)
@@ -215,11 +215,11 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	// The worker's write may have reached only some copies yet (202): on a
 	// cluster a read of a majority can still answer the claimed revision
 	// for a moment, and the key is then still held.
-	var again *couchq.WorkItem
+	var again *protocol.WorkItem
 	deadline := time.Now().Add(30 * time.Second)
 	for tries := 1; ; tries++ {
 		again, err = rb.producer.Enqueue(ctx, u)
-		if err == nil || !errors.Is(err, couchq.ErrDuplicate) || rb.srv.Caps().ClusterN <= 1 || time.Now().After(deadline) {
+		if err == nil || !errors.Is(err, protocol.ErrDuplicate) || rb.srv.Caps().ClusterN <= 1 || time.Now().After(deadline) {
 			if err != nil {
 				t.Fatalf("producer enqueueing a finished unique key again: %v", err)
 			}
@@ -230,31 +230,31 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if again.ID != first.ID || again.Status != couchq.StatusQueued {
+	if again.ID != first.ID || again.Status != protocol.StatusQueued {
 		t.Errorf("re-enqueued unique job: %s %s, want %s queued", again.ID, again.Status, first.ID)
 	}
 
 	// An outsider cannot even open the database.
 	outsider, password := rb.cred("outsider")
-	osrv, err := couchq.Connect(ctx, srv.URL(), outsider, password)
+	osrv, err := protocol.Connect(ctx, srv.URL(), outsider, password)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer osrv.Client.Close()
 	// CouchDB answers 403, PouchDB Server 401.
-	if _, err := osrv.Open(ctx, rb.dbName, couchq.Config{Logger: rb.log}); !deniedAccess(err) {
+	if _, err := osrv.Open(ctx, rb.dbName, protocol.Config{Logger: rb.log}); !deniedAccess(err) {
 		t.Errorf("outsider opening the database: %v (HTTP %d), want 403", err, kivik.HTTPStatus(err))
 	}
 	// Roles set again replace the old: the worker role, no longer named,
 	// is no longer a member either.
-	if _, err := rb.adminSrv.SetRoles(ctx, rb.dbName, couchq.Roles{Producers: couchq.Access{Names: []string{outsider}}}); err != nil {
+	if _, err := rb.adminSrv.SetRoles(ctx, rb.dbName, protocol.Roles{Producers: protocol.Access{Names: []string{outsider}}}); err != nil {
 		t.Fatal(err)
 	}
 	// The server refuses from the headers and closes the connection
 	// unread; the refusal must still be what the client reports, for a
 	// small document and for one of a megabyte.
 	for _, payload := range []string{"", strings.Repeat("p", 1<<20)} {
-		if _, err := rb.worker.Enqueue(ctx, couchq.NewJob{Worker: "mail", Payload: payload}); !deniedAccess(err) {
+		if _, err := rb.worker.Enqueue(ctx, protocol.NewJob{Worker: "mail", Payload: payload}); !deniedAccess(err) {
 			t.Errorf("a worker no longer named enqueueing %d bytes: %v, want 403", len(payload), err)
 		}
 	}
@@ -268,7 +268,7 @@ func deniedAccess(err error) bool {
 }
 
 // rawDoc reads a document as the client's user sees it.
-func rawDoc(t *testing.T, c *couchq.Client, id string) map[string]any {
+func rawDoc(t *testing.T, c *protocol.Client, id string) map[string]any {
 	t.Helper()
 	var doc map[string]any
 	if err := c.DB().Get(context.Background(), id).ScanDoc(&doc); err != nil {
@@ -279,7 +279,7 @@ func rawDoc(t *testing.T, c *couchq.Client, id string) map[string]any {
 
 // ddocRev is the design document's revision, read from the document
 // (PouchDB Server's HEAD answers an ETag that is not a plain revision).
-func ddocRev(t *testing.T, c *couchq.Client) string {
+func ddocRev(t *testing.T, c *protocol.Client) string {
 	t.Helper()
 	var d struct {
 		Rev string `json:"_rev"`
@@ -296,13 +296,13 @@ func TestMemberInitNeedsAdmin(t *testing.T) {
 	rb := setupRoles(t, server)
 	ctx := rb.ctx
 	name, password := rb.cred("worker")
-	srv, err := couchq.Connect(ctx, server.URL(), name, password)
+	srv, err := protocol.Connect(ctx, server.URL(), name, password)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Client.Close()
 
-	if o, err := couchq.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil || o != designdocs.Unchanged {
+	if o, err := protocol.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil || o != designdocs.Unchanged {
 		t.Fatalf("member init with the design document in place: %v, %v", o, err)
 	}
 	rev := ddocRev(t, rb.admin)
@@ -315,7 +315,7 @@ func TestMemberInitNeedsAdmin(t *testing.T) {
 	if _, err := rb.admin.DB().Put(ctx, designdocs.ID, old); err != nil {
 		t.Fatal(err)
 	}
-	_, err = couchq.Init(ctx, srv.Client, rb.dbName, rb.log)
+	_, err = protocol.Init(ctx, srv.Client, rb.dbName, rb.log)
 	if !errors.Is(err, designdocs.ErrNeedsAdmin) || !strings.Contains(err.Error(), "out of date") {
 		t.Errorf("member init over an older design document: %v", err)
 	}
@@ -324,15 +324,15 @@ func TestMemberInitNeedsAdmin(t *testing.T) {
 	if _, err := rb.admin.DB().Delete(ctx, designdocs.ID, rev); err != nil {
 		t.Fatal(err)
 	}
-	_, err = couchq.Init(ctx, srv.Client, rb.dbName, rb.log)
+	_, err = protocol.Init(ctx, srv.Client, rb.dbName, rb.log)
 	if !errors.Is(err, designdocs.ErrNeedsAdmin) || !strings.Contains(err.Error(), "no couchq design document") {
 		t.Errorf("member init without a design document: %v", err)
 	}
 	// The admin installs it; the member carries on.
-	if o, err := couchq.Init(ctx, rb.srv.Client(t), rb.dbName, rb.log); err != nil || o != designdocs.Created {
+	if o, err := protocol.Init(ctx, rb.srv.Client(t), rb.dbName, rb.log); err != nil || o != designdocs.Created {
 		t.Fatalf("admin init: %v, %v", o, err)
 	}
-	if _, err := couchq.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil {
+	if _, err := protocol.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil {
 		t.Errorf("member init after the admin's: %v", err)
 	}
 }

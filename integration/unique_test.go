@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // A unique key holds one job while it is queued or running: a second
@@ -18,9 +18,9 @@ import (
 // next enqueue archives the finished job (nothing lost) and queues a new
 // one under the same id.
 func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	c := tb.client
-	job := couchq.NewJob{Worker: "digest", Payload: map[string]int{"user": 42}, Unique: couchq.UniqueOpts{Key: "user-42"}}
+	job := protocol.NewJob{Worker: "digest", Payload: map[string]int{"user": 42}, Unique: protocol.UniqueOpts{Key: "user-42"}}
 	first, err := c.Enqueue(tb.ctx, job)
 	if err != nil {
 		t.Fatal(err)
@@ -29,12 +29,12 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 		t.Fatalf("unique job id %q key %q, want %q", first.ID, first.UniqueKey, want)
 	}
 	again, err := c.Enqueue(tb.ctx, job)
-	if !errors.Is(err, couchq.ErrDuplicate) || again == nil || again.ID != first.ID || again.Rev != first.Rev {
+	if !errors.Is(err, protocol.ErrDuplicate) || again == nil || again.ID != first.ID || again.Rev != first.Rev {
 		t.Fatalf("second enqueue: %+v, %v; want the first job and ErrDuplicate", again, err)
 	}
 	other := job
 	other.Unique.Key = "user-43"
-	res, err := c.EnqueueMany(tb.ctx, []couchq.NewJob{job, other, other})
+	res, err := c.EnqueueMany(tb.ctx, []protocol.NewJob{job, other, other})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Enqueue(tb.ctx, job); !errors.Is(err, couchq.ErrDuplicate) {
+	if _, err := c.Enqueue(tb.ctx, job); !errors.Is(err, protocol.ErrDuplicate) {
 		t.Fatalf("enqueue while the job runs: %v, want ErrDuplicate", err)
 	}
 	if err := c.Complete(tb.ctx, claimed, []byte(`{"sent":true}`)); err != nil {
@@ -64,15 +64,15 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("enqueue after the job finished: %v", err)
 	}
-	if next.ID != first.ID || next.Status != couchq.StatusQueued || next.Attempts != 0 {
+	if next.ID != first.ID || next.Status != protocol.StatusQueued || next.Attempts != 0 {
 		t.Fatalf("re-enqueued job: %+v", next)
 	}
-	archived, err := c.Get(tb.ctx, couchq.ArchiveID(claimed.ID, claimed.Rev))
+	archived, err := c.Get(tb.ctx, protocol.ArchiveID(claimed.ID, claimed.Rev))
 	if err != nil {
 		t.Fatalf("the finished job was not archived: %v", err)
 	}
-	if archived.Status != couchq.StatusDone || string(archived.Result) != `{"sent":true}` ||
-		archived.History[len(archived.History)-1].Event != couchq.EventArchived {
+	if archived.Status != protocol.StatusDone || string(archived.Result) != `{"sent":true}` ||
+		archived.History[len(archived.History)-1].Event != protocol.EventArchived {
 		t.Fatalf("archived job: %+v", archived)
 	}
 	if n := len(allJobs(t, tb, "digest")); n != 3 {
@@ -84,9 +84,9 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 // the next period has its own.
 func TestUniqueKeyPerPeriod(t *testing.T) {
 	clk := opstest.NewClock(time.Date(2026, 11, 23, 10, 15, 0, 0, time.UTC))
-	tb := setup(t, couchq.Config{Now: clk.Now})
+	tb := setup(t, protocol.Config{Now: clk.Now})
 	c := tb.client
-	job := couchq.NewJob{Worker: "report", Unique: couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour}}
+	job := protocol.NewJob{Worker: "report", Unique: protocol.UniqueOpts{Key: "daily", For: 24 * time.Hour}}
 	first, err := c.Enqueue(tb.ctx, job)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestUniqueKeyPerPeriod(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(10 * time.Hour)
-	if dup, err := c.Enqueue(tb.ctx, job); !errors.Is(err, couchq.ErrDuplicate) || dup.Status != couchq.StatusDone {
+	if dup, err := c.Enqueue(tb.ctx, job); !errors.Is(err, protocol.ErrDuplicate) || dup.Status != protocol.StatusDone {
 		t.Fatalf("enqueue later the same day: %+v %v, want the done job as a duplicate", dup, err)
 	}
 	clk.Add(14 * time.Hour)
@@ -114,19 +114,19 @@ func TestUniqueKeyPerPeriod(t *testing.T) {
 
 // Bad unique options are refused before anything is written.
 func TestUniqueOptionsRefused(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	for _, tc := range []struct {
-		job  couchq.NewJob
+		job  protocol.NewJob
 		want string
 	}{
-		{couchq.NewJob{Worker: "a:b", Unique: couchq.UniqueOpts{Key: "k"}}, "cannot contain ':'"},
-		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{For: time.Hour}}, "needs a unique key"},
-		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{Key: "k", For: time.Millisecond}}, "at least 1s"},
-		{couchq.NewJob{Worker: "a", Unique: couchq.UniqueOpts{Key: strings.Repeat("k", 300)}}, "at most"},
-		{couchq.NewJob{Worker: "a", ID: "job:mine", Unique: couchq.UniqueOpts{Key: "k"}}, "not both"},
+		{protocol.NewJob{Worker: "a:b", Unique: protocol.UniqueOpts{Key: "k"}}, "cannot contain ':'"},
+		{protocol.NewJob{Worker: "a", Unique: protocol.UniqueOpts{For: time.Hour}}, "needs a unique key"},
+		{protocol.NewJob{Worker: "a", Unique: protocol.UniqueOpts{Key: "k", For: time.Millisecond}}, "at least 1s"},
+		{protocol.NewJob{Worker: "a", Unique: protocol.UniqueOpts{Key: strings.Repeat("k", 300)}}, "at most"},
+		{protocol.NewJob{Worker: "a", ID: "job:mine", Unique: protocol.UniqueOpts{Key: "k"}}, "not both"},
 	} {
 		_, err := tb.client.Enqueue(tb.ctx, tc.job)
-		if !errors.Is(err, couchq.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want ErrInvalidJob saying %q", tc.job, err, tc.want)
 		}
 	}
@@ -138,7 +138,7 @@ func TestUniqueOptionsRefused(t *testing.T) {
 // Eight CLI processes enqueue the same key at once: one job, one process
 // says it enqueued it, seven say "already queued" with its id, all exit 0.
 func TestUniqueKeyFromEightProcesses(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	bin := buildCLI(t)
 	const n = 8
 	for round := range 3 {
@@ -149,7 +149,7 @@ func TestUniqueKeyFromEightProcesses(t *testing.T) {
 				"enqueue", "--type", "invoice", "--unique-key", key, "--payload", fmt.Sprintf(`{"from":%d}`, i))
 		}
 		created, dup := 0, 0
-		id := couchq.UniqueID("invoice", couchq.UniqueOpts{Key: key}, time.Time{})
+		id := protocol.UniqueID("invoice", protocol.UniqueOpts{Key: key}, time.Time{})
 		for _, p := range procs {
 			if code := p.wait(t, time.Minute); code != 0 {
 				t.Fatalf("%s exited %d: %s", p.name, code, p.stderr.String())
@@ -176,7 +176,7 @@ func TestUniqueKeyFromEightProcesses(t *testing.T) {
 // Goroutines of one process race too: at most one enqueue creates the
 // job, all others get it back as a duplicate.
 func TestUniqueKeyConcurrentEnqueues(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	created, dups := 0, 0
@@ -184,13 +184,13 @@ func TestUniqueKeyConcurrentEnqueues(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			it, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "race", Payload: i, Unique: couchq.UniqueOpts{Key: "k"}})
+			it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "race", Payload: i, Unique: protocol.UniqueOpts{Key: "k"}})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
 				created++
-			case errors.Is(err, couchq.ErrDuplicate) && it != nil && it.ID == "job:unique:race:k":
+			case errors.Is(err, protocol.ErrDuplicate) && it != nil && it.ID == "job:unique:race:k":
 				dups++
 			default:
 				t.Errorf("enqueue %d: %v", i, err)

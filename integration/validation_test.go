@@ -12,9 +12,9 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -25,8 +25,8 @@ type validationTarget struct {
 	admin    *kivik.Client     // installs the design document
 	db       string            // the database
 	byHand   *couchtest.Server // where an application writes raw documents
-	producer *couchq.Client    // enqueues
-	worker   *couchq.Client    // runs the worker
+	producer *protocol.Client  // enqueues
+	worker   *protocol.Client  // runs the worker
 	lease    time.Duration
 	log      zerolog.Logger
 }
@@ -37,12 +37,12 @@ type validationTarget struct {
 // it on again brings the refusals back.
 func TestValidationSwitch(t *testing.T) {
 	t.Run("single", func(t *testing.T) {
-		tb := setupWithout(t, couchq.Config{})
+		tb := setupWithout(t, protocol.Config{})
 		testValidationSwitch(t, validationTarget{ctx: tb.ctx, admin: tb.kivik, db: tb.db.Name(), byHand: server,
 			producer: tb.client, worker: tb.client, lease: tb.lease, log: tb.log})
 	})
 	t.Run("cluster", func(t *testing.T) {
-		cb := setupCluster(t, couchq.Config{})
+		cb := setupCluster(t, protocol.Config{})
 		testValidationSwitch(t, validationTarget{ctx: cb.ctx, admin: cb.cl.Node(1).Client(t), db: cb.dbName, byHand: cb.cl.Node(2),
 			producer: cb.clients[0], worker: cb.clients[2], lease: 15 * time.Second, log: cb.log})
 	})
@@ -51,7 +51,7 @@ func TestValidationSwitch(t *testing.T) {
 func testValidationSwitch(t *testing.T, vt validationTarget) {
 	initWith := func(v designdocs.Validation) designdocs.Outcome {
 		t.Helper()
-		o, err := couchq.InitWith(vt.ctx, vt.admin, vt.db, couchq.InitOptions{Validation: v}, vt.log)
+		o, err := protocol.InitWith(vt.ctx, vt.admin, vt.db, protocol.InitOptions{Validation: v}, vt.log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,12 +117,12 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	good, err := vt.producer.Enqueue(vt.ctx, couchq.NewJob{Worker: "mail"})
+	good, err := vt.producer.Enqueue(vt.ctx, protocol.NewJob{Worker: "mail"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitStored(t, vt.producer, good.ID, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusDone })
-	q := waitStored(t, vt.producer, bad, func(it *couchq.WorkItem) bool { return it.Status == couchq.StatusFailed })
+	waitStored(t, vt.producer, good.ID, func(it *protocol.WorkItem) bool { return it.Status == protocol.StatusDone })
+	q := waitStored(t, vt.producer, bad, func(it *protocol.WorkItem) bool { return it.Status == protocol.StatusFailed })
 	if !strings.Contains(q.LastError, "date") {
 		t.Errorf("quarantined job's error %q does not name the bad field", q.LastError)
 	}
@@ -157,7 +157,7 @@ func (vt validationTarget) rawPut(t *testing.T, id, body string) (int, string) {
 func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
 	for _, schema := range []int{1, 2} {
 		t.Run(fmt.Sprintf("schema %d", schema), func(t *testing.T) {
-			tb := setupWithout(t, couchq.Config{})
+			tb := setupWithout(t, protocol.Config{})
 			docs, err := designdocs.Defaults()
 			if err != nil {
 				t.Fatal(err)
@@ -175,17 +175,17 @@ func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
 			if _, err := tb.db.Put(tb.ctx, designdocs.ID, old); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "mail"}); err != nil {
+			if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "mail"}); err != nil {
 				t.Fatal(err)
 			}
-			held, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "held"})
+			held, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "held"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := tb.client.Claim(tb.ctx, held, "gone/1", time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
-			if o, err := couchq.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
+			if o, err := protocol.Init(tb.ctx, tb.kivik, tb.db.Name(), tb.log); err != nil || o != designdocs.Upgraded {
 				t.Fatalf("init over schema %d: %v %v", schema, o, err)
 			}
 			claim, err := designdocs.Stored(tb.ctx, tb.db)
@@ -208,7 +208,7 @@ func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
 				}
 			}
 			counts, err := tb.client.Counts(tb.ctx)
-			if err != nil || counts["mail"][couchq.StatusQueued] != 1 {
+			if err != nil || counts["mail"][protocol.StatusQueued] != 1 {
 				t.Errorf("counts through the ops document: %v %v", counts, err)
 			}
 			waitFor(t, 10*time.Second, "the sweep views find the claim whose lease ran out", func() bool {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -38,7 +38,7 @@ func startWorker(t *testing.T, tb *testBundle, cfg worker.Config) *worker.Worker
 }
 
 // runWorker starts a worker on client and stops it when the test ends.
-func runWorker(t *testing.T, ctx context.Context, client *couchq.Client, cfg worker.Config) *worker.Worker {
+func runWorker(t *testing.T, ctx context.Context, client *protocol.Client, cfg worker.Config) *worker.Worker {
 	t.Helper()
 	w, err := worker.New(client, cfg)
 	if err != nil {
@@ -52,7 +52,7 @@ func runWorker(t *testing.T, ctx context.Context, client *couchq.Client, cfg wor
 }
 
 // waitStatus polls a job until it reaches status or the deadline passes.
-func waitStatus(t *testing.T, tb *testBundle, id string, status couchq.Status, within time.Duration) *couchq.WorkItem {
+func waitStatus(t *testing.T, tb *testBundle, id string, status protocol.Status, within time.Duration) *protocol.WorkItem {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -67,7 +67,7 @@ func waitStatus(t *testing.T, tb *testBundle, id string, status couchq.Status, w
 	}
 }
 
-func events(it *couchq.WorkItem) string {
+func events(it *protocol.WorkItem) string {
 	var out []string
 	for _, e := range it.History {
 		out = append(out, e.Event)
@@ -76,7 +76,7 @@ func events(it *couchq.WorkItem) string {
 }
 
 func TestRetryThenSuccess(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var calls atomic.Int32
 	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
 		"flaky": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -86,11 +86,11 @@ func TestRetryThenSuccess(t *testing.T) {
 			return job.SetResult(map[string]int{"attempt": job.Attempt})
 		}),
 	}))
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "flaky"})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "flaky"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	it := waitStatus(t, tb, job.ID, couchq.StatusDone, 10*time.Second)
+	it := waitStatus(t, tb, job.ID, protocol.StatusDone, 10*time.Second)
 	if it.Attempts != 3 || string(it.Result) != `{"attempt":3}` || it.LastError != "temporary trouble" {
 		t.Fatalf("done job: attempts %d result %s last_error %q", it.Attempts, it.Result, it.LastError)
 	}
@@ -100,24 +100,24 @@ func TestRetryThenSuccess(t *testing.T) {
 }
 
 func TestErrorsUntilFailed(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
 		"doomed": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 			return errors.New("still broken")
 		}),
 	}))
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "doomed", MaxAttempts: 3})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "doomed", MaxAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	it := waitStatus(t, tb, job.ID, couchq.StatusFailed, 10*time.Second)
+	it := waitStatus(t, tb, job.ID, protocol.StatusFailed, 10*time.Second)
 	if it.Attempts != 3 || it.LastError != "still broken" || it.Claimed {
 		t.Fatalf("failed job: %+v", it)
 	}
 }
 
 func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var snoozed atomic.Bool
 	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
 		"snooze": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -141,25 +141,25 @@ func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
 	}))
 	ids := map[string]string{}
 	for _, typ := range []string{"snooze", "cancel", "failnow", "panic"} {
-		job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: typ})
+		job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: typ})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids[typ] = job.ID
 	}
-	it := waitStatus(t, tb, ids["snooze"], couchq.StatusDone, 10*time.Second)
+	it := waitStatus(t, tb, ids["snooze"], protocol.StatusDone, 10*time.Second)
 	if it.Attempts != 1 || events(it) != "enqueued claimed snoozed claimed done" {
 		t.Fatalf("snooze must not count an attempt: attempts %d, history %s", it.Attempts, events(it))
 	}
-	it = waitStatus(t, tb, ids["cancel"], couchq.StatusCancelled, 10*time.Second)
+	it = waitStatus(t, tb, ids["cancel"], protocol.StatusCancelled, 10*time.Second)
 	if !strings.Contains(it.LastError, "customer closed the account") {
 		t.Fatalf("cancel reason lost: %q", it.LastError)
 	}
-	it = waitStatus(t, tb, ids["failnow"], couchq.StatusFailed, 10*time.Second)
+	it = waitStatus(t, tb, ids["failnow"], protocol.StatusFailed, 10*time.Second)
 	if it.Attempts != 1 || it.LastError != "bad input, no retry" {
 		t.Fatalf("fail-now: attempts %d last_error %q", it.Attempts, it.LastError)
 	}
-	it = waitStatus(t, tb, ids["panic"], couchq.StatusDone, 10*time.Second)
+	it = waitStatus(t, tb, ids["panic"], protocol.StatusDone, 10*time.Second)
 	if it.Attempts != 2 || !strings.Contains(it.History[2].Error, "nil map somewhere") {
 		t.Fatalf("panic: attempts %d, history %+v", it.Attempts, it.History)
 	}
@@ -168,7 +168,7 @@ func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
 // A job scheduled 2 s ahead does not start early and starts within 500 ms
 // after its time, with no poll interval involved (FallbackPoll is a minute).
 func TestScheduledJobStartsOnTime(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	started := make(chan time.Time, 1)
 	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
 		"later": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -178,7 +178,7 @@ func TestScheduledJobStartsOnTime(t *testing.T) {
 	}))
 	time.Sleep(200 * time.Millisecond) // the worker is idle, waiting on the feed
 	at := time.Now().Add(2 * time.Second)
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "later", At: at}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "later", At: at}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -199,7 +199,7 @@ func TestScheduledJobStartsOnTime(t *testing.T) {
 // not at the fallback poll (a minute): with its slots taken a worker sets
 // no timer for the next scheduled job, so the freed slot must wake it.
 func TestScheduledJobDueWhileEverySlotIsTakenStartsWhenOneFrees(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	const busyFor = time.Second
 	started := make(chan time.Time, 2)
 	cfg := fastWorker(tb, map[string]worker.Handler{
@@ -217,11 +217,11 @@ func TestScheduledJobDueWhileEverySlotIsTakenStartsWhenOneFrees(t *testing.T) {
 	cfg.Concurrency = 1
 	startWorker(t, tb, cfg)
 	time.Sleep(200 * time.Millisecond) // the worker is idle, waiting on the feed
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slot", ID: "scheduled", At: time.Now().Add(busyFor / 2)}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "slot", ID: "scheduled", At: time.Now().Add(busyFor / 2)}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond) // the worker has a timer for it
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slot", ID: "long"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "slot", ID: "long"}); err != nil {
 		t.Fatal(err)
 	}
 	var freed time.Time
@@ -244,7 +244,7 @@ func TestScheduledJobDueWhileEverySlotIsTakenStartsWhenOneFrees(t *testing.T) {
 
 // An idle worker wakes on the changes feed: a new job starts at once.
 func TestIdleWorkerWakesOnChanges(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	started := make(chan time.Time, 1)
 	w := startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
 		"ping": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -259,7 +259,7 @@ func TestIdleWorkerWakesOnChanges(t *testing.T) {
 		t.Fatalf("idle worker made %d due queries in a second: busy polling", idle)
 	}
 	enq := time.Now()
-	if _, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "ping"}); err != nil {
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "ping"}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -276,7 +276,7 @@ func TestIdleWorkerWakesOnChanges(t *testing.T) {
 // A job whose handler runs three times the lease is not swept while its
 // worker lives: heartbeats renew the lease.
 func TestLongJobKeepsItsLease(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	var runs atomic.Int32
 	cfg := fastWorker(tb, map[string]worker.Handler{
 		"long": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -297,11 +297,11 @@ func TestLongJobKeepsItsLease(t *testing.T) {
 	sweeper := cfg
 	sweeper.Handlers = map[string]worker.Handler{"other": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })}
 	startWorker(t, tb, sweeper)
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "long"})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "long"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	it := waitStatus(t, tb, job.ID, couchq.StatusDone, 10*time.Second)
+	it := waitStatus(t, tb, job.ID, protocol.StatusDone, 10*time.Second)
 	if runs.Load() != 1 || it.Attempts != 1 || strings.Contains(events(it), "lease-expired") {
 		t.Fatalf("long job swept while alive: runs %d, attempts %d, history %s", runs.Load(), it.Attempts, events(it))
 	}
@@ -310,7 +310,7 @@ func TestLongJobKeepsItsLease(t *testing.T) {
 // Graceful shutdown with jobs in flight: one finishes within the timeout;
 // one that outlives it is cancelled and released, not failed, not lost.
 func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	running := make(chan string, 2)
 	cfg := fastWorker(tb, map[string]worker.Handler{
 		"quick": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
@@ -332,8 +332,8 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 	if err := w.Start(tb.ctx); err != nil {
 		t.Fatal(err)
 	}
-	quick, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "quick"})
-	slow, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slow"})
+	quick, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "quick"})
+	slow, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "slow"})
 	for range 2 {
 		select {
 		case <-running:
@@ -344,11 +344,11 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 	if err := w.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if it, _ := tb.client.Get(tb.ctx, quick.ID); it.Status != couchq.StatusDone {
+	if it, _ := tb.client.Get(tb.ctx, quick.ID); it.Status != protocol.StatusDone {
 		t.Fatalf("quick job: %s", it.Status)
 	}
 	it, _ := tb.client.Get(tb.ctx, slow.ID)
-	if it.Status != couchq.StatusQueued || it.Claimed || it.Attempts != 0 || !strings.HasSuffix(events(it), "released") {
+	if it.Status != protocol.StatusQueued || it.Claimed || it.Attempts != 0 || !strings.HasSuffix(events(it), "released") {
 		t.Fatalf("slow job must be released without charging an attempt: %+v", it)
 	}
 	workers, err := tb.client.Workers(tb.ctx)
@@ -359,10 +359,10 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 
 // Drain mode exits once no due work remains and leaves nothing claimed.
 func TestDrainModeExitsWhenEmpty(t *testing.T) {
-	tb := setup(t, couchq.Config{})
-	var jobs []couchq.NewJob
+	tb := setup(t, protocol.Config{})
+	var jobs []protocol.NewJob
 	for i := range 40 {
-		jobs = append(jobs, couchq.NewJob{Worker: "cron", Payload: i})
+		jobs = append(jobs, protocol.NewJob{Worker: "cron", Payload: i})
 	}
 	if _, err := tb.client.EnqueueMany(tb.ctx, jobs); err != nil {
 		t.Fatal(err)
@@ -400,7 +400,7 @@ func TestDrainModeExitsWhenEmpty(t *testing.T) {
 	if done.Load() != 40 {
 		t.Fatalf("%d jobs ran, want 40", done.Load())
 	}
-	batch, err := tb.client.List(tb.ctx, couchq.ListOptions{Worker: "cron", Status: couchq.StatusRunning})
+	batch, err := tb.client.List(tb.ctx, protocol.ListOptions{Worker: "cron", Status: protocol.StatusRunning})
 	if err != nil || len(batch.Items) != 0 {
 		t.Fatalf("left claimed: %v %d", err, len(batch.Items))
 	}
@@ -409,13 +409,13 @@ func TestDrainModeExitsWhenEmpty(t *testing.T) {
 // Finished jobs are kept as done by default; DeleteDone deletes them, per
 // job type.
 func TestDeleteDoneIsPerType(t *testing.T) {
-	tb := setup(t, couchq.Config{})
+	tb := setup(t, protocol.Config{})
 	noop := worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })
 	cfg := fastWorker(tb, map[string]worker.Handler{"keep": noop, "purge": noop})
 	cfg.DeleteDone = map[string]bool{"purge": true}
 	cfg.Drain = true
-	kept, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "keep"})
-	gone, _ := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "purge"})
+	kept, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "keep"})
+	gone, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "purge"})
 	w, err := worker.New(tb.client, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -423,10 +423,10 @@ func TestDeleteDoneIsPerType(t *testing.T) {
 	if err := w.Run(tb.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if it, err := tb.client.Get(tb.ctx, kept.ID); err != nil || it.Status != couchq.StatusDone {
+	if it, err := tb.client.Get(tb.ctx, kept.ID); err != nil || it.Status != protocol.StatusDone {
 		t.Fatalf("kept job: %v %+v", err, it)
 	}
-	if _, err := tb.client.Get(tb.ctx, gone.ID); !errors.Is(err, couchq.ErrNotFound) {
+	if _, err := tb.client.Get(tb.ctx, gone.ID); !errors.Is(err, protocol.ErrNotFound) {
 		t.Fatalf("a finished job of a DeleteDone type must be deleted: %v", err)
 	}
 }
@@ -449,18 +449,18 @@ func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
 // A lease renewal that takes over a third of the lease is a warning, once a minute however many renewals are slow, naming a lease
 // that would fit; the job still runs once and finishes.
 func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
-	tb := setup(t, couchq.Config{})
-	hc := couchq.NewHTTPClient()
+	tb := setup(t, protocol.Config{})
+	hc := protocol.NewHTTPClient()
 	slow := &slowWrites{next: hc.Transport, delay: 350 * time.Millisecond}
 	hc.Transport = slow
 	user, password := server.Credentials()
-	srv, err := couchq.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	srv, err := protocol.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	warnings := &lineCounter{phrase: "lease renewal slow", t: t}
 	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
-	client, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{Logger: log})
+	client, err := srv.Open(tb.ctx, tb.db.Name(), protocol.Config{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,13 +485,13 @@ func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	job, err := tb.client.Enqueue(tb.ctx, couchq.NewJob{Worker: "slow"})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "slow"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the slow job done", func() bool {
 		it, err := tb.client.Get(tb.ctx, job.ID)
-		return err == nil && it.Status == couchq.StatusDone
+		return err == nil && it.Status == protocol.StatusDone
 	})
 	if n := warnings.n.Load(); n != 1 {
 		t.Fatalf("%d slow-renewal warnings, want exactly 1", n)

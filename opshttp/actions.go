@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // authRealm names the credentials the actions ask for.
@@ -110,8 +110,8 @@ func (s *server) authenticateUser(ctx context.Context, r *http.Request) (session
 		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("reading the roles of database %s: %w", s.db, err)
 	}
 	var sec struct {
-		Admins couchq.Access `json:"admins"`
-		Couchq *couchq.Roles `json:"couchq"`
+		Admins protocol.Access `json:"admins"`
+		Couchq *protocol.Roles `json:"couchq"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&sec)
 	_ = resp.Body.Close()
@@ -125,7 +125,7 @@ func (s *server) authenticateUser(ctx context.Context, r *http.Request) (session
 }
 
 // in reports whether the user is named in a, by name or by a role.
-func (u sessionUser) in(a couchq.Access) bool {
+func (u sessionUser) in(a protocol.Access) bool {
 	for _, n := range a.Names {
 		if n == u.name {
 			return true
@@ -164,16 +164,16 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 		}
 		out, err := do(ctx, r, u)
 		switch {
-		case errors.Is(err, couchq.ErrWrongState):
+		case errors.Is(err, protocol.ErrWrongState):
 			writeAPIError(w, http.StatusConflict, err.Error())
 			return
-		case errors.Is(err, couchq.ErrNotFound):
+		case errors.Is(err, protocol.ErrNotFound):
 			writeAPIError(w, http.StatusNotFound, err.Error())
 			return
-		case errors.Is(err, couchq.ErrNotHeld), errors.Is(err, couchq.ErrClaimLost):
+		case errors.Is(err, protocol.ErrNotHeld), errors.Is(err, protocol.ErrClaimLost):
 			writeAPIError(w, http.StatusConflict, err.Error())
 			return
-		case errors.Is(err, couchq.ErrInvalidJob), errors.As(err, new(*badRequest)):
+		case errors.Is(err, protocol.ErrInvalidJob), errors.As(err, new(*badRequest)):
 			writeAPIError(w, http.StatusBadRequest, err.Error())
 			return
 		case err != nil:

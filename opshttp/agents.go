@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -91,10 +91,10 @@ func (s *server) agentClaim(ctx context.Context, r *http.Request, u sessionUser)
 
 // heldJob is the job of the request's path, held by the user (or, for
 // release, held by anyone when the user is a server admin).
-func (s *server) heldJob(ctx context.Context, r *http.Request, u sessionUser, adminMay bool) (*couchq.WorkItem, error) {
+func (s *server) heldJob(ctx context.Context, r *http.Request, u sessionUser, adminMay bool) (*protocol.WorkItem, error) {
 	id := r.PathValue("id")
 	it, err := s.q.HeldJob(ctx, id, u.name)
-	if errors.Is(err, couchq.ErrNotHeld) && adminMay && u.serverAdmin() {
+	if errors.Is(err, protocol.ErrNotHeld) && adminMay && u.serverAdmin() {
 		if it, gerr := s.q.Get(ctx, id); gerr == nil && it.Claimed {
 			return it, nil
 		}
@@ -132,7 +132,7 @@ func (s *server) agentFail(ctx context.Context, r *http.Request, u sessionUser) 
 		return nil, err
 	}
 	// Retried after the workers' backoff.
-	return it, s.q.Fail(ctx, it, req.Error, couchq.FailOptions{Final: req.NoRetry, RetryAfter: worker.DefaultRetry(it.Attempts)})
+	return it, s.q.Fail(ctx, it, req.Error, protocol.FailOptions{Final: req.NoRetry, RetryAfter: worker.DefaultRetry(it.Attempts)})
 }
 
 func (s *server) agentExtend(ctx context.Context, r *http.Request, u sessionUser) (any, error) {

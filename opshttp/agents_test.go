@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Agents claim and finish jobs over HTTP as the CouchDB user they log in
@@ -42,7 +42,7 @@ func TestAgentEndpoints(t *testing.T) {
 		t.Fatalf("setting _security: %v %v", resp, err)
 	}
 	for i := range 3 {
-		if _, err := q.Enqueue(ctx, couchq.NewJob{Worker: "review", ID: fmt.Sprintf("doc-%d", i), Priority: i + 1}); err != nil {
+		if _, err := q.Enqueue(ctx, protocol.NewJob{Worker: "review", ID: fmt.Sprintf("doc-%d", i), Priority: i + 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,9 +53,9 @@ func TestAgentEndpoints(t *testing.T) {
 	}
 	code, body := post("/api/claim", alice, `{"type":"review","count":2,"lease":"30m"}`)
 	var claim struct {
-		Agent string             `json:"agent"`
-		Jobs  []*couchq.WorkItem `json:"jobs"`
-		Held  int                `json:"held"`
+		Agent string               `json:"agent"`
+		Jobs  []*protocol.WorkItem `json:"jobs"`
+		Held  int                  `json:"held"`
 	}
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &claim) != nil || len(claim.Jobs) != 2 || claim.Agent != alice {
 		t.Fatalf("claim: %d %s", code, body)
@@ -95,7 +95,7 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, _, body := opstest.PostJSON(t, hs.URL+"/api/jobs/doc-2/release", admin, adminPW, ``); code != http.StatusOK {
 		t.Errorf("admin releasing bob's job: %d %s", code, body)
 	}
-	want := map[string]couchq.Status{"doc-0": couchq.StatusDone, "doc-1": couchq.StatusFailed, "doc-2": couchq.StatusQueued}
+	want := map[string]protocol.Status{"doc-0": protocol.StatusDone, "doc-1": protocol.StatusFailed, "doc-2": protocol.StatusQueued}
 	for id, status := range want {
 		it, err := q.Get(ctx, id)
 		if err != nil || it.Status != status || it.Claimed {
@@ -108,12 +108,12 @@ func TestAgentEndpoints(t *testing.T) {
 
 	// With couchq's roles set, acting takes the worker role: the handler
 	// writes with its own connection and must not lend it to a producer.
-	cs, err := couchq.Connect(ctx, srv.URL(), admin, adminPW)
+	cs, err := protocol.Connect(ctx, srv.URL(), admin, adminPW)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cs.Client.Close()
-	if _, err := cs.SetRoles(ctx, q.DB().Name(), couchq.Roles{Workers: couchq.Access{Names: []string{alice}}, Producers: couchq.Access{Names: []string{bob}}}); err != nil {
+	if _, err := cs.SetRoles(ctx, q.DB().Name(), protocol.Roles{Workers: protocol.Access{Names: []string{alice}}, Producers: protocol.Access{Names: []string{bob}}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, body = post("/api/claim", bob, `{"type":"review"}`); code != http.StatusForbidden || !strings.Contains(body, "worker role") {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // The metrics of NewCollector (and so of couchq serve's /metrics). The
@@ -22,14 +22,14 @@ import (
 // Prometheus: rate() would show a spike the size of the purge. Like any
 // process's counters, they start again when the process restarts.
 
-// statsSource is what the collector reads; *couchq.Client is one.
+// statsSource is what the collector reads; *protocol.Client is one.
 type statsSource interface {
-	Stats(ctx context.Context, opts couchq.StatsOptions) (*couchq.Stats, error)
-	Counts(ctx context.Context) (map[string]map[couchq.Status]int64, error)
+	Stats(ctx context.Context, opts protocol.StatsOptions) (*protocol.Stats, error)
+	Counts(ctx context.Context) (map[string]map[protocol.Status]int64, error)
 }
 
 // metricsCollector is a prometheus.Collector that computes couchq's
-// metrics from couchq.Stats and couchq.Counts when scraped, at most once
+// metrics from protocol.Stats and protocol.Counts when scraped, at most once
 // per CacheTTL: scrapes in between (several Prometheus servers, a dashboard)
 // get the cached figures and do not reach CouchDB.
 type metricsCollector struct {
@@ -53,8 +53,8 @@ type metricsCollector struct {
 }
 
 type metricsSnapshot struct {
-	stats  *couchq.Stats
-	counts map[string]map[couchq.Status]int64
+	stats  *protocol.Stats
+	counts map[string]map[protocol.Status]int64
 }
 
 // typeTotals are one job type's cumulative figures.
@@ -68,7 +68,7 @@ type summaryTotals struct {
 	sum   float64
 }
 
-func (s *summaryTotals) add(sum couchq.Summary) {
+func (s *summaryTotals) add(sum protocol.Summary) {
 	s.count += uint64(sum.Count)
 	s.sum += sum.Mean * float64(sum.Count)
 }
@@ -136,7 +136,7 @@ func newMetricDescs() metricDescs {
 //
 // Register it on one registry only: a second registry would keep counters
 // of its own, and read CouchDB as often again.
-func NewCollector(ctx context.Context, q *couchq.Client, cfg Config) prometheus.Collector {
+func NewCollector(ctx context.Context, q *protocol.Client, cfg Config) prometheus.Collector {
 	return newCollector(ctx, q, cfg)
 }
 
@@ -205,7 +205,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		if typ == "" {
 			continue
 		}
-		for _, st := range couchq.Statuses() {
+		for _, st := range protocol.Statuses() {
 			send(d.jobs, prometheus.GaugeValue, float64(byStatus[st]), typ, string(st))
 		}
 	}
@@ -276,7 +276,7 @@ func (c *metricsCollector) fetch(ctx context.Context, now time.Time) (*metricsSn
 	}
 	counting := until.After(since)
 	// Prometheus summaries carry only sums and counts: no percentile rows.
-	opts := couchq.StatsOptions{Since: since, Until: until, NoPercentiles: true}
+	opts := protocol.StatsOptions{Since: since, Until: until, NoPercentiles: true}
 	if !counting {
 		// No time has passed since the last refresh (a stopped test clock):
 		// read the queue with a window whose events are ignored.

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // The dashboard's page and its assets, served from the binary so that it
@@ -94,7 +94,7 @@ func (s *server) apiSeries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cached(func(ctx context.Context, r *http.Request) (any, error) {
-		return s.q.Series(ctx, couchq.SeriesOptions{
+		return s.q.Series(ctx, protocol.SeriesOptions{
 			Worker: r.URL.Query().Get("type"), Until: s.cfg.Now(), Window: win.window, Step: win.step,
 		})
 	})(w, r)
@@ -132,7 +132,7 @@ func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
 			return nil, err
 		}
 		if items == nil {
-			items = []*couchq.WorkItem{}
+			items = []*protocol.WorkItem{}
 		}
 		return items, nil
 	})(w, r)

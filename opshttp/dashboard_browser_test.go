@@ -13,8 +13,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // screenshotEnv names a file the browser test also writes its screenshot
@@ -48,7 +48,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Skip("the test server authenticates no users: the page's actions cannot log in")
 	}
 	ctx, db := newDB(t)
-	q, err := couchq.New(ctx, db, couchq.Config{})
+	q, err := protocol.New(ctx, db, protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatalf("retrying from the page: %v (status: %s)", err, text(`#status`))
 	}
 	it, err := q.Get(ctx, failedID)
-	if err != nil || it.Status != couchq.StatusQueued || it.History[len(it.History)-1].By != admin {
+	if err != nil || it.Status != protocol.StatusQueued || it.History[len(it.History)-1].By != admin {
 		t.Fatalf("after the retry from the page: %+v %v; want queued, retried by %s", it, err, admin)
 	}
 }
@@ -167,7 +167,7 @@ func saveScreenshot(t *testing.T, png []byte) {
 func simulateHour(ctx context.Context, t *testing.T, db *kivik.DB, now time.Time) {
 	t.Helper()
 	clock := opstest.NewClock(now.Add(-55 * time.Minute))
-	q, err := couchq.New(ctx, db, couchq.Config{Now: clock.Now})
+	q, err := protocol.New(ctx, db, protocol.Config{Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,9 +176,9 @@ func simulateHour(ctx context.Context, t *testing.T, db *kivik.DB, now time.Time
 		for ti, typ := range types {
 			base := now.Add(time.Duration(step*5-55)*time.Minute + time.Duration(ti)*10*time.Second)
 			clock.Set(base)
-			var jobs []*couchq.WorkItem
+			var jobs []*protocol.WorkItem
 			for range 1 + (step+ti)%3 {
-				it, err := q.Enqueue(ctx, couchq.NewJob{Worker: typ, MaxAttempts: 2, Payload: map[string]int{"step": step}})
+				it, err := q.Enqueue(ctx, protocol.NewJob{Worker: typ, MaxAttempts: 2, Payload: map[string]int{"step": step}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -192,9 +192,9 @@ func simulateHour(ctx context.Context, t *testing.T, db *kivik.DB, now time.Time
 				clock.Set(clock.Now().Add(time.Duration(15+25*((step+i)%5)) * time.Second))
 				switch {
 				case (step+ti+i)%7 == 3:
-					err = q.Fail(ctx, it, "upstream timeout", couchq.FailOptions{Final: true})
+					err = q.Fail(ctx, it, "upstream timeout", protocol.FailOptions{Final: true})
 				case (step+ti+i)%5 == 1:
-					err = q.Fail(ctx, it, "connection reset", couchq.FailOptions{RetryAfter: time.Minute})
+					err = q.Fail(ctx, it, "connection reset", protocol.FailOptions{RetryAfter: time.Minute})
 				default:
 					err = q.Complete(ctx, it, nil)
 				}
@@ -209,9 +209,9 @@ func simulateHour(ctx context.Context, t *testing.T, db *kivik.DB, now time.Time
 // seedEveryState leaves jobs in every state at now (queued, scheduled,
 // running, failed, cancelled; the simulated hour left done ones), with a live
 // and a dead worker and a paused type, and returns the id of a failed job.
-func seedEveryState(ctx context.Context, t *testing.T, q *couchq.Client, now time.Time) string {
+func seedEveryState(ctx context.Context, t *testing.T, q *protocol.Client, now time.Time) string {
 	t.Helper()
-	enqueue := func(job couchq.NewJob) *couchq.WorkItem {
+	enqueue := func(job protocol.NewJob) *protocol.WorkItem {
 		it, err := q.Enqueue(ctx, job)
 		if err != nil {
 			t.Fatal(err)
@@ -219,32 +219,32 @@ func seedEveryState(ctx context.Context, t *testing.T, q *couchq.Client, now tim
 		return it
 	}
 	for range 3 {
-		enqueue(couchq.NewJob{Worker: "mail"}) // queued, due now
+		enqueue(protocol.NewJob{Worker: "mail"}) // queued, due now
 	}
-	enqueue(couchq.NewJob{Worker: "report", At: now.Add(time.Hour)}) // scheduled
-	running, err := q.Claim(ctx, enqueue(couchq.NewJob{Worker: "thumbnail"}), "host-a/4242/w1", time.Hour)
+	enqueue(protocol.NewJob{Worker: "report", At: now.Add(time.Hour)}) // scheduled
+	running, err := q.Claim(ctx, enqueue(protocol.NewJob{Worker: "thumbnail"}), "host-a/4242/w1", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failed := enqueue(couchq.NewJob{ID: "mail-bounce-1", Worker: "mail", MaxAttempts: 1})
+	failed := enqueue(protocol.NewJob{ID: "mail-bounce-1", Worker: "mail", MaxAttempts: 1})
 	if failed, err = q.Claim(ctx, failed, "host-a/4242/w1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Fail(ctx, failed, "smtp: 550 mailbox unavailable", couchq.FailOptions{Final: true}); err != nil {
+	if err := q.Fail(ctx, failed, "smtp: 550 mailbox unavailable", protocol.FailOptions{Final: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.CancelJob(ctx, enqueue(couchq.NewJob{Worker: "report"}).ID, "ops", "duplicate"); err != nil {
+	if _, err := q.CancelJob(ctx, enqueue(protocol.NewJob{Worker: "report"}).ID, "ops", "duplicate"); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.Pause(ctx, "report", "ops", "month-end freeze"); err != nil {
 		t.Fatal(err)
 	}
-	t0 := couchq.ToUnix(now)
-	for _, w := range []*couchq.WorkerInfo{
-		{ID: couchq.WorkerDocID("host-a", 4242, "w1"), Claimant: "host-a/4242/w1", Host: "host-a", PID: 4242,
+	t0 := protocol.ToUnix(now)
+	for _, w := range []*protocol.WorkerInfo{
+		{ID: protocol.WorkerDocID("host-a", 4242, "w1"), Claimant: "host-a/4242/w1", Host: "host-a", PID: 4242,
 			Types: []string{"mail", "thumbnail"}, Concurrency: 2, Running: []string{running.ID},
 			StartedAt: t0 - 3600, LastHeartbeat: t0, HeartbeatInterval: 10, BusySeconds: 3600 * 4 * 0.4, Completed: 40, Failed: 5},
-		{ID: couchq.WorkerDocID("host-b", 77, "w1"), Claimant: "host-b/77/w1", Host: "host-b", PID: 77,
+		{ID: protocol.WorkerDocID("host-b", 77, "w1"), Claimant: "host-b/77/w1", Host: "host-b", PID: 77,
 			Types: []string{"report"}, Concurrency: 1,
 			StartedAt: t0 - 7200, LastHeartbeat: t0 - 600, HeartbeatInterval: 10, BusySeconds: 1200, Completed: 12},
 	} {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // scaleEnv sets how many jobs TestDashboardAtScale writes; unset, the test
@@ -35,12 +35,12 @@ func TestDashboardAtScale(t *testing.T) {
 	// Writing and indexing that many take longer than newDB's context.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	q, err := couchq.New(ctx, db, couchq.Config{})
+	q, err := protocol.New(ctx, db, protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	at := func(ago time.Duration) string { return now.Add(-ago).UTC().Format(couchq.HistoryTimeFormat) }
+	at := func(ago time.Duration) string { return now.Add(-ago).UTC().Format(protocol.HistoryTimeFormat) }
 	var failed int
 	start := time.Now()
 	for lo := 0; lo < n; lo += 1000 {
@@ -49,7 +49,7 @@ func TestDashboardAtScale(t *testing.T) {
 			// Spread over the last day; one in ten failed, one in ten
 			// still queued, the rest done.
 			ago := time.Duration(i%86400) * time.Second
-			created := couchq.ToUnix(now.Add(-ago - 90*time.Second))
+			created := protocol.ToUnix(now.Add(-ago - 90*time.Second))
 			doc := map[string]any{
 				"_id": fmt.Sprintf("job:%07d", i), "type": "WorkItem", "worker": fmt.Sprintf("type-%02d", i%types),
 				"date": 0, "created_at": created, "attempts": 1,
@@ -107,7 +107,7 @@ func TestDashboardAtScale(t *testing.T) {
 			t.Errorf("%s: %d in %s, want 200 within %s", path, code, took, scaleAnswerMax)
 		}
 	}
-	var queues []couchq.TypeQueue
+	var queues []protocol.TypeQueue
 	getJSON(t, hs.URL+"/api/queues", &queues)
 	var sumFailed, sumDue int64
 	for _, q := range queues {
@@ -117,7 +117,7 @@ func TestDashboardAtScale(t *testing.T) {
 	if len(queues) != types || sumFailed != int64(failed) || sumDue != int64((n+9)/10) {
 		t.Errorf("queues: %d types, %d failed, %d due; want %d, %d, %d", len(queues), sumFailed, sumDue, types, failed, (n+9)/10)
 	}
-	var s couchq.Series
+	var s protocol.Series
 	getJSON(t, hs.URL+"/api/series?window=24h", &s)
 	// The newest timing rows are read first: the newest bucket that had
 	// jobs started has percentiles, however many rows the window holds.

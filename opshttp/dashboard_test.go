@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // getJSON fetches a path of a test server and decodes its 200 answer.
@@ -49,9 +49,9 @@ func TestDashboardSeriesFromAKnownScript(t *testing.T) {
 		{"/api/series?window=24h", 144, 600, 0},
 		{"/api/series?window=7d&type=mail", 168, 3600, 0},
 	} {
-		var s couchq.Series
+		var s protocol.Series
 		getJSON(t, hs.URL+c.path, &s)
-		if len(s.T) != c.n || s.Step != c.step || s.T[c.n-1] != couchq.ToUnix(r.T0) {
+		if len(s.T) != c.n || s.Step != c.step || s.T[c.n-1] != protocol.ToUnix(r.T0) {
 			t.Fatalf("%s: %d buckets of %vs, last at %v; want %d of %vs, last at T0", c.path, len(s.T), s.Step, s.T[len(s.T)-1], c.n, c.step)
 		}
 		last := c.n - 1
@@ -78,7 +78,7 @@ func TestDashboardSeriesFromAKnownScript(t *testing.T) {
 	// An hour later the script is before the window: the depth is the sum
 	// of every change before it.
 	r.At(3600 + 20)
-	var s couchq.Series
+	var s protocol.Series
 	getJSON(t, hs.URL+"/api/series?window=1h", &s)
 	for i, d := range s.Depth {
 		if d != 2 || s.Started[i] != 0 {
@@ -103,13 +103,13 @@ func TestDashboardSeriesFromAKnownScript(t *testing.T) {
 	}
 	r.At(20)
 
-	var queues []couchq.TypeQueue
+	var queues []protocol.TypeQueue
 	getJSON(t, hs.URL+"/api/queues", &queues)
-	want := couchq.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
+	want := protocol.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
 	if len(queues) != 1 || queues[0].Type != "mail" || queues[0].QueueNow != want {
 		t.Errorf("/api/queues: %+v, want mail %+v", queues, want)
 	}
-	var workers []couchq.WorkerStats
+	var workers []protocol.WorkerStats
 	getJSON(t, hs.URL+"/api/workers", &workers)
 	if len(workers) != 0 {
 		t.Errorf("/api/workers: %+v", workers)
@@ -152,10 +152,10 @@ func equal(a, b []int64) bool {
 
 // failJob enqueues a job of typ with one attempt, claims it and fails it
 // for good.
-func failJob(t *testing.T, q *couchq.Client, typ, cause string) string {
+func failJob(t *testing.T, q *protocol.Client, typ, cause string) string {
 	t.Helper()
 	ctx := t.Context()
-	it, err := q.Enqueue(ctx, couchq.NewJob{Worker: typ, MaxAttempts: 1})
+	it, err := q.Enqueue(ctx, protocol.NewJob{Worker: typ, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func failJob(t *testing.T, q *couchq.Client, typ, cause string) string {
 	if it, err = q.Claim(ctx, it, "test/1/w", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Fail(ctx, it, cause, couchq.FailOptions{Final: true}); err != nil {
+	if err := q.Fail(ctx, it, cause, protocol.FailOptions{Final: true}); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -207,7 +207,7 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 	if code, _, body := opstest.Post(t, off.URL+"/api/jobs/"+id+"/retry", admin, password); code != http.StatusForbidden || !strings.Contains(body, "CouchURL") {
 		t.Errorf("retry without CouchURL: %d %s", code, body)
 	}
-	if it, err := q.Get(ctx, id); err != nil || it.Status != couchq.StatusFailed {
+	if it, err := q.Get(ctx, id); err != nil || it.Status != protocol.StatusFailed {
 		t.Fatalf("refused retries changed the job: %v %v", it, err)
 	}
 
@@ -215,7 +215,7 @@ func TestDashboardActionsAuthenticateAgainstCouchDB(t *testing.T) {
 		t.Fatalf("retry as admin: %d %s", code, body)
 	}
 	it, err := q.Get(ctx, id)
-	if err != nil || it.Status != couchq.StatusQueued || it.History[len(it.History)-1].By != admin {
+	if err != nil || it.Status != protocol.StatusQueued || it.History[len(it.History)-1].By != admin {
 		t.Fatalf("after retry: %+v %v; want queued, retried by %s", it, err, admin)
 	}
 	if code, _, body := opstest.Post(t, retry, admin, password); code != http.StatusConflict {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // The forms of the API's answers and parameters. They are exported so that
@@ -30,16 +30,16 @@ func WriteJSON(w io.Writer, v any) error {
 // Stats is q.Stats as /api/stats serves it: with the types, the workers
 // and each worker's types as empty lists rather than nil, so that the JSON
 // has [] where scripts iterate, never null.
-func Stats(ctx context.Context, q *couchq.Client, opts couchq.StatsOptions) (*couchq.Stats, error) {
+func Stats(ctx context.Context, q *protocol.Client, opts protocol.StatsOptions) (*protocol.Stats, error) {
 	st, err := q.Stats(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("computing stats: %w", err)
 	}
 	if st.Types == nil {
-		st.Types = []couchq.TypeStats{}
+		st.Types = []protocol.TypeStats{}
 	}
 	if st.Workers == nil {
-		st.Workers = []couchq.WorkerStats{}
+		st.Workers = []protocol.WorkerStats{}
 	}
 	for i := range st.Workers {
 		if st.Workers[i].Types == nil {
@@ -53,7 +53,7 @@ func Stats(ctx context.Context, q *couchq.Client, opts couchq.StatsOptions) (*co
 // the batch's order and then the malformed documents as they are stored,
 // since they do not decode as jobs and are what an operator must see to
 // fix them.
-func Jobs(batch *couchq.Batch) []any {
+func Jobs(batch *protocol.Batch) []any {
 	docs := make([]any, 0, len(batch.Items)+len(batch.Malformed))
 	for _, it := range batch.Items {
 		docs = append(docs, it)
@@ -87,12 +87,12 @@ func (e *WindowError) Error() string {
 }
 
 // StatsOptions turns the parameters of /api/stats (the flags of couchq
-// stats) into couchq.StatsOptions as of now. since and until are each an
-// age before now (24h, 7d; see couchq.ParseAge) or an RFC 3339 time; an
+// stats) into protocol.StatsOptions as of now. since and until are each an
+// age before now (24h, 7d; see protocol.ParseAge) or an RFC 3339 time; an
 // empty since means 24h and an empty until now. The errors are a
 // *ParamError or a *WindowError.
-func StatsOptions(typ, since, until string, now time.Time) (couchq.StatsOptions, error) {
-	opts := couchq.StatsOptions{Worker: typ, Until: now}
+func StatsOptions(typ, since, until string, now time.Time) (protocol.StatsOptions, error) {
+	opts := protocol.StatsOptions{Worker: typ, Until: now}
 	var err error
 	if until != "" {
 		if opts.Until, err = parseWhen(until, now); err != nil {
@@ -117,7 +117,7 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
-	d, err := couchq.ParseAge(s)
+	d, err := protocol.ParseAge(s)
 	if err != nil {
 		if strings.HasPrefix(s, "-") {
 			return time.Time{}, errors.New("must not be negative (an age counts back from now)")
@@ -128,15 +128,15 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 }
 
 // ParseStatus parses the status parameter of /api/jobs (the --status flag
-// of couchq ls): one of couchq.Statuses, or empty for any. The error is a
+// of couchq ls): one of protocol.Statuses, or empty for any. The error is a
 // *ParamError.
-func ParseStatus(s string) (couchq.Status, error) {
-	st := couchq.Status(s)
+func ParseStatus(s string) (protocol.Status, error) {
+	st := protocol.Status(s)
 	if s == "" || st.Valid() {
 		return st, nil
 	}
-	names := make([]string, 0, len(couchq.Statuses()))
-	for _, v := range couchq.Statuses() {
+	names := make([]string, 0, len(protocol.Statuses()))
+	for _, v := range protocol.Statuses() {
 		names = append(names, string(v))
 	}
 	return "", &ParamError{Param: "status", Value: s, Err: fmt.Errorf("want one of %s", strings.Join(names, ", "))}

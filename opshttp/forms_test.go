@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 func TestStatsOptions(t *testing.T) {
@@ -44,7 +44,7 @@ func TestStatsOptions(t *testing.T) {
 
 func TestParseStatus(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]couchq.Status{"": "", "done": couchq.StatusDone, "queued": couchq.StatusQueued} {
+	for in, want := range map[string]protocol.Status{"": "", "done": protocol.StatusDone, "queued": protocol.StatusQueued} {
 		if got, err := ParseStatus(in); err != nil || got != want {
 			t.Errorf("ParseStatus(%q) = %q, %v", in, got, err)
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const (
@@ -31,7 +31,7 @@ const (
 
 // server answers the endpoints of NewHandler.
 type server struct {
-	q   *couchq.Client
+	q   *protocol.Client
 	db  string
 	cfg Config // with its defaults
 	// cache holds the answers of the read-only endpoints but /api/jobs, by
@@ -49,7 +49,7 @@ type server struct {
 // own, with the Go runtime's and the process's. A service that has a
 // registry already can register NewCollector on it instead and mount this
 // handler for the API alone.
-func NewHandler(ctx context.Context, q *couchq.Client, cfg Config) http.Handler {
+func NewHandler(ctx context.Context, q *protocol.Client, cfg Config) http.Handler {
 	cfg = cfg.WithDefaults()
 	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
 	reg := prometheus.NewRegistry()
@@ -94,7 +94,7 @@ func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Query()
-	opts := couchq.ListOptions{Worker: p.Get("type"), Limit: jobsLimitDefault}
+	opts := protocol.ListOptions{Worker: p.Get("type"), Limit: jobsLimitDefault}
 	var err error
 	if opts.Status, err = ParseStatus(p.Get("status")); err != nil {
 		writeAPIError(w, http.StatusBadRequest, err.Error())

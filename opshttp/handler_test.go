@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // The handler on the known script: /api/stats is the report, /metrics
@@ -26,7 +26,7 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 	hs := serveHandler(r.Ctx, t, r.Q, Config{Now: r.Clock.Now})
 
 	code, body := get(t, hs, "/api/stats?since="+r.Since())
-	var st couchq.Stats
+	var st protocol.Stats
 	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil {
 		t.Fatalf("/api/stats: %d %v\n%s", code, err, body)
 	}
@@ -84,7 +84,7 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 	m.CheckSummary(t, "couchq_attempt_duration_seconds", 8+23, 4)
 
 	// Purging the done jobs empties the gauge but leaves the counters.
-	if n, err := r.Q.Purge(r.Ctx, couchq.PurgeOptions{Status: couchq.StatusDone}); err != nil || n != 3 {
+	if n, err := r.Q.Purge(r.Ctx, protocol.PurgeOptions{Status: protocol.StatusDone}); err != nil || n != 3 {
 		t.Fatalf("purge: %d, %v; want 3 deleted", n, err)
 	}
 	r.At(52)
@@ -135,7 +135,7 @@ func TestHandlerReportsAnUnavailableDatabase(t *testing.T) {
 	t.Parallel()
 	ctx, q := newQueue(t)
 	name := q.DB().Name()
-	if _, err := q.Enqueue(ctx, couchq.NewJob{Worker: "mail"}); err != nil {
+	if _, err := q.Enqueue(ctx, protocol.NewJob{Worker: "mail"}); err != nil {
 		t.Fatal(err)
 	}
 	// No cache and no settle: each scrape sees the database as it is.

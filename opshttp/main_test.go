@@ -10,9 +10,9 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // srv is the real server the tests in this package share.
@@ -20,7 +20,7 @@ var srv *couchtest.Server
 
 func TestMain(m *testing.M) { couchtest.Main(m, func(s *couchtest.Server) { srv = s }) }
 
-// newDB creates a database of the test's own, prepared by couchq.Init;
+// newDB creates a database of the test's own, prepared by protocol.Init;
 // ctx bounds the test's requests.
 func newDB(t *testing.T) (context.Context, *kivik.DB) {
 	t.Helper()
@@ -28,17 +28,17 @@ func newDB(t *testing.T) (context.Context, *kivik.DB) {
 	t.Cleanup(cancel)
 	client := srv.Client(t)
 	name := srv.UniqueDBName(t)
-	if _, err := couchq.Init(ctx, client, name, zerolog.Nop()); err != nil {
+	if _, err := protocol.Init(ctx, client, name, zerolog.Nop()); err != nil {
 		t.Fatal(err)
 	}
 	return ctx, client.DB(name)
 }
 
 // newQueue is a queue client for a database of the test's own.
-func newQueue(t *testing.T) (context.Context, *couchq.Client) {
+func newQueue(t *testing.T) (context.Context, *protocol.Client) {
 	t.Helper()
 	ctx, db := newDB(t)
-	q, err := couchq.New(ctx, db, couchq.Config{})
+	q, err := protocol.New(ctx, db, protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func playScript(t *testing.T) *opstest.Run {
 
 // serveHandler serves NewHandler for q on a test server, logging to the
 // test.
-func serveHandler(ctx context.Context, t *testing.T, q *couchq.Client, cfg Config) *httptest.Server {
+func serveHandler(ctx context.Context, t *testing.T, q *protocol.Client, cfg Config) *httptest.Server {
 	t.Helper()
 	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t))
 	hs := httptest.NewServer(NewHandler(ctx, q, cfg))

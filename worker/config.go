@@ -18,7 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Defaults for Config.
@@ -38,7 +38,7 @@ const (
 
 // Config configures a Worker. The zero value of every field but Handlers
 // means its default; see WithDefaults. How many attempts a job gets is the
-// queue client's setting (couchq.Config.MaxAttempts, or the job's own
+// queue client's setting (protocol.Config.MaxAttempts, or the job's own
 // max_attempts), so that the workers and the sweeper agree on it.
 type Config struct {
 	// Handlers maps each job type this worker runs to its handler.
@@ -104,25 +104,25 @@ type Config struct {
 	// kept with status done.
 	DeleteDone map[string]bool
 	// RateLimits bounds how many jobs of a type start per window across
-	// every worker process together (see couchq.RateLimit); each process
+	// every worker process together (see protocol.RateLimit); each process
 	// must be given the same limit.
-	RateLimits map[string]couchq.RateLimit
+	RateLimits map[string]protocol.RateLimit
 	// FleetConcurrency bounds how many jobs of a type run at once across
-	// every worker process together (see couchq.RunSlot); each process
+	// every worker process together (see protocol.RunSlot); each process
 	// must be given the same limit. Concurrency still bounds each process.
 	FleetConcurrency map[string]int
-	// Sequences gives a job type a slot sequence (see couchq.Sequence):
+	// Sequences gives a job type a slot sequence (see protocol.Sequence):
 	// before each attempt the worker reserves the sequence's next free
 	// slot and hands it to the handler as Job.Slot; when the handler
 	// succeeds the slot is released as used (the sequence's marker moves
 	// on), otherwise it is abandoned for the next job to take. The
 	// reservation is not renewed while the handler runs: give the sequence
 	// a TTL longer than the handler takes.
-	Sequences map[string]couchq.Sequence
+	Sequences map[string]protocol.Sequence
 	// Periodic lists schedules this process enqueues jobs for (see
-	// couchq.Periodic): any number of processes may run the same schedule,
+	// protocol.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
-	Periodic []couchq.Periodic
+	Periodic []protocol.Periodic
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
 	// Metrics, when set, records the worker's Prometheus metrics (see
@@ -195,13 +195,13 @@ func (c Config) validate() error {
 		}
 	}
 	for typ, rl := range c.RateLimits {
-		if rl.N < 1 || rl.N > couchq.MaxRateSlots || rl.Per < 100*time.Millisecond {
-			return fmt.Errorf("worker config: rate limit of %q: %s is out of range (1 to %d per 100ms or more)", typ, rl, couchq.MaxRateSlots)
+		if rl.N < 1 || rl.N > protocol.MaxRateSlots || rl.Per < 100*time.Millisecond {
+			return fmt.Errorf("worker config: rate limit of %q: %s is out of range (1 to %d per 100ms or more)", typ, rl, protocol.MaxRateSlots)
 		}
 	}
 	for typ, k := range c.FleetConcurrency {
-		if k < 1 || k > couchq.MaxRateSlots {
-			return fmt.Errorf("worker config: fleet concurrency of %q: %d is out of range (1 to %d)", typ, k, couchq.MaxRateSlots)
+		if k < 1 || k > protocol.MaxRateSlots {
+			return fmt.Errorf("worker config: fleet concurrency of %q: %d is out of range (1 to %d)", typ, k, protocol.MaxRateSlots)
 		}
 	}
 	for typ, seq := range c.Sequences {
@@ -211,7 +211,7 @@ func (c Config) validate() error {
 	}
 	names := map[string]bool{}
 	for _, p := range c.Periodic {
-		if _, err := couchq.CheckPeriodic(p); err != nil {
+		if _, err := protocol.CheckPeriodic(p); err != nil {
 			return fmt.Errorf("worker config: %w", err)
 		}
 		if names[p.Name] {

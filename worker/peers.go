@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // peers is what this worker knows of the other live workers that claim the
@@ -113,7 +113,7 @@ func (w *Worker) refreshPeersIfNew(ctx context.Context, claimants []string) {
 // peerSlots ranks the live claimants of each type (by claimant name);
 // self, running concurrency jobs of each type, counts whether or not its
 // registry document was read.
-func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types []string, now time.Time) map[string]peerSlot {
+func peerSlots(infos []*protocol.WorkerInfo, self string, concurrency int, types []string, now time.Time) map[string]peerSlot {
 	out := make(map[string]peerSlot, len(types))
 	for _, typ := range types {
 		takes := map[string]int{self: concurrency}
@@ -152,10 +152,10 @@ func peerSlots(infos []*couchq.WorkerInfo, self string, concurrency int, types [
 // owner's jobs still run. With n = 1 every job is the worker's own, in
 // random order (the pick among K); with stealAfter < 0 every other's job is
 // anyone's.
-func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
-	var rest []couchq.DueCandidate
+func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
+	var rest []protocol.DueCandidate
 	zone := make([]int, s.size()) // each owner's jobs met so far, in the order it takes them
-	ordered := make([]couchq.DueCandidate, 0, len(items))
+	ordered := make([]protocol.DueCandidate, 0, len(items))
 	for start := 0; start < len(items); {
 		end := start + 1
 		for end < len(items) && items[end].Priority == items[start].Priority {
@@ -168,8 +168,8 @@ func ownFirst(items []couchq.DueCandidate, s peerSlot, waited func(id string) ti
 			ordered = append(ordered, run...)
 			continue
 		}
-		var own, thief []couchq.DueCandidate
-		anyone := make([][]couchq.DueCandidate, s.size())
+		var own, thief []protocol.DueCandidate
+		anyone := make([][]protocol.DueCandidate, s.size())
 		for _, it := range run {
 			o, t := s.choices(it.ID)
 			if o == s.rank {
@@ -223,8 +223,8 @@ func (s peerSlot) take(o int) int {
 // jobs — the owner pops one end of a work-stealing deque and thieves the
 // other — and thieves spread over the owners instead of racing for the same
 // jobs.
-func stealOrder(byOwner [][]couchq.DueCandidate) []couchq.DueCandidate {
-	var out []couchq.DueCandidate
+func stealOrder(byOwner [][]protocol.DueCandidate) []protocol.DueCandidate {
+	var out []protocol.DueCandidate
 	owners := rand.Perm(len(byOwner))
 	for taken := true; taken; {
 		taken = false

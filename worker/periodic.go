@@ -4,14 +4,14 @@ import (
 	"context"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // periodicLoop enqueues the schedule's jobs tick by tick until claiming
 // stops: it sleeps until the next tick, then lets TickPeriodic enqueue it
 // (or find that another process did).
-func (w *Worker) periodicLoop(ctx context.Context, p couchq.Periodic) {
-	ticks, err := couchq.CheckPeriodic(p) // checked in New: cannot fail here
+func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic) {
+	ticks, err := protocol.CheckPeriodic(p) // checked in New: cannot fail here
 	if err != nil {
 		w.log.Error().Err(err).Msg("periodic schedule")
 		return

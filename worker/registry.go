@@ -5,11 +5,11 @@ import (
 	"os"
 	"sort"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // registryInfo builds this process's registry document from live state.
-func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
+func (w *Worker) registryInfo(info *protocol.WorkerInfo) {
 	w.mu.Lock()
 	running := make([]string, 0, len(w.running))
 	for id := range w.running {
@@ -25,8 +25,8 @@ func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
 	info.Types = w.Types()
 	info.Concurrency = w.cfg.Concurrency
 	info.Running = running
-	info.StartedAt = couchq.ToUnix(w.started)
-	info.LastHeartbeat = couchq.ToUnix(w.cfg.Now())
+	info.StartedAt = protocol.ToUnix(w.started)
+	info.LastHeartbeat = protocol.ToUnix(w.cfg.Now())
 	info.HeartbeatInterval = w.cfg.HeartbeatInterval.Seconds()
 	info.BusySeconds = busy.Seconds()
 	info.Claimed, info.Completed, info.Failed, info.Conflicts = st.Claimed, st.Completed, st.Failed, st.Conflicts
@@ -34,7 +34,7 @@ func (w *Worker) registryInfo(info *couchq.WorkerInfo) {
 
 // register writes the registry document when the worker starts.
 func (w *Worker) register(ctx context.Context) error {
-	w.registry = &couchq.WorkerInfo{ID: couchq.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
+	w.registry = &protocol.WorkerInfo{ID: protocol.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
 	w.registryInfo(w.registry)
 	w.registry.Joined = true
 	err := w.client.PutWorker(ctx, w.registry)

@@ -15,7 +15,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // maxDueLimit bounds one due-view query's page, and maxUnrepairable the
@@ -275,7 +275,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	stale := r.behind.Load() && !news
 	now := time.Now()
 	maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return now.Sub(at) > recentClaims })
-	var cands []couchq.DueCandidate
+	var cands []protocol.DueCandidate
 	var listed, k int
 	for {
 		k = want + len(r.unrepairable)
@@ -297,7 +297,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 		listed = len(cands)
 		r.longList = listed == k
-		cands = slices.DeleteFunc(cands, func(c couchq.DueCandidate) bool {
+		cands = slices.DeleteFunc(cands, func(c protocol.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
 			_, mine := r.claimedAt[c.ID]
 			return unrepairable || (stale && mine)
@@ -367,7 +367,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			return true, upTo, nil
 		}
 	}
-	var runSlots []*couchq.RunSlot
+	var runSlots []*protocol.RunSlot
 	if k, ok := r.w.cfg.FleetConcurrency[r.typ]; ok {
 		if runSlots = r.takeRunSlots(ctx, k, n); len(runSlots) < n {
 			if limited {
@@ -402,18 +402,18 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return true, upTo, nil
 	}
 	conflicts := 0
-	var unrun []*couchq.UnrunClaim
+	var unrun []*protocol.UnrunClaim
 	for _, res := range results {
 		switch {
 		case res.Err == nil:
 			r.w.stats.claimed.Add(1)
 			r.claimedAt[res.Item.ID] = now
-			var slot *couchq.RunSlot
+			var slot *protocol.RunSlot
 			if len(runSlots) > 0 {
 				slot, runSlots = runSlots[0], runSlots[1:]
 			}
 			r.start(res.Item, slot)
-		case errors.Is(res.Err, couchq.ErrClaimConflict):
+		case errors.Is(res.Err, protocol.ErrClaimConflict):
 			conflicts++
 			if res.Unrun != nil {
 				unrun = append(unrun, res.Unrun)
@@ -440,8 +440,8 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 // cluster's claims that reached a minority of the copies, or found the job
 // on another branch) after the wait they ask for, or at once when the
 // worker stops, so that their jobs do not wait for the claims' leases
-// (couchq.Client.Concede).
-func (w *Worker) concedeLater(claims []*couchq.UnrunClaim) {
+// (protocol.Client.Concede).
+func (w *Worker) concedeLater(claims []*protocol.UnrunClaim) {
 	if len(claims) == 0 {
 		return
 	}
@@ -499,17 +499,17 @@ func (r *runner) widenPick(lost int) {
 // revision: lease renewals and the final outcome.
 type runningJob struct {
 	mu       sync.Mutex
-	item     *couchq.WorkItem
+	item     *protocol.WorkItem
 	cancel   context.CancelCauseFunc
 	finished bool // the outcome was written (or given up): no more writes
 	started  time.Time
 	// slot is the fleet-wide run slot the job holds (FleetConcurrency),
 	// renewed with its lease and released when it ends.
-	slot *couchq.RunSlot
+	slot *protocol.RunSlot
 }
 
 // start takes a slot and runs the claimed job in its own goroutine.
-func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
+func (r *runner) start(item *protocol.WorkItem, slot *protocol.RunSlot) {
 	r.slots <- struct{}{}
 	w := r.w
 	ctx, cancel := context.WithCancelCause(w.jobsCtx)
@@ -549,7 +549,7 @@ func (r *runner) start(item *couchq.WorkItem, slot *couchq.RunSlot) {
 		defer cancel(nil)
 		r.run(ctx, rj, handlerDone)
 		if rj.slot != nil {
-			r.releaseRunSlots([]*couchq.RunSlot{rj.slot})
+			r.releaseRunSlots([]*protocol.RunSlot{rj.slot})
 		}
 	}()
 }
@@ -606,7 +606,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		return
 	}
 	if ferr := r.finish(fctx, item, job, err); ferr != nil {
-		if errors.Is(ferr, couchq.ErrClaimLost) {
+		if errors.Is(ferr, protocol.ErrClaimLost) {
 			w.stats.lost.Add(1)
 			w.cfg.Metrics.claimsLostBy(r.typ, LostLease, 1)
 			log.Warn().Err(ferr).Msg("result refused: the claim was lost (swept or cancelled) before it was written")
@@ -661,7 +661,7 @@ func (r *runner) invoke(ctx context.Context, job *Job) (err error) {
 }
 
 // finish records the handler's outcome, steered by its error.
-func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, herr error) error {
+func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, herr error) error {
 	w := r.w
 	c := w.client
 	if herr == nil {
@@ -685,15 +685,15 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Cancel(ctx, item, cancel.Error()) })
 	}
 	w.stats.failed.Add(1)
-	opts := couchq.FailOptions{Final: fail != nil, RetryAfter: w.cfg.Retry(item.Attempts)}
+	opts := protocol.FailOptions{Final: fail != nil, RetryAfter: w.cfg.Retry(item.Attempts)}
 	if err := r.persist(ctx, item, false, func(ctx context.Context) error {
 		return c.Fail(ctx, item, herr.Error(), opts)
 	}); err != nil {
 		return err
 	}
-	w.cfg.Metrics.failedAttempt(r.typ, item.Status == couchq.StatusFailed)
+	w.cfg.Metrics.failedAttempt(r.typ, item.Status == protocol.StatusFailed)
 	ev := w.log.Info()
-	if item.Status == couchq.StatusFailed {
+	if item.Status == protocol.StatusFailed {
 		ev = w.log.Warn()
 	}
 	ev.Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Str("status", string(item.Status)).
@@ -707,7 +707,7 @@ func (r *runner) finish(ctx context.Context, item *couchq.WorkItem, job *Job, he
 // retried write may have been applied by the server although its answer was
 // lost; the 409 the retry then gets is checked against the stored document
 // before it is reported as a lost claim.
-func (r *runner) persist(ctx context.Context, item *couchq.WorkItem, deletes bool, write func(context.Context) error) error {
+func (r *runner) persist(ctx context.Context, item *protocol.WorkItem, deletes bool, write func(context.Context) error) error {
 	held := *item
 	backoff := 100 * time.Millisecond
 	for attempt := 0; ; attempt++ {
@@ -715,7 +715,7 @@ func (r *runner) persist(ctx context.Context, item *couchq.WorkItem, deletes boo
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
+		case errors.Is(err, protocol.ErrClaimLost), errors.Is(err, protocol.ErrNotFound):
 			if attempt > 0 && r.appliedEarlier(ctx, &held, item, deletes) {
 				return nil
 			}
@@ -747,16 +747,16 @@ func permanent(err error) bool {
 // 409 was in fact applied: the stored revision is the next one after the
 // held revision and its last history entry is ours. On true, item takes
 // the stored document.
-func (r *runner) appliedEarlier(ctx context.Context, held, item *couchq.WorkItem, deletes bool) bool {
+func (r *runner) appliedEarlier(ctx context.Context, held, item *protocol.WorkItem, deletes bool) bool {
 	cur, err := r.w.client.Get(ctx, held.ID)
 	if deletes {
-		return errors.Is(err, couchq.ErrNotFound)
+		return errors.Is(err, protocol.ErrNotFound)
 	}
 	if err != nil || len(cur.History) == 0 || revGeneration(cur.Rev) != revGeneration(held.Rev)+1 {
 		return false
 	}
 	last := cur.History[len(cur.History)-1]
-	if last.By != held.ClaimedBy || last.Event == couchq.EventClaimed {
+	if last.By != held.ClaimedBy || last.Event == protocol.EventClaimed {
 		return false
 	}
 	*item = *cur
@@ -815,7 +815,7 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		switch {
 		case err == nil:
 			w.cfg.Metrics.renewal(r.typ, RenewalOK, took)
-		case errors.Is(err, couchq.ErrClaimLost), errors.Is(err, couchq.ErrNotFound):
+		case errors.Is(err, protocol.ErrClaimLost), errors.Is(err, protocol.ErrNotFound):
 			// claims_lost counts it once the handler returned (run).
 			w.cfg.Metrics.renewal(r.typ, RenewalRefused, took)
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal refused: cancelling the handler")
@@ -883,8 +883,8 @@ func (w *Worker) releaseStuck(ctx context.Context) {
 // front of the due view (the offending values are kept in the document) and
 // returns how many it repaired. Documents that cannot be repaired are
 // remembered, logged once, and not tried again by this worker.
-func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
-	todo := make([]couchq.Malformed, 0, len(bad))
+func (r *runner) quarantine(ctx context.Context, bad []protocol.Malformed) int {
+	todo := make([]protocol.Malformed, 0, len(bad))
 	for _, m := range bad {
 		if _, known := r.unrepairable[m.ID]; !known {
 			todo = append(todo, m)
@@ -898,7 +898,7 @@ func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
 		switch {
 		case err == nil:
 			repaired++
-		case errors.Is(err, couchq.ErrUnrepairable):
+		case errors.Is(err, protocol.ErrUnrepairable):
 			if len(r.unrepairable) < maxUnrepairable {
 				r.unrepairable[todo[i].ID] = struct{}{}
 			}
@@ -916,7 +916,7 @@ func (r *runner) quarantine(ctx context.Context, bad []couchq.Malformed) int {
 const rateMargin = 20 * time.Millisecond
 
 // takeStarts returns how many of want jobs the type's rate limit lets start
-// now, taking start slots as needed (see couchq.RateLimit). Slots a lost
+// now, taking start slots as needed (see protocol.RateLimit). Slots a lost
 // claim did not use are kept for the next claim in the same window. When
 // none is left it sets blockedUntil.
 //
@@ -925,7 +925,7 @@ const rateMargin = 20 * time.Millisecond
 // slots taken for a window that ended meanwhile would be wasted. So a
 // round takes the slots of the window it will end in, judged by how long
 // the last round took, and the runner waits for that window to begin.
-func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) int {
+func (r *runner) takeStarts(ctx context.Context, rl protocol.RateLimit, want int) int {
 	now := r.w.cfg.Now()
 	win := rl.Window(now)
 	if r.tokenWindow.Before(win) {
@@ -993,7 +993,7 @@ func (r *runner) takeStarts(ctx context.Context, rl couchq.RateLimit, want int) 
 // inWindow reports whether the start slots held are for the current window
 // and it has more than rateMargin left; otherwise it drops them and waits
 // for the next window.
-func (r *runner) inWindow(rl couchq.RateLimit) bool {
+func (r *runner) inWindow(rl protocol.RateLimit) bool {
 	now := r.w.cfg.Now()
 	end := r.tokenWindow.Add(rl.Per)
 	if rl.Window(now).Equal(r.tokenWindow) && end.Sub(now) >= rateMargin {
@@ -1012,7 +1012,7 @@ const runSlotPoll = 250 * time.Millisecond
 
 // takeRunSlots takes up to want of the type's k fleet-wide run slots.
 // When it gets none it sets blockedUntil for a short wait.
-func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*couchq.RunSlot {
+func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*protocol.RunSlot {
 	qctx, cancel := context.WithTimeout(ctx, r.w.cfg.QueryTimeout)
 	slots, err := r.w.client.AcquireRunSlots(qctx, r.typ, k, want, r.w.by, r.w.cfg.LeaseDuration)
 	cancel()
@@ -1027,7 +1027,7 @@ func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*couchq.RunSlo
 
 // releaseRunSlots gives back run slots no job uses (any left are logged:
 // their leases run out).
-func (r *runner) releaseRunSlots(slots []*couchq.RunSlot) {
+func (r *runner) releaseRunSlots(slots []*protocol.RunSlot) {
 	if len(slots) == 0 {
 		return
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // never is a waited func for ownFirst: no job was left to its owner before.
@@ -25,9 +25,9 @@ func slotOf(rank, n, take int) peerSlot {
 // The pick among the first K never lets a lower priority overtake a
 // higher one among the jobs a worker may claim, with or without peers.
 func TestOwnFirstKeepsPriorityOrder(t *testing.T) {
-	var listed []couchq.DueCandidate
+	var listed []protocol.DueCandidate
 	for i, p := range []int{1, 1, 1, 2, 3, 3, 3, 3, 5} {
-		listed = append(listed, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: p})
+		listed = append(listed, protocol.DueCandidate{ID: fmt.Sprint("job-", i), Priority: p})
 	}
 	for round := range 100 {
 		items := slices.Clone(listed)
@@ -45,14 +45,14 @@ func TestOwnFirstKeepsPriorityOrder(t *testing.T) {
 // oldest first, whatever rows their due queries returned.
 func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 	const peers = 4
-	var all []couchq.DueCandidate
+	var all []protocol.DueCandidate
 	for i := range 200 {
-		all = append(all, couchq.DueCandidate{ID: fmt.Sprintf("job:%04d", i), Priority: couchq.PriorityDefault})
+		all = append(all, protocol.DueCandidate{ID: fmt.Sprintf("job:%04d", i), Priority: protocol.PriorityDefault})
 	}
 	taken := map[string]int{}
 	for rank := range peers {
 		// Each saw a different window of the queue (views lag).
-		items := append([]couchq.DueCandidate(nil), all[rank*5:rank*5+120]...)
+		items := append([]protocol.DueCandidate(nil), all[rank*5:rank*5+120]...)
 		s := slotOf(rank, peers, 4)
 		ownFirst(items, s, never, time.Second)
 		own := 0
@@ -88,9 +88,9 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 	const stealAfter = time.Second
 	for _, rows := range []int{1, 3, 10, 40, 200} {
 		for _, peers := range []int{2, 3, 16} {
-			var all []couchq.DueCandidate
+			var all []protocol.DueCandidate
 			for i := range rows {
-				all = append(all, couchq.DueCandidate{ID: fmt.Sprintf("job:%d:%d:%04d", rows, peers, i), Priority: 1 + i%2})
+				all = append(all, protocol.DueCandidate{ID: fmt.Sprintf("job:%d:%d:%04d", rows, peers, i), Priority: 1 + i%2})
 			}
 			for _, tc := range []struct {
 				waited  time.Duration
@@ -108,7 +108,7 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 							claimed[it.ID]++
 						}
 					}
-					if got := slices.SortedFunc(slices.Values(items), func(a, b couchq.DueCandidate) int { return strings.Compare(a.ID, b.ID) }); !slices.Equal(got, all) {
+					if got := slices.SortedFunc(slices.Values(items), func(a, b protocol.DueCandidate) int { return strings.Compare(a.ID, b.ID) }); !slices.Equal(got, all) {
 						t.Fatalf("rank %d: ownFirst lost or made up rows", rank)
 					}
 				}
@@ -141,7 +141,7 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 
 // A thief takes an owner's newest jobs first: the owner takes its oldest.
 func TestStealOrderTakesNewestFirstFromEachOwner(t *testing.T) {
-	byOwner := [][]couchq.DueCandidate{
+	byOwner := [][]protocol.DueCandidate{
 		{{ID: "a1"}, {ID: "a2"}, {ID: "a3"}},
 		{{ID: "b1"}},
 		nil,
@@ -163,12 +163,12 @@ func TestStealOrderTakesNewestFirstFromEachOwner(t *testing.T) {
 // even before its own registry document can be read.
 func TestPeerSlots(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	live := func(claimant string, types ...string) *couchq.WorkerInfo {
-		return &couchq.WorkerInfo{Claimant: claimant, Types: types, LastHeartbeat: couchq.ToUnix(now), HeartbeatInterval: 1}
+	live := func(claimant string, types ...string) *protocol.WorkerInfo {
+		return &protocol.WorkerInfo{Claimant: claimant, Types: types, LastHeartbeat: protocol.ToUnix(now), HeartbeatInterval: 1}
 	}
 	dead := live("h/1/dead", "email")
 	dead.LastHeartbeat -= 60
-	infos := []*couchq.WorkerInfo{live("h/1/a", "email", "sms"), live("h/1/c", "email"), dead, live("h/1/d", "sms"), live("h/1/b", "email")}
+	infos := []*protocol.WorkerInfo{live("h/1/a", "email", "sms"), live("h/1/c", "email"), dead, live("h/1/d", "sms"), live("h/1/b", "email")}
 	infos[0].Concurrency = 8 // h/1/a
 	got := peerSlots(infos, "h/1/b", 2, []string{"email", "sms", "fax"}, now)
 	abc := []string{"h/1/a", "h/1/b", "h/1/c"}
@@ -248,9 +248,9 @@ func TestOwnersMoveLittleWhenAPeerJoins(t *testing.T) {
 // With a negative StealAfter no job is left to its owner: every peer may
 // claim every job.
 func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
-	var items []couchq.DueCandidate
+	var items []protocol.DueCandidate
 	for i := range 50 {
-		items = append(items, couchq.DueCandidate{ID: fmt.Sprint("job-", i), Priority: couchq.PriorityDefault})
+		items = append(items, protocol.DueCandidate{ID: fmt.Sprint("job-", i), Priority: protocol.PriorityDefault})
 	}
 	for rank := range 5 {
 		if n := ownFirst(slices.Clone(items), slotOf(rank, 5, 1), never, -1); n != len(items) {

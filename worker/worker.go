@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // errShutdown is the cause a job's context carries when the worker stops
@@ -29,7 +29,7 @@ type Stats struct {
 	Claimed   int64 // jobs this worker claimed
 	Conflicts int64 // claims not to run (409, a minority of a cluster's copies, another branch)
 	// Conceded counts the Conflicts that were stored on a cluster and
-	// given up soon after (couchq.Client.Concede) rather than held for a
+	// given up soon after (protocol.Client.Concede) rather than held for a
 	// lease.
 	Conceded  int64
 	Completed int64
@@ -45,7 +45,7 @@ type Stats struct {
 // and Stop it, or Run it until its context ends.
 type Worker struct {
 	cfg    Config
-	client *couchq.Client
+	client *protocol.Client
 	log    zerolog.Logger
 	by     string // claimant id: host/pid/worker-id
 
@@ -70,8 +70,8 @@ type Worker struct {
 	started time.Time
 	busy    time.Duration // summed job run time, for utilization
 
-	registry *couchq.WorkerInfo // owned by register / heartbeatRegistry / unregister
-	peers    peers              // the other live workers of each type (registry)
+	registry *protocol.WorkerInfo // owned by register / heartbeatRegistry / unregister
+	peers    peers                // the other live workers of each type (registry)
 
 	stats struct {
 		claimed, conflicts, conceded, completed, failed, lost, queries, slowRenewals atomic.Int64
@@ -90,7 +90,7 @@ type Worker struct {
 }
 
 // New returns a Worker running cfg's handlers against client.
-func New(client *couchq.Client, cfg Config) (*Worker, error) {
+func New(client *protocol.Client, cfg Config) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

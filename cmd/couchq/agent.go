@@ -10,7 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -121,7 +121,7 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 			payload = "null"
 		}
 		if _, err := fmt.Fprintf(m.Stdout, "%s\t%s\tuntil %s\t%s\n", it.ID, it.Worker,
-			couchq.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339), payload); err != nil {
+			protocol.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339), payload); err != nil {
 			return err
 		}
 	}
@@ -131,7 +131,7 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 // agentJob parses an agent command's flags and returns the job the agent
 // holds.
 func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage string, args []string,
-	extra func(fs *flag.FlagSet), check func() error) (q *couchq.Client, it *couchq.WorkItem, conn *connFlags, done func(), err error) {
+	extra func(fs *flag.FlagSet), check func() error) (q *protocol.Client, it *protocol.WorkItem, conn *connFlags, done func(), err error) {
 	fs := m.newFlagSet(name, usage)
 	conn = addConnFlags(fs)
 	var agent string
@@ -169,7 +169,7 @@ func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage str
 }
 
 // agentDone prints what an agent command did.
-func (m *Main) agentDone(conn *connFlags, it *couchq.WorkItem, what string) error {
+func (m *Main) agentDone(conn *connFlags, it *protocol.WorkItem, what string) error {
 	if conn.json {
 		return writeJSON(m.Stdout, it)
 	}
@@ -221,13 +221,13 @@ func (m *Main) runFail(ctx context.Context, log zerolog.Logger, args []string) e
 		return err
 	}
 	defer done()
-	opts := couchq.FailOptions{Final: noRetry, RetryAfter: worker.DefaultRetry(it.Attempts)}
+	opts := protocol.FailOptions{Final: noRetry, RetryAfter: worker.DefaultRetry(it.Attempts)}
 	if err := q.Fail(ctx, it, msg, opts); err != nil {
 		return serverError(conn.url, notHeldIfLost(err))
 	}
 	what := "failed"
-	if it.Status == couchq.StatusQueued {
-		what = "failed (retried at " + couchq.FromUnix(it.Date).UTC().Format(time.RFC3339) + ")"
+	if it.Status == protocol.StatusQueued {
+		what = "failed (retried at " + protocol.FromUnix(it.Date).UTC().Format(time.RFC3339) + ")"
 	}
 	return m.agentDone(conn, it, what)
 }
@@ -251,7 +251,7 @@ func (m *Main) runExtend(ctx context.Context, log zerolog.Logger, args []string)
 	if err := q.Extend(ctx, it, lease); err != nil {
 		return serverError(conn.url, notHeldIfLost(err))
 	}
-	return m.agentDone(conn, it, "extended to "+couchq.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339))
+	return m.agentDone(conn, it, "extended to "+protocol.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339))
 }
 
 func (m *Main) runRelease(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -269,8 +269,8 @@ func (m *Main) runRelease(ctx context.Context, log zerolog.Logger, args []string
 // notHeldIfLost turns a claim lost between reading the job and writing it
 // (swept, cancelled) into ErrNotHeld, the agent's exit status 3.
 func notHeldIfLost(err error) error {
-	if errors.Is(err, couchq.ErrClaimLost) {
-		return fmt.Errorf("%w: %w", couchq.ErrNotHeld, err)
+	if errors.Is(err, protocol.ErrClaimLost) {
+		return fmt.Errorf("%w: %w", protocol.ErrNotHeld, err)
 	}
 	return err
 }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const cancelUsage = `Usage: couchq cancel [--reason TEXT] [flags] ID
@@ -35,7 +35,7 @@ func (m *Main) runCancel(ctx context.Context, log zerolog.Logger, args []string)
 	if err != nil {
 		return serverError(conn.url, err)
 	}
-	if before != nil && before.Status == couchq.StatusRunning {
+	if before != nil && before.Status == protocol.StatusRunning {
 		return printActed(m.Stdout, it, conn.json, "cancelled %s (it was running on %s, which stops it at its next lease renewal)", it.ID, before.ClaimedBy)
 	}
 	return printActed(m.Stdout, it, conn.json, "cancelled %s", it.ID)

@@ -20,8 +20,8 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // defaultURL is the server used when neither --url nor $COUCHDB_URL is set.
@@ -41,7 +41,7 @@ const connUsage = `	--url URL         CouchDB server (default $COUCHDB_URL, else
 	                  environment
 	--ca-file F       trust the CA certificates in PEM file F (as well as
 	                  the system's) for https:// URLs
-	--db NAME         database (default $COUCHQ_DB, else ` + couchq.DBDefault + `)
+	--db NAME         database (default $COUCHQ_DB, else ` + protocol.DBDefault + `)
 	--json            machine-readable JSON on stdout
 	--log-level LVL   debug, info, warn, error or disabled (default warn)
 `
@@ -151,7 +151,7 @@ func (c *connFlags) resolve(m *Main) error {
 }
 
 // resolveCredentials settles the user and password: flags, then the
-// environment; what is still empty comes from the URL (couchq.DialHTTP).
+// environment; what is still empty comes from the URL (protocol.DialHTTP).
 func (c *connFlags) resolveCredentials(m *Main) error {
 	if c.user == "" {
 		c.user = m.Getenv("COUCHDB_USER")
@@ -185,7 +185,7 @@ func (c *connFlags) resolveCredentials(m *Main) error {
 
 // urlHasUser reports whether the first node's URL names a user.
 func urlHasUser(raw string) bool {
-	nodes := couchq.SplitNodeURLs(raw)
+	nodes := protocol.SplitNodeURLs(raw)
 	if len(nodes) == 0 {
 		return false
 	}
@@ -202,10 +202,10 @@ func (c *connFlags) resolveURL(m *Main) error {
 	if c.rawURL == "" {
 		c.rawURL = defaultURL
 	}
-	nodes := couchq.SplitNodeURLs(c.rawURL)
+	nodes := protocol.SplitNodeURLs(c.rawURL)
 	redacted := make([]string, len(nodes))
 	for i, n := range nodes {
-		redacted[i] = couchq.Redact(n)
+		redacted[i] = protocol.Redact(n)
 	}
 	c.url = strings.Join(redacted, ",")
 	if len(nodes) == 0 {
@@ -223,7 +223,7 @@ func (c *connFlags) resolveURL(m *Main) error {
 // httpClient is the HTTP client for the server: for a list of nodes, one
 // that fails over between them and says so in log (once a minute a node).
 func (m *Main) httpClient(c *connFlags, log zerolog.Logger) (*http.Client, error) {
-	hc := couchq.NewHTTPClient()
+	hc := protocol.NewHTTPClient()
 	if c.caFile != "" {
 		pool, err := loadCAFile(c.caFile)
 		if err != nil {
@@ -232,9 +232,9 @@ func (m *Main) httpClient(c *connFlags, log zerolog.Logger) (*http.Client, error
 		tr := hc.Transport.(*http.Transport)
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	nodes := couchq.SplitNodeURLs(c.rawURL)
+	nodes := protocol.SplitNodeURLs(c.rawURL)
 	if len(nodes) > 1 {
-		f, err := couchq.NewFailover(hc.Transport, nodes, log)
+		f, err := protocol.NewFailover(hc.Transport, nodes, log)
 		if err != nil {
 			return nil, &usageError{err: err}
 		}
@@ -265,7 +265,7 @@ func (c *connFlags) resolveOthers(m *Main) error {
 		c.db = m.Getenv("COUCHQ_DB")
 	}
 	if c.db == "" {
-		c.db = couchq.DBDefault
+		c.db = protocol.DBDefault
 	}
 	if !validDBName(c.db) {
 		return usageErrorf("invalid --db %q: a database name starts with a lowercase letter and has only a-z, 0-9 and _$()+-/", c.db)
@@ -290,7 +290,7 @@ func (m *Main) dial(c *connFlags, log zerolog.Logger) (*kivik.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := couchq.DialHTTP(c.rawURL, c.user, c.password, hc)
+	client, err := protocol.DialHTTP(c.rawURL, c.user, c.password, hc)
 	if err != nil {
 		return nil, &usageError{err: err}
 	}
@@ -299,7 +299,7 @@ func (m *Main) dial(c *connFlags, log zerolog.Logger) (*kivik.Client, error) {
 
 // connect settles the connection flags, sets the command's log level and
 // opens the queue: what every command that works on jobs starts with.
-func (m *Main) connect(ctx context.Context, c *connFlags, log zerolog.Logger) (*couchq.Client, zerolog.Logger, func(), error) {
+func (m *Main) connect(ctx context.Context, c *connFlags, log zerolog.Logger) (*protocol.Client, zerolog.Logger, func(), error) {
 	if err := c.resolve(m); err != nil {
 		return nil, log, nil, err
 	}
@@ -310,14 +310,14 @@ func (m *Main) connect(ctx context.Context, c *connFlags, log zerolog.Logger) (*
 
 // openQueue connects to the server and the queue database, which must
 // exist (couchq init creates it). close releases the connection.
-func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) (q *couchq.Client, close func(), err error) {
+func (m *Main) openQueue(ctx context.Context, c *connFlags, log zerolog.Logger) (q *protocol.Client, close func(), err error) {
 	client, err := m.dial(c, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	// ReadYourWrites: a command that lists jobs right after one that wrote
 	// them sees the writes on a cluster, through any node.
-	q, err = couchq.New(ctx, client.DB(c.db), couchq.Config{Logger: log, Actor: "cli", Now: m.Now, ReadYourWrites: true})
+	q, err = protocol.New(ctx, client.DB(c.db), protocol.Config{Logger: log, Actor: "cli", Now: m.Now, ReadYourWrites: true})
 	if err != nil {
 		_ = client.Close()
 		if kivik.HTTPStatus(err) == http.StatusNotFound && !isNetError(err) {

@@ -14,8 +14,8 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/localserver"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const demoUsage = `Usage: couchq demo [--keep] [flags]
@@ -53,7 +53,7 @@ type demo struct {
 	local   *localserver.PouchDB // nil when using the caller's server
 	dataDir string
 	client  *kivik.Client
-	q       *couchq.Client
+	q       *protocol.Client
 	showID  string // the job the show step displays
 	retryID string // the job that fails once, shown after the work
 }
@@ -167,14 +167,14 @@ func (d *demo) initDB(ctx context.Context) error {
 			return serverError(d.conn.url, fmt.Errorf("deleting the previous demo database %s: %w", d.conn.db, err))
 		}
 	}
-	res, err := initDB(ctx, d.client, d.conn, couchq.InitOptions{}, d.log)
+	res, err := initDB(ctx, d.client, d.conn, protocol.InitOptions{}, d.log)
 	if err != nil {
 		return err
 	}
 	if err := printInit(d.out, res, d.conn.json); err != nil {
 		return err
 	}
-	d.q, err = couchq.New(ctx, d.client.DB(d.conn.db), couchq.Config{Logger: d.log, Actor: "cli"})
+	d.q, err = protocol.New(ctx, d.client.DB(d.conn.db), protocol.Config{Logger: d.log, Actor: "cli"})
 	if err != nil {
 		return serverError(d.conn.url, err)
 	}
@@ -183,7 +183,7 @@ func (d *demo) initDB(ctx context.Context) error {
 
 func (d *demo) enqueue(ctx context.Context) error {
 	now := d.m.Now()
-	one := func(flags string, job couchq.NewJob) (*couchq.WorkItem, error) {
+	one := func(flags string, job protocol.NewJob) (*protocol.WorkItem, error) {
 		d.header("couchq enqueue %s", flags)
 		it, dup, err := enqueueOne(ctx, d.q, job)
 		if err != nil {
@@ -191,19 +191,19 @@ func (d *demo) enqueue(ctx context.Context) error {
 		}
 		return it, printEnqueued(d.out, it, dup, d.conn.json)
 	}
-	first, err := one(`--type email --payload '{"to":"ada@example.com","template":"welcome"}'`, couchq.NewJob{
+	first, err := one(`--type email --payload '{"to":"ada@example.com","template":"welcome"}'`, protocol.NewJob{
 		Worker: "email", Payload: json.RawMessage(`{"to":"ada@example.com","template":"welcome"}`),
 	})
 	if err != nil {
 		return err
 	}
 	d.showID = first.ID
-	if _, err := one(`--type email --payload '{"to":"grace@example.com","template":"welcome"}'`, couchq.NewJob{
+	if _, err := one(`--type email --payload '{"to":"grace@example.com","template":"welcome"}'`, protocol.NewJob{
 		Worker: "email", Payload: json.RawMessage(`{"to":"grace@example.com","template":"welcome"}`),
 	}); err != nil {
 		return err
 	}
-	thumb, err := one(`--type thumbnail --payload '{"image":"cat.png","width":128}' --max-attempts 3`, couchq.NewJob{
+	thumb, err := one(`--type thumbnail --payload '{"image":"cat.png","width":128}' --max-attempts 3`, protocol.NewJob{
 		Worker: "thumbnail", Payload: json.RawMessage(`{"image":"cat.png","width":128}`), MaxAttempts: 3,
 	})
 	if err != nil {
@@ -211,9 +211,9 @@ func (d *demo) enqueue(ctx context.Context) error {
 	}
 	d.retryID = thumb.ID
 	// The report is unique per day: enqueueing it again finds the first.
-	report := couchq.NewJob{
+	report := protocol.NewJob{
 		Worker: "report", Payload: json.RawMessage(`{"period":"daily"}`), At: now.Add(2 * time.Second),
-		Unique: couchq.UniqueOpts{Key: "daily", For: 24 * time.Hour},
+		Unique: protocol.UniqueOpts{Key: "daily", For: 24 * time.Hour},
 	}
 	for range 2 {
 		if _, err := one(`--type report --payload '{"period":"daily"}' --in 2s --unique-key daily --unique-for 24h`, report); err != nil {
@@ -224,7 +224,7 @@ func (d *demo) enqueue(ctx context.Context) error {
 	d.header("couchq enqueue --file pings.jsonl   (%d ping jobs in one _bulk_docs request)", pings)
 	jobs := make([]fileJob, pings)
 	for i := range jobs {
-		jobs[i] = fileJob{line: i + 1, job: couchq.NewJob{Worker: "ping", Payload: map[string]int{"n": i + 1}}}
+		jobs[i] = fileJob{line: i + 1, job: protocol.NewJob{Worker: "ping", Payload: map[string]int{"n": i + 1}}}
 	}
 	m := *d.m
 	m.Stdout = d.out
@@ -233,7 +233,7 @@ func (d *demo) enqueue(ctx context.Context) error {
 
 func (d *demo) list(ctx context.Context) error {
 	d.header("couchq ls")
-	batch, err := d.q.List(ctx, couchq.ListOptions{Limit: 100})
+	batch, err := d.q.List(ctx, protocol.ListOptions{Limit: 100})
 	if err != nil {
 		return err
 	}
@@ -246,7 +246,7 @@ func (d *demo) show(ctx context.Context) error {
 }
 
 func (d *demo) explore(context.Context) error {
-	base := withoutUser(couchq.SplitNodeURLs(d.conn.rawURL)[0])
+	base := withoutUser(protocol.SplitNodeURLs(d.conn.rawURL)[0])
 	d.header("Look around")
 	fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: %s/_utils/#/database/%s/_all_docs\n", base, url.PathEscape(d.conn.db))
 	switch {
@@ -298,7 +298,7 @@ func pouchDBInstalled() bool {
 func withoutUser(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return couchq.Redact(raw)
+		return protocol.Redact(raw)
 	}
 	u.User = nil
 	return strings.TrimRight(u.String(), "/")

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -35,12 +35,12 @@ func (d *demo) work(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := couchq.ConnectHTTP(ctx, d.conn.rawURL, d.conn.user, d.conn.password, hc)
+	srv, err := protocol.ConnectHTTP(ctx, d.conn.rawURL, d.conn.user, d.conn.password, hc)
 	if err != nil {
 		return serverError(d.conn.url, err)
 	}
 	defer srv.Client.Close()
-	q, err := srv.Open(ctx, d.conn.db, couchq.Config{Logger: d.log})
+	q, err := srv.Open(ctx, d.conn.db, protocol.Config{Logger: d.log})
 	if err != nil {
 		return serverError(d.conn.url, err)
 	}
@@ -87,7 +87,7 @@ func (d *demo) work(ctx context.Context) error {
 		}
 		done := 0
 		for _, byStatus := range counts {
-			done += int(byStatus[couchq.StatusDone])
+			done += int(byStatus[protocol.StatusDone])
 		}
 		if done >= total {
 			p.printf("all %d of %d jobs done", done, total)
@@ -112,7 +112,7 @@ func (d *demo) work(ctx context.Context) error {
 }
 
 // jobTotal counts the demo database's jobs, whatever their status.
-func (d *demo) jobTotal(ctx context.Context, q *couchq.Client) (int, error) {
+func (d *demo) jobTotal(ctx context.Context, q *protocol.Client) (int, error) {
 	counts, err := q.Counts(ctx)
 	if err != nil {
 		return 0, serverError(d.conn.url, err)

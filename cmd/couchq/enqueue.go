@@ -17,7 +17,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const enqueueUsage = `Usage:
@@ -80,7 +80,7 @@ type jobSpec struct {
 // fileJob is a validated job of a --file and the line it came from.
 type fileJob struct {
 	line int
-	job  couchq.NewJob
+	job  protocol.NewJob
 }
 
 func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -174,14 +174,14 @@ var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempt
 
 // enqueueOne stores job, explaining the failures a user can act on. dup
 // reports a unique job whose key was taken: it is the existing job.
-func enqueueOne(ctx context.Context, q *couchq.Client, job couchq.NewJob) (it *couchq.WorkItem, dup bool, err error) {
+func enqueueOne(ctx context.Context, q *protocol.Client, job protocol.NewJob) (it *protocol.WorkItem, dup bool, err error) {
 	it, err = q.Enqueue(ctx, job)
 	switch {
 	case err == nil:
 		return it, false, nil
-	case errors.Is(err, couchq.ErrDuplicate):
+	case errors.Is(err, protocol.ErrDuplicate):
 		return it, true, nil
-	case errors.Is(err, couchq.ErrInvalidJob):
+	case errors.Is(err, protocol.ErrInvalidJob):
 		return nil, false, &usageError{err: err}
 	case kivik.HTTPStatus(err) == http.StatusConflict && !isNetError(err):
 		return nil, false, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
@@ -200,7 +200,7 @@ type enqueued struct {
 	Duplicate bool `json:"duplicate,omitempty"`
 }
 
-func newEnqueued(it *couchq.WorkItem, dup bool) enqueued {
+func newEnqueued(it *protocol.WorkItem, dup bool) enqueued {
 	e := enqueued{ID: it.ID, Rev: it.Rev, Type: it.Worker, UniqueKey: it.UniqueKey, Duplicate: dup}
 	if it.Date != 0 {
 		due := it.DueAt()
@@ -209,7 +209,7 @@ func newEnqueued(it *couchq.WorkItem, dup bool) enqueued {
 	return e
 }
 
-func printEnqueued(w io.Writer, it *couchq.WorkItem, dup, asJSON bool) error {
+func printEnqueued(w io.Writer, it *protocol.WorkItem, dup, asJSON bool) error {
 	switch {
 	case asJSON:
 		return writeJSON(w, newEnqueued(it, dup))
@@ -221,10 +221,10 @@ func printEnqueued(w io.Writer, it *couchq.WorkItem, dup, asJSON bool) error {
 	return err
 }
 
-// newJob validates s and turns it into a couchq.NewJob; errors name the
+// newJob validates s and turns it into a protocol.NewJob; errors name the
 // JSON field at fault.
-func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
-	job := couchq.NewJob{Worker: s.Type, ID: s.ID, Unique: couchq.UniqueOpts{Key: s.UniqueKey}}
+func (s jobSpec) newJob(now time.Time) (protocol.NewJob, error) {
+	job := protocol.NewJob{Worker: s.Type, ID: s.ID, Unique: protocol.UniqueOpts{Key: s.UniqueKey}}
 	if s.Worker != "" {
 		if s.Type != "" && s.Type != s.Worker {
 			return job, fmt.Errorf(`"type" %q and "worker" %q disagree: give one of them`, s.Type, s.Worker)
@@ -250,14 +250,14 @@ func (s jobSpec) newJob(now time.Time) (couchq.NewJob, error) {
 		}
 		job.Unique.For = d
 	}
-	if len(s.UniqueKey) > couchq.MaxUniqueKeyLen {
-		return job, fmt.Errorf(`"unique_key" is %d bytes, at most %d`, len(s.UniqueKey), couchq.MaxUniqueKeyLen)
+	if len(s.UniqueKey) > protocol.MaxUniqueKeyLen {
+		return job, fmt.Errorf(`"unique_key" is %d bytes, at most %d`, len(s.UniqueKey), protocol.MaxUniqueKeyLen)
 	}
 	if s.UniqueKey != "" && strings.Contains(job.Worker, ":") {
 		return job, fmt.Errorf(`"type" %q cannot contain ':' in a unique job`, job.Worker)
 	}
 	if s.Priority != nil {
-		if *s.Priority < couchq.PriorityHighest || *s.Priority > couchq.PriorityLowest {
+		if *s.Priority < protocol.PriorityHighest || *s.Priority > protocol.PriorityLowest {
 			return job, fmt.Errorf(`invalid "priority" %d: want 1 (runs first) to 5 (last)`, *s.Priority)
 		}
 		job.Priority = *s.Priority
@@ -376,25 +376,25 @@ func (m *Main) readJobFile(name string, defaults jobSpec, now time.Time) ([]file
 
 // parseJobLine decodes one line strictly: an unknown field is an error,
 // since a misspelt "paylaod" would otherwise silently enqueue no payload.
-func parseJobLine(text []byte, defaults jobSpec, now time.Time) (couchq.NewJob, error) {
+func parseJobLine(text []byte, defaults jobSpec, now time.Time) (protocol.NewJob, error) {
 	var s jobSpec
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return couchq.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
+			return protocol.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return couchq.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for)", field)
+			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for)", field)
 		}
 		if text[0] != '{' {
-			return couchq.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
+			return protocol.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
 		}
-		return couchq.NewJob{}, fmt.Errorf("invalid JSON: %w", err)
+		return protocol.NewJob{}, fmt.Errorf("invalid JSON: %w", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return couchq.NewJob{}, errors.New("more than one JSON value on the line")
+		return protocol.NewJob{}, errors.New("more than one JSON value on the line")
 	}
 	if s.Type == "" && s.Worker == "" {
 		s.Type = defaults.Type
@@ -423,7 +423,7 @@ func jsonKind(field string) string {
 // enqueueFile stores jobs in batches. Once validated, the jobs are written
 // batch by batch: a failure part way leaves earlier batches enqueued, which
 // the summary says.
-func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, jobs []fileJob, asJSON bool) error {
+func (m *Main) enqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []fileJob, asJSON bool) error {
 	if label == "-" {
 		label = "stdin"
 	}
@@ -437,7 +437,7 @@ func (m *Main) enqueueFile(ctx context.Context, q *couchq.Client, label string, 
 	var failed []failure
 	for start := 0; start < len(jobs); start += bulkBatch {
 		batch := jobs[start:min(start+bulkBatch, len(jobs))]
-		newJobs := make([]couchq.NewJob, len(batch))
+		newJobs := make([]protocol.NewJob, len(batch))
 		for i, fj := range batch {
 			newJobs[i] = fj.job
 		}

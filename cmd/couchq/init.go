@@ -8,8 +8,8 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
 
@@ -66,7 +66,7 @@ type initResult struct {
 	// functions): javascript or javascript_quickjs.
 	Language string `json:"language"`
 	// Security is the database's _security after --workers/--producers.
-	Security *couchq.SecurityObject `json:"security,omitempty"`
+	Security *protocol.SecurityObject `json:"security,omitempty"`
 }
 
 func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -84,7 +84,7 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q", rest[0])
 	}
-	var opts couchq.InitOptions
+	var opts protocol.InitOptions
 	if validation != "" {
 		if opts.Validation, err = designdocs.ParseValidation(validation); err != nil {
 			return usageErrorf("invalid --validation: %v", err)
@@ -95,11 +95,11 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 			return usageErrorf("invalid --language: %v", err)
 		}
 	}
-	var roles couchq.Roles
-	if roles.Workers, err = couchq.ParseAccess(workers); err != nil {
+	var roles protocol.Roles
+	if roles.Workers, err = protocol.ParseAccess(workers); err != nil {
 		return usageErrorf("invalid --workers: %v", err)
 	}
-	if roles.Producers, err = couchq.ParseAccess(producers); err != nil {
+	if roles.Producers, err = protocol.ParseAccess(producers); err != nil {
 		return usageErrorf("invalid --producers: %v", err)
 	}
 	setRoles := workers != "" || producers != ""
@@ -140,8 +140,8 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	return printInit(m.Stdout, res, conn.json)
 }
 
-// initDB runs couchq.Init and reports whether it had to create the database.
-func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, opts couchq.InitOptions, log zerolog.Logger) (*initResult, error) {
+// initDB runs protocol.Init and reports whether it had to create the database.
+func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, opts protocol.InitOptions, log zerolog.Logger) (*initResult, error) {
 	res := &initResult{URL: conn.url, Database: conn.db, Schema: designdocs.SchemaVersion}
 	// Asked separately only to report it: Init itself copes with a
 	// database created concurrently.
@@ -149,7 +149,7 @@ func initDB(ctx context.Context, client *kivik.Client, conn *connFlags, opts cou
 	if err != nil {
 		return nil, serverError(conn.url, fmt.Errorf("checking database %s: %w", conn.db, err))
 	}
-	outcome, err := couchq.InitWith(ctx, client, conn.db, opts, log)
+	outcome, err := protocol.InitWith(ctx, client, conn.db, opts, log)
 	if err != nil {
 		return nil, serverError(conn.url, err)
 	}
@@ -213,12 +213,12 @@ func printInit(w io.Writer, res *initResult, asJSON bool) error {
 }
 
 // setRoles writes who may use the database into its _security.
-func (m *Main) setRoles(ctx context.Context, conn *connFlags, roles couchq.Roles, log zerolog.Logger) (*couchq.SecurityObject, error) {
+func (m *Main) setRoles(ctx context.Context, conn *connFlags, roles protocol.Roles, log zerolog.Logger) (*protocol.SecurityObject, error) {
 	hc, err := m.httpClient(conn, log)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
+	srv, err := protocol.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +227,7 @@ func (m *Main) setRoles(ctx context.Context, conn *connFlags, roles couchq.Roles
 }
 
 // orNobody is an access list as init's flags take it, or "nobody".
-func orNobody(a couchq.Access) string {
+func orNobody(a protocol.Access) string {
 	if a.Empty() {
 		return "nobody"
 	}

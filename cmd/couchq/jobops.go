@@ -10,7 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Helpers shared by the commands that act on one job: retry, cancel and
@@ -33,12 +33,12 @@ func oneJobID(rest []string) (string, error) {
 // without its "job:" prefix as show does. A missing job is "job X not
 // found". The job is nil when the document is not a valid WorkItem: the
 // action then reports why, naming the field.
-func findJob(ctx context.Context, q *couchq.Client, id string) (string, *couchq.WorkItem, error) {
+func findJob(ctx context.Context, q *protocol.Client, id string) (string, *protocol.WorkItem, error) {
 	raw, id, err := readDoc(ctx, q.DB(), id)
 	if err != nil {
 		return id, nil, err
 	}
-	var it couchq.WorkItem
+	var it protocol.WorkItem
 	if json.Unmarshal(raw, &it) != nil {
 		return id, nil, nil
 	}
@@ -47,7 +47,7 @@ func findJob(ctx context.Context, q *couchq.Client, id string) (string, *couchq.
 
 // printActed reports the job an action left behind: the stored document
 // with --json (as show --json prints it), else the sentence given.
-func printActed(w io.Writer, it *couchq.WorkItem, asJSON bool, format string, args ...any) error {
+func printActed(w io.Writer, it *protocol.WorkItem, asJSON bool, format string, args ...any) error {
 	if asJSON {
 		return writeJSON(w, it)
 	}
@@ -56,9 +56,9 @@ func printActed(w io.Writer, it *couchq.WorkItem, asJSON bool, format string, ar
 }
 
 // claimantAlive reports whether the worker process that signed claimant
-// still heartbeats (couchq.WorkerInfo.Liveness). A claimant with no
+// still heartbeats (protocol.WorkerInfo.Liveness). A claimant with no
 // registry document is not alive. age is the heartbeat's age in seconds.
-func claimantAlive(ctx context.Context, q *couchq.Client, claimant string, now time.Time) (alive, registered bool, age float64, err error) {
+func claimantAlive(ctx context.Context, q *protocol.Client, claimant string, now time.Time) (alive, registered bool, age float64, err error) {
 	workers, err := q.Workers(ctx)
 	if err != nil {
 		return false, false, 0, err
@@ -75,7 +75,7 @@ func claimantAlive(ctx context.Context, q *couchq.Client, claimant string, now t
 // openJob is how every one-job command (cancel, requeue) starts: parse the
 // flags, take the job ID, connect, and read the job as it is now.
 func (m *Main) openJob(ctx context.Context, fs *flag.FlagSet, conn *connFlags, args []string, log zerolog.Logger) (
-	q *couchq.Client, id string, before *couchq.WorkItem, closeQueue func(), err error) {
+	q *protocol.Client, id string, before *protocol.WorkItem, closeQueue func(), err error) {
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return nil, "", nil, nil, err

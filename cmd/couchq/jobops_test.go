@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // retry, cancel and requeue on the script's jobs: what each applies to,
@@ -36,8 +36,8 @@ func TestRetryCancelRequeue(t *testing.T) {
 
 	// A running job whose worker still heartbeats is not requeued without --force.
 	r.Claim(t, "E")
-	now := couchq.ToUnix(r.Clock.Now())
-	w := &couchq.WorkerInfo{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"},
+	now := protocol.ToUnix(r.Clock.Now())
+	w := &protocol.WorkerInfo{ID: protocol.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"},
 		Concurrency: 1, StartedAt: now - 60, LastHeartbeat: now - 2, HeartbeatInterval: 5}
 	if err := r.Q.PutWorker(r.Ctx, w); err != nil {
 		t.Fatal(err)
@@ -46,8 +46,8 @@ func TestRetryCancelRequeue(t *testing.T) {
 	expect(t, res, exitFailure, "its worker host/1/w1 is alive (last heartbeat 2s ago)", "--force")
 	res = c.run(t, "requeue", "--force", "E", "--json")
 	expect(t, res, exitOK)
-	var doc couchq.WorkItem
-	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != couchq.StatusQueued || doc.Claimed {
+	var doc protocol.WorkItem
+	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != protocol.StatusQueued || doc.Claimed {
 		t.Errorf("requeue --force --json: %v %+v", err, doc)
 	}
 	// Three intervals without a heartbeat and the worker counts as gone.
@@ -71,9 +71,9 @@ func TestRetryCancelRequeue(t *testing.T) {
 	}
 	res = c.run(t, "retry", "C", "--json")
 	expect(t, res, exitOK)
-	doc = couchq.WorkItem{}
-	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != couchq.StatusQueued || doc.Attempts != 0 ||
-		doc.History[len(doc.History)-1].Event != couchq.EventRequeued {
+	doc = protocol.WorkItem{}
+	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != protocol.StatusQueued || doc.Attempts != 0 ||
+		doc.History[len(doc.History)-1].Event != protocol.EventRequeued {
 		t.Errorf("retry --json: %v %+v", err, doc)
 	}
 
@@ -125,7 +125,7 @@ func TestRetryFailedBringsAllBack(t *testing.T) {
 	c := online(t).mustInit(t)
 	db := c.env["COUCHQ_DB"]
 	var docs []any
-	for i := range 550 { // more than one page of couchq.RetryFailed's 500
+	for i := range 550 { // more than one page of protocol.RetryFailed's 500
 		doc := map[string]any{"_id": fmt.Sprintf("j-%04d", i), "type": "WorkItem", "worker": "mail",
 			"status": "failed", "attempts": 25, "last_error": "smtp timeout", "finished_at": 1.7e9, "created_at": 1.7e9}
 		switch {
@@ -153,8 +153,8 @@ func TestRetryFailedBringsAllBack(t *testing.T) {
 		t.Errorf("after: %s, want %s", got, want)
 	}
 	res = c.run(t, "show", "j-0007", "--json")
-	var doc couchq.WorkItem
-	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != couchq.StatusQueued || doc.Attempts != 0 ||
+	var doc protocol.WorkItem
+	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != protocol.StatusQueued || doc.Attempts != 0 ||
 		len(doc.History) != 1 || doc.History[0].Event != "requeued" || doc.History[0].By != "cli" {
 		t.Errorf("a retried job: %v %+v", err, doc)
 	}
@@ -178,7 +178,7 @@ func TestPurgeLeavesOtherStatusesUntouched(t *testing.T) {
 	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	c := online(t).mustInit(t)
 	db := c.env["COUCHQ_DB"]
-	old, recent := couchq.ToUnix(t0), couchq.ToUnix(t0.Add(10*24*time.Hour))
+	old, recent := protocol.ToUnix(t0), protocol.ToUnix(t0.Add(10*24*time.Hour))
 	var docs []any
 	for i := range 2400 {
 		doc := map[string]any{"_id": fmt.Sprintf("job-%04d", i), "type": "WorkItem", "worker": []string{"p1", "p2"}[i%2],
@@ -256,11 +256,11 @@ func TestDocDelCount(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, body)
 		}))
-		client, err := couchq.Dial(ts.URL, "", "")
+		client, err := protocol.Dial(ts.URL, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		q, err := couchq.New(context.Background(), client.DB("q"), couchq.Config{Replicas: 1})
+		q, err := protocol.New(context.Background(), client.DB("q"), protocol.Config{Replicas: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

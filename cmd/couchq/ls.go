@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
 
@@ -33,7 +33,7 @@ const lastErrorWidth = 50
 func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("ls", lsUsage)
 	conn := addConnFlags(fs)
-	var opts couchq.ListOptions
+	var opts protocol.ListOptions
 	var status string
 	fs.StringVar(&opts.Worker, "type", "", "job type")
 	fs.StringVar(&status, "status", "", "job status")
@@ -72,7 +72,7 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 
 // printPaused says which job types are paused (only typ, when given): their
 // queued jobs wait on purpose.
-func printPaused(ctx context.Context, w io.Writer, q *couchq.Client, typ string) error {
+func printPaused(ctx context.Context, w io.Writer, q *protocol.Client, typ string) error {
 	var only []string
 	if typ != "" {
 		only = []string{typ}
@@ -92,7 +92,7 @@ func printPaused(ctx context.Context, w io.Writer, q *couchq.Client, typ string)
 
 // printJobs writes batch as a table, or with asJSON as /api/jobs serves
 // it (opshttp.Jobs).
-func printJobs(w io.Writer, q *couchq.Client, batch *couchq.Batch, limit int, now time.Time, asJSON bool) error {
+func printJobs(w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, opshttp.Jobs(batch))
 	}
@@ -121,7 +121,7 @@ func printJobs(w io.Writer, q *couchq.Client, batch *couchq.Batch, limit int, no
 }
 
 // dueString says when a job is due, relative to now when that is close.
-func dueString(it *couchq.WorkItem, now time.Time) string {
+func dueString(it *protocol.WorkItem, now time.Time) string {
 	if it.Date == 0 {
 		return "now"
 	}

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // opsRun is opstest's known script of jobs, played in a database of the
@@ -132,7 +132,7 @@ func bulkWrite(t *testing.T, db string, docs []any) {
 // statusTotals counts a database's jobs by type and status, as "type/status".
 func statusTotals(t *testing.T, db string) string {
 	t.Helper()
-	q, err := couchq.New(context.Background(), srv.Client(t).DB(db), couchq.Config{})
+	q, err := protocol.New(context.Background(), srv.Client(t).DB(db), protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const periodicUsage = `Usage: couchq periodic ls [flags]
@@ -43,7 +43,7 @@ func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []strin
 	}
 	if conn.json {
 		if states == nil {
-			states = []couchq.PeriodicState{}
+			states = []protocol.PeriodicState{}
 		}
 		return writeJSON(m.Stdout, states)
 	}
@@ -60,7 +60,7 @@ func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []strin
 			lastJob = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", st.Name, st.Worker, st.Schedule,
-			timeAndAgo(couchq.FromUnix(st.LastTick), now), timeAndAgo(couchq.FromUnix(st.NextTick), now), lastJob)
+			timeAndAgo(protocol.FromUnix(st.LastTick), now), timeAndAgo(protocol.FromUnix(st.NextTick), now), lastJob)
 	}
 	return tw.Flush()
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const purgeUsage = `Usage: couchq purge --status STATUS --older-than AGE [--type TYPE] [flags]
@@ -44,7 +44,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 	if len(rest) > 0 {
 		return usageErrorf("unexpected argument %q (choose jobs with --status, --older-than and --type)", rest[0])
 	}
-	st := couchq.Status(status)
+	st := protocol.Status(status)
 	switch {
 	case status == "":
 		return usageErrorf("--status is required: done, failed or cancelled")
@@ -53,7 +53,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 	case olderThan == "":
 		return usageErrorf("--older-than is required, e.g. 7d (0s purges every %s job)", status)
 	}
-	age, err := couchq.ParseAge(olderThan)
+	age, err := protocol.ParseAge(olderThan)
 	if err != nil {
 		return usageErrorf("invalid --older-than %q: %v", olderThan, err)
 	}
@@ -78,7 +78,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 		bar.on = bar.total > 0
 	}
 	cutoff := m.Now().Add(-age)
-	deleted, err := q.Purge(ctx, couchq.PurgeOptions{Status: st, OlderThan: age, Worker: typ, Progress: bar.set})
+	deleted, err := q.Purge(ctx, protocol.PurgeOptions{Status: st, OlderThan: age, Worker: typ, Progress: bar.set})
 	bar.done()
 	if err != nil {
 		return fmt.Errorf("purging %s jobs (%d deleted before this): %w", what, deleted, serverError(conn.url, err))
@@ -113,7 +113,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 }
 
 // countStatus counts the jobs in status st (of type typ, or of every type).
-func countStatus(ctx context.Context, q *couchq.Client, st couchq.Status, typ string) (int, error) {
+func countStatus(ctx context.Context, q *protocol.Client, st protocol.Status, typ string) (int, error) {
 	counts, err := q.Counts(ctx)
 	if err != nil {
 		return 0, err

@@ -6,7 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const requeueUsage = `Usage: couchq requeue [--force] [flags] ID
@@ -35,14 +35,14 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	defer closeQueue()
-	if before != nil && before.Status == couchq.StatusRunning && before.ClaimedBy != "" && !force {
+	if before != nil && before.Status == protocol.StatusRunning && before.ClaimedBy != "" && !force {
 		alive, _, age, err := claimantAlive(ctx, q, before.ClaimedBy, m.Now())
 		if err != nil {
 			return serverError(conn.url, fmt.Errorf("requeueing job %s: checking its worker: %w", id, err))
 		}
 		if alive {
 			return fmt.Errorf("requeueing job %s: %w: its worker %s is alive (last heartbeat %s ago); requeueing would run it twice at once (--force to do it anyway)",
-				id, couchq.ErrWrongState, before.ClaimedBy, fmtSeconds(age))
+				id, protocol.ErrWrongState, before.ClaimedBy, fmtSeconds(age))
 		}
 	}
 	it, err := q.Requeue(ctx, id, q.Config().Actor)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const retryUsage = `Usage:
@@ -74,5 +74,5 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return serverError(conn.url, err)
 	}
-	return printActed(m.Stdout, it, conn.json, "retried %s: %s, due now, attempts reset (max %d)", it.ID, couchq.StatusQueued, q.MaxAttempts(it))
+	return printActed(m.Stdout, it, conn.json, "retried %s: %s, due now, attempts reset (max %d)", it.ID, protocol.StatusQueued, q.MaxAttempts(it))
 }

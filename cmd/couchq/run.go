@@ -12,7 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Exit codes.
@@ -165,7 +165,7 @@ func (m *Main) exit(name string, err error) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(m.Stderr, "couchq %s: %v (run 'couchq help %s' for usage)\n", name, ue.err, name)
 		return exitUsage
-	case errors.Is(err, couchq.ErrNotHeld):
+	case errors.Is(err, protocol.ErrNotHeld):
 		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
 		return exitNotHeld
 	default:

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
 
@@ -117,7 +117,7 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return err
 	}
-	couchURL, err := url.Parse(couchq.SplitNodeURLs(conn.rawURL)[0])
+	couchURL, err := url.Parse(protocol.SplitNodeURLs(conn.rawURL)[0])
 	if err != nil {
 		return usageErrorf("invalid --url %q", conn.url)
 	}

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // scrape fetches /metrics and parses it as Prometheus text.
@@ -41,7 +41,7 @@ func TestServeAnswersAsTheCommandsPrint(t *testing.T) {
 	if code != http.StatusOK || body != res.stdout {
 		t.Errorf("/api/stats: %d\n%s\nwant what stats --json printed:\n%s", code, body, res.stdout)
 	}
-	var st couchq.Stats
+	var st protocol.Stats
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}

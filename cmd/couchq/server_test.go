@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Tests against the real server of couchtest (see TestMain).
@@ -185,7 +185,7 @@ func TestListByStatusAcrossTypes(t *testing.T) {
 
 	// Run the z job to completion with the library, as a worker would.
 	ctx := context.Background()
-	q, err := couchq.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), couchq.Config{})
+	q, err := protocol.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestEnqueueFileBulk(t *testing.T) {
 	r = c.run(t, "show", "ping-3", "--json")
 	expect(t, r, exitOK)
 	r = c.run(t, "ls", "--type", "default", "--limit", "1000", "--json")
-	var docs []couchq.WorkItem
+	var docs []protocol.WorkItem
 	if err := json.Unmarshal([]byte(r.stdout), &docs); err != nil || len(docs) != 250 {
 		t.Fatalf("ls --type default: %d jobs, %v", len(docs), err)
 	}

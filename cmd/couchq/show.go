@@ -14,7 +14,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const showUsage = `Usage: couchq show [flags] ID
@@ -51,7 +51,7 @@ func (m *Main) runShow(ctx context.Context, log zerolog.Logger, args []string) e
 }
 
 // showJob prints job id: the raw document with asJSON, else readable.
-func showJob(ctx context.Context, w io.Writer, q *couchq.Client, id string, now time.Time, asJSON bool) error {
+func showJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, now time.Time, asJSON bool) error {
 	raw, id, err := readDoc(ctx, q.DB(), id)
 	if err != nil {
 		return err
@@ -65,7 +65,7 @@ func showJob(ctx context.Context, w io.Writer, q *couchq.Client, id string, now 
 		_, err := w.Write(buf.Bytes())
 		return err
 	}
-	var it couchq.WorkItem
+	var it protocol.WorkItem
 	if err := json.Unmarshal(raw, &it); err != nil {
 		// Show what is there: this is how an operator finds out what is
 		// wrong with a document the workers set aside.
@@ -100,7 +100,7 @@ func isNotFound(err error) bool {
 }
 
 // printJob writes it in readable form.
-func printJob(w io.Writer, q *couchq.Client, it *couchq.WorkItem, now time.Time) error {
+func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.Time) error {
 	fmt.Fprintln(w, it.ID)
 	tw := newTable(w)
 	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, value) }
@@ -119,19 +119,19 @@ func printJob(w io.Writer, q *couchq.Client, it *couchq.WorkItem, now time.Time)
 		field("unique key", it.UniqueKey)
 	}
 	if it.CreatedAt != 0 {
-		field("created", timeAndAgo(couchq.FromUnix(it.CreatedAt), now))
+		field("created", timeAndAgo(protocol.FromUnix(it.CreatedAt), now))
 	}
 	if it.Claimed {
 		field("claimed by", it.ClaimedBy)
 		if it.ClaimedAt != 0 {
-			field("claimed", timeAndAgo(couchq.FromUnix(it.ClaimedAt), now))
+			field("claimed", timeAndAgo(protocol.FromUnix(it.ClaimedAt), now))
 		}
 		if it.LeaseUntil != 0 {
 			field("lease until", timeAndAgo(it.Lease(), now))
 		}
 	}
 	if it.FinishedAt != 0 {
-		field("finished", timeAndAgo(couchq.FromUnix(it.FinishedAt), now))
+		field("finished", timeAndAgo(protocol.FromUnix(it.FinishedAt), now))
 	}
 	if it.LastError != "" {
 		field("last error", strings.ReplaceAll(strings.TrimSpace(it.LastError), "\n", "\n  \t"))

@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const slotsUsage = `Usage: couchq slots ls SEQ [--limit N] [flags]
@@ -48,7 +48,7 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 		limit   int
 		abandon bool
 	)
-	fs.DurationVar(&ttl, "ttl", couchq.SlotTTLDefault, "reservation TTL")
+	fs.DurationVar(&ttl, "ttl", protocol.SlotTTLDefault, "reservation TTL")
 	fs.StringVar(&format, "format", "%d", "slot format")
 	fs.IntVar(&start, "start", 1, "first number")
 	fs.StringVar(&holder, "as", "", "holder")
@@ -93,7 +93,7 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	defer closeQueue()
 	switch sub {
 	case "reserve":
-		r, err := q.Reserve(ctx, couchq.NumberedSequence(seqName, format, start, ttl), holder)
+		r, err := q.Reserve(ctx, protocol.NumberedSequence(seqName, format, start, ttl), holder)
 		if err != nil {
 			return serverError(conn.url, err)
 		}
@@ -105,12 +105,12 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	case "release":
 		r, err := q.GetReservation(ctx, seqName, rest[2])
 		if err != nil {
-			if errors.Is(err, couchq.ErrNotFound) {
+			if errors.Is(err, protocol.ErrNotFound) {
 				return fmt.Errorf("slot %s of %s was never reserved", rest[2], seqName)
 			}
 			return serverError(conn.url, err)
 		}
-		if r.State != couchq.SlotReserved {
+		if r.State != protocol.SlotReserved {
 			return fmt.Errorf("slot %s of %s is %s, not reserved", r.Slot, seqName, r.State)
 		}
 		if r.Holder != holder {
@@ -145,7 +145,7 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	if conn.json {
 		if list == nil {
-			list = []couchq.Reservation{}
+			list = []protocol.Reservation{}
 		}
 		return writeJSON(m.Stdout, map[string]any{"sequence": seqName, "last_used": last, "slots": list})
 	}
@@ -161,8 +161,8 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	fmt.Fprintln(tw, "SLOT\tSTATE\tHOLDER\tUNTIL")
 	for _, r := range list {
 		state, until := r.State, "-"
-		if r.State == couchq.SlotReserved {
-			until = timeAndAgo(couchq.FromUnix(r.ExpiresAt), now)
+		if r.State == protocol.SlotReserved {
+			until = timeAndAgo(protocol.FromUnix(r.ExpiresAt), now)
 			if r.Expired(now) {
 				state = "expired"
 			}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
 
@@ -86,7 +86,7 @@ func flagError(err error) error {
 }
 
 // printStats writes the report as tables.
-func printStats(w io.Writer, st *couchq.Stats) error {
+func printStats(w io.Writer, st *protocol.Stats) error {
 	window := st.Until.Sub(st.Since)
 	fmt.Fprintf(w, "Window: %s to %s (%s)\n\n", st.Since.UTC().Format("2006-01-02 15:04:05Z"),
 		st.Until.UTC().Format("2006-01-02 15:04:05Z"), fmtDuration(window))
@@ -107,7 +107,7 @@ func printStats(w io.Writer, st *couchq.Stats) error {
 		for _, t := range st.Types {
 			for i, s := range []struct {
 				name string
-				sum  couchq.Summary
+				sum  protocol.Summary
 			}{{"wait", t.Wait}, {"service", t.Service}, {"execution", t.Execution}} {
 				name := t.Type
 				if i > 0 {
@@ -151,7 +151,7 @@ func printStats(w io.Writer, st *couchq.Stats) error {
 		fmt.Fprintln(tw, "PERIODIC\tTYPE\tSCHEDULE\tLAST TICK\tNEXT TICK")
 		for _, p := range st.Periodic {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Worker, p.Schedule,
-				timeAndAgo(couchq.FromUnix(p.LastTick), st.Until), timeAndAgo(couchq.FromUnix(p.NextTick), st.Until))
+				timeAndAgo(protocol.FromUnix(p.LastTick), st.Until), timeAndAgo(protocol.FromUnix(p.NextTick), st.Until))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -176,7 +176,7 @@ func printStats(w io.Writer, st *couchq.Stats) error {
 }
 
 // fmtSummary renders count, min, mean, p50, p95 and max as table cells.
-func fmtSummary(s couchq.Summary) string {
+func fmtSummary(s protocol.Summary) string {
 	if s.Count == 0 {
 		return "0\t-\t-\t-\t-\t-"
 	}

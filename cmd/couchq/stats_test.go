@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // couchq stats on a known script: the exact counts and times.
@@ -17,7 +17,7 @@ func TestStatsFromAKnownScript(t *testing.T) {
 
 	res := r.c.run(t, "stats", "--json", "--since", r.Since())
 	expect(t, res, exitOK)
-	var st couchq.Stats
+	var st protocol.Stats
 	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
 		t.Fatalf("stats --json: %v", err)
 	}
@@ -47,7 +47,7 @@ func TestStatsFromAKnownScript(t *testing.T) {
 	// A window after the script saw nothing happen; the queue is the same.
 	res = r.c.run(t, "stats", "--json", "--type", "mail", "--since", "5s")
 	expect(t, res, exitOK)
-	st = couchq.Stats{}
+	st = protocol.Stats{}
 	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -55,11 +55,11 @@ func TestStatsFromAKnownScript(t *testing.T) {
 		t.Errorf("late window: %+v", l)
 	}
 	// A registered worker shows up with its type; one of another type does not.
-	now := couchq.ToUnix(r.Clock.Now())
-	for _, w := range []*couchq.WorkerInfo{
-		{ID: couchq.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"}, Concurrency: 2,
+	now := protocol.ToUnix(r.Clock.Now())
+	for _, w := range []*protocol.WorkerInfo{
+		{ID: protocol.WorkerDocID("host", 1, "w1"), Claimant: opstest.Claimant, Types: []string{"mail"}, Concurrency: 2,
 			StartedAt: now - 101, LastHeartbeat: now - 1, HeartbeatInterval: 5, BusySeconds: 50, Completed: 20},
-		{ID: couchq.WorkerDocID("host", 2, "w1"), Claimant: "host/2/w1", Types: []string{"sms"}, Concurrency: 1,
+		{ID: protocol.WorkerDocID("host", 2, "w1"), Claimant: "host/2/w1", Types: []string{"sms"}, Concurrency: 1,
 			StartedAt: now - 1000, LastHeartbeat: now - 600, HeartbeatInterval: 5},
 	} {
 		if err := r.Q.PutWorker(r.Ctx, w); err != nil {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -169,14 +169,14 @@ type workerFlags struct {
 	// fleetLimits is --fleet-concurrency parsed.
 	fleetLimits map[string]int
 	// rateLimits is --rate parsed.
-	rateLimits map[string]couchq.RateLimit
+	rateLimits map[string]protocol.RateLimit
 	periodicTZ string
 	catchUp    string
 	// healthAddr is --health-addr; healthHost its host, checked.
 	healthAddr string
 	healthHost string
 	// schedules is --periodic parsed.
-	schedules []couchq.Periodic
+	schedules []protocol.Periodic
 
 	// set records which flags were given, for those whose zero value is
 	// meaningful (--retry-delay 0 retries at once).
@@ -201,7 +201,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.lease, "lease", worker.LeaseDurationDefault, "lease duration")
 	fs.BoolVar(&f.drain, "drain", false, "exit when no due work remains")
 	fs.BoolVar(&f.deleteDone, "delete-done", false, "delete finished jobs")
-	fs.IntVar(&f.maxAttempts, "max-attempts", couchq.MaxAttemptsDefault, "default attempts per job")
+	fs.IntVar(&f.maxAttempts, "max-attempts", protocol.MaxAttemptsDefault, "default attempts per job")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", worker.ShutdownTimeoutDefault, "grace for running jobs")
 	fs.DurationVar(&f.heartbeat, "heartbeat", 0, "heartbeat interval")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", 0, "sweep interval")
@@ -297,12 +297,12 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 	if err != nil {
 		return err
 	}
-	srv, err := couchq.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
+	srv, err := protocol.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
 	if err != nil {
 		return serverError(conn.url, err)
 	}
 	defer srv.Client.Close()
-	if _, err := couchq.Init(ctx, srv.Client, conn.db, log); err != nil {
+	if _, err := protocol.Init(ctx, srv.Client, conn.db, log); err != nil {
 		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
 	}
 	workers := make([]*worker.Worker, len(specs))
@@ -312,7 +312,7 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 		metrics = worker.NewMetrics()
 	}
 	for i, f := range specs {
-		q, err := srv.Open(ctx, conn.db, couchq.Config{Logger: log, MaxAttempts: f.maxAttempts})
+		q, err := srv.Open(ctx, conn.db, protocol.Config{Logger: log, MaxAttempts: f.maxAttempts})
 		if err != nil {
 			return serverError(conn.url, err)
 		}
@@ -451,8 +451,8 @@ func (f *workerFlags) checkFleet() error {
 			return usageErrorf("invalid --fleet-concurrency %q: want TYPE=K, e.g. 'webhook=10'", v)
 		case !slices.Contains(f.typeList, typ):
 			return usageErrorf("invalid --fleet-concurrency %q: %s is not one of --type %s", v, typ, f.types)
-		case n < 1 || n > couchq.MaxRateSlots:
-			return usageErrorf("invalid --fleet-concurrency %q: K must be from 1 to %d", v, couchq.MaxRateSlots)
+		case n < 1 || n > protocol.MaxRateSlots:
+			return usageErrorf("invalid --fleet-concurrency %q: K must be from 1 to %d", v, protocol.MaxRateSlots)
 		}
 		if _, dup := f.fleetLimits[typ]; dup {
 			return usageErrorf("invalid --fleet-concurrency %q: a limit for %s is already given", v, typ)
@@ -476,7 +476,7 @@ func (f *workerFlags) checkRates() error {
 		if !slices.Contains(f.typeList, typ) {
 			return usageErrorf("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
 		}
-		rl, err := couchq.ParseRate(spec)
+		rl, err := protocol.ParseRate(spec)
 		if err != nil {
 			return usageErrorf("invalid --rate %q: %v", v, err)
 		}
@@ -484,7 +484,7 @@ func (f *workerFlags) checkRates() error {
 			return usageErrorf("invalid --rate %q: a limit for %s is already given", v, typ)
 		}
 		if f.rateLimits == nil {
-			f.rateLimits = map[string]couchq.RateLimit{}
+			f.rateLimits = map[string]protocol.RateLimit{}
 		}
 		f.rateLimits[typ] = rl
 	}
@@ -497,12 +497,12 @@ func (f *workerFlags) checkPeriodic() error {
 	if err != nil {
 		return usageErrorf("invalid --periodic-tz %q: %v", f.periodicTZ, err)
 	}
-	var catchUp couchq.CatchUp
+	var catchUp protocol.CatchUp
 	switch f.catchUp {
 	case "once":
-		catchUp = couchq.CatchUpOnce
+		catchUp = protocol.CatchUpOnce
 	case "all":
-		catchUp = couchq.CatchUpAll
+		catchUp = protocol.CatchUpAll
 	default:
 		return usageErrorf("invalid --catch-up %q: want once or all", f.catchUp)
 	}
@@ -517,8 +517,8 @@ func (f *workerFlags) checkPeriodic() error {
 			return usageErrorf("invalid --periodic %q: a schedule for %s is already given", v, typ)
 		}
 		seen[typ] = true
-		p := couchq.Periodic{Name: typ, Schedule: spec, Location: loc, Job: couchq.NewJob{Worker: typ}, CatchUp: catchUp}
-		if _, err := couchq.CheckPeriodic(p); err != nil {
+		p := protocol.Periodic{Name: typ, Schedule: spec, Location: loc, Job: protocol.NewJob{Worker: typ}, CatchUp: catchUp}
+		if _, err := protocol.CheckPeriodic(p); err != nil {
 			return usageErrorf("invalid --periodic %q: %v", v, err)
 		}
 		f.schedules = append(f.schedules, p)

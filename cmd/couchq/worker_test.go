@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Flag mistakes of worker, sweep and workers exit 2 before any request:
@@ -174,8 +174,8 @@ func TestWorkerDrainInProcess(t *testing.T) {
 		t.Errorf("%d jobs left after draining with --delete-done, want only the scheduled one", n)
 	}
 	r = c.run(t, "show", "later", "--json")
-	var it couchq.WorkItem
-	if err := json.Unmarshal([]byte(r.stdout), &it); err != nil || it.Status != couchq.StatusQueued || it.Claimed {
+	var it protocol.WorkItem
+	if err := json.Unmarshal([]byte(r.stdout), &it); err != nil || it.Status != protocol.StatusQueued || it.Claimed {
 		t.Errorf("the scheduled job: %+v, %v", it, err)
 	}
 }
@@ -186,7 +186,7 @@ func TestSweepAndWorkers(t *testing.T) {
 	t.Parallel()
 	c := online(t).mustInit(t)
 	ctx := context.Background()
-	q, err := couchq.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), couchq.Config{})
+	q, err := protocol.New(ctx, srv.Client(t).DB(c.env["COUCHQ_DB"]), protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestSweepAndWorkers(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res != (sweepResult{Requeued: 1, Failed: 1}) {
 		t.Errorf("sweep --json: %+v, %v (%q)", res, err, r.stdout)
 	}
-	for id, status := range map[string]couchq.Status{"a": couchq.StatusQueued, "b": couchq.StatusFailed, "c": couchq.StatusRunning} {
+	for id, status := range map[string]protocol.Status{"a": protocol.StatusQueued, "b": protocol.StatusFailed, "c": protocol.StatusRunning} {
 		it, err := q.Get(ctx, id)
 		if err != nil || it.Status != status {
 			t.Errorf("job %s after the sweep: %+v, %v; want %s", id, it, err, status)
@@ -245,11 +245,11 @@ func TestSweepAndWorkers(t *testing.T) {
 	}
 
 	now := time.Now()
-	for _, w := range []*couchq.WorkerInfo{
+	for _, w := range []*protocol.WorkerInfo{
 		{ID: "worker:h:1:alive", Claimant: "h/1/alive", PID: 1, Types: []string{"x", "y"}, Concurrency: 4,
-			Running: []string{"c"}, LastHeartbeat: couchq.ToUnix(now.Add(-time.Second)), HeartbeatInterval: 10},
+			Running: []string{"c"}, LastHeartbeat: protocol.ToUnix(now.Add(-time.Second)), HeartbeatInterval: 10},
 		{ID: "worker:h:2:dead", Claimant: "h/2/dead", PID: 2, Types: []string{"x"}, Concurrency: 1,
-			LastHeartbeat: couchq.ToUnix(now.Add(-time.Minute)), HeartbeatInterval: 10},
+			LastHeartbeat: protocol.ToUnix(now.Add(-time.Minute)), HeartbeatInterval: 10},
 	} {
 		if err := q.PutWorker(ctx, w); err != nil {
 			t.Fatal(err)

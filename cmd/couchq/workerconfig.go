@@ -14,8 +14,8 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -250,7 +250,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 		f := &workerFlags{
 			types: t, handler: ft.Handler, exec: ft.Exec,
 			httpTimeout: handlers.DefaultHTTPTimeout, concurrency: worker.ConcurrencyDefault,
-			lease: worker.LeaseDurationDefault, maxAttempts: couchq.MaxAttemptsDefault,
+			lease: worker.LeaseDurationDefault, maxAttempts: protocol.MaxAttemptsDefault,
 			shutdownTimeout: worker.ShutdownTimeoutDefault, feedTimeout: worker.FeedTimeoutDefault,
 			queryTimeout: worker.QueryTimeoutDefault,
 			fallbackPoll: worker.FallbackPollDefault, periodicTZ: "UTC", catchUp: "once",
@@ -317,14 +317,14 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 		}
 		f.healthAddr = wf.Worker.HealthAddr
 		if ft.Rate != "" {
-			if _, err := couchq.ParseRate(ft.Rate); err != nil {
+			if _, err := protocol.ParseRate(ft.Rate); err != nil {
 				return nil, fail("rate", "%v", err)
 			}
 			f.rates = repeatedFlag{t + "=" + ft.Rate}
 		}
 		if ft.FleetConcurrency != nil {
-			if *ft.FleetConcurrency < 1 || *ft.FleetConcurrency > couchq.MaxRateSlots {
-				return nil, fail("fleet_concurrency", "must be from 1 to %d, got %d", couchq.MaxRateSlots, *ft.FleetConcurrency)
+			if *ft.FleetConcurrency < 1 || *ft.FleetConcurrency > protocol.MaxRateSlots {
+				return nil, fail("fleet_concurrency", "must be from 1 to %d, got %d", protocol.MaxRateSlots, *ft.FleetConcurrency)
 			}
 			f.fleet = repeatedFlag{t + "=" + strconv.Itoa(*ft.FleetConcurrency)}
 		}
@@ -358,19 +358,19 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 		if err != nil {
 			return nil, failP("timezone: %v", err)
 		}
-		catchUp := couchq.CatchUpOnce
+		catchUp := protocol.CatchUpOnce
 		switch p.CatchUp {
 		case "", "once":
 		case "all":
-			catchUp = couchq.CatchUpAll
+			catchUp = protocol.CatchUpAll
 		default:
 			return nil, failP("catch_up: want once or all, got %q", p.CatchUp)
 		}
-		if p.Priority != 0 && (p.Priority < couchq.PriorityHighest || p.Priority > couchq.PriorityLowest) {
-			return nil, failP("priority: want %d (first) to %d, got %d", couchq.PriorityHighest, couchq.PriorityLowest, p.Priority)
+		if p.Priority != 0 && (p.Priority < protocol.PriorityHighest || p.Priority > protocol.PriorityLowest) {
+			return nil, failP("priority: want %d (first) to %d, got %d", protocol.PriorityHighest, protocol.PriorityLowest, p.Priority)
 		}
-		sched := couchq.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: couchq.NewJob{Worker: p.Type, Priority: p.Priority}, CatchUp: catchUp}
-		if _, err := couchq.CheckPeriodic(sched); err != nil {
+		sched := protocol.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: protocol.NewJob{Worker: p.Type, Priority: p.Priority}, CatchUp: catchUp}
+		if _, err := protocol.CheckPeriodic(sched); err != nil {
 			return nil, failP("%v", err)
 		}
 		specs[0].schedules = append(specs[0].schedules, sched)
@@ -561,7 +561,7 @@ func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerFlags) error 
 		fmt.Fprintln(w)
 		for _, p := range f.schedules {
 			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s, priority %d\n", p.Name, p.Schedule, p.Location,
-				map[couchq.CatchUp]string{couchq.CatchUpOnce: "once", couchq.CatchUpAll: "all"}[p.CatchUp], (&couchq.WorkItem{Priority: p.Job.Priority}).EffectivePriority())
+				map[protocol.CatchUp]string{protocol.CatchUpOnce: "once", protocol.CatchUpAll: "all"}[p.CatchUp], (&protocol.WorkItem{Priority: p.Job.Priority}).EffectivePriority())
 		}
 	}
 	_, err := fmt.Fprintf(w, "shutdown_timeout %s\n", specs[0].shutdownTimeout)

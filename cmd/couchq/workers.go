@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 const workersUsage = `Usage: couchq workers [flags]
@@ -28,7 +28,7 @@ last heartbeat), HEARTBEAT (how long ago) and STATE (alive or dead).
 
 // workerRow is one registry document as printed with --json.
 type workerRow struct {
-	*couchq.WorkerInfo
+	*protocol.WorkerInfo
 	HeartbeatAge float64 `json:"heartbeat_age"`
 	Alive        bool    `json:"alive"`
 }
@@ -62,7 +62,7 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	return printWorkers(m.Stdout, rows)
 }
 
-func newWorkerRow(info *couchq.WorkerInfo, now time.Time) workerRow {
+func newWorkerRow(info *protocol.WorkerInfo, now time.Time) workerRow {
 	if info.Running == nil {
 		info.Running = []string{} // [] rather than null in --json
 	}

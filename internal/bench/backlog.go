@@ -10,8 +10,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -287,16 +287,16 @@ type claimTimes struct {
 // leaves it out, or the claim conflicts, and the round tries again, as a
 // runner's would; the sample includes the retries.
 type claimRounds struct {
-	c         *couchq.Client
+	c         *protocol.Client
 	claimedAt map[string]time.Time
 }
 
-func newClaimRounds(c *couchq.Client) *claimRounds {
+func newClaimRounds(c *protocol.Client) *claimRounds {
 	return &claimRounds{c: c, claimedAt: map[string]time.Time{}}
 }
 
 // timeClaims claims n jobs, one round at a time.
-func timeClaims(ctx context.Context, c *couchq.Client, n int, stale bool) (claimTimes, error) {
+func timeClaims(ctx context.Context, c *protocol.Client, n int, stale bool) (claimTimes, error) {
 	var times claimTimes
 	r := newClaimRounds(c)
 	for range n {
@@ -321,7 +321,7 @@ func (r *claimRounds) claim(ctx context.Context, stale bool, times *claimTimes) 
 			return err
 		}
 		maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return time.Since(at) > recentClaims })
-		cands = slices.DeleteFunc(cands, func(cand couchq.DueCandidate) bool { _, mine := r.claimedAt[cand.ID]; return mine })
+		cands = slices.DeleteFunc(cands, func(cand protocol.DueCandidate) bool { _, mine := r.claimedAt[cand.ID]; return mine })
 		if len(cands) == 0 {
 			if stale {
 				continue // the view as it stands lists only our claims
@@ -330,7 +330,7 @@ func (r *claimRounds) claim(ctx context.Context, stale bool, times *claimTimes) 
 		}
 		pick := cands[rand.IntN(len(cands))]
 		t1 := time.Now()
-		batch, err := r.c.FetchCandidates(ctx, []couchq.DueCandidate{pick})
+		batch, err := r.c.FetchCandidates(ctx, []protocol.DueCandidate{pick})
 		read += time.Since(t1)
 		if err != nil {
 			return err
@@ -345,7 +345,7 @@ func (r *claimRounds) claim(ctx context.Context, stale bool, times *claimTimes) 
 			r.claimedAt[pick.ID] = time.Now()
 			break
 		}
-		if !errors.Is(err, couchq.ErrClaimConflict) {
+		if !errors.Is(err, protocol.ErrClaimConflict) {
 			return fmt.Errorf("claiming %s (try %d): %w", pick.ID, tries, err)
 		}
 	}

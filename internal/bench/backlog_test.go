@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // pathRecorder is a transport that records the path of every request.
@@ -46,16 +46,16 @@ func (p *pathRecorder) take() []string {
 func TestTimeClaimsMakesAWorkersRound(t *testing.T) {
 	ctx := context.Background()
 	name := srv.UniqueDBName(t)
-	if _, err := couchq.InitWith(ctx, srv.Client(t), name, couchq.InitOptions{Validation: designdocs.ValidationOn}, zerolog.Nop()); err != nil {
+	if _, err := protocol.InitWith(ctx, srv.Client(t), name, protocol.InitOptions{Validation: designdocs.ValidationOn}, zerolog.Nop()); err != nil {
 		t.Fatal(err)
 	}
-	rec := &pathRecorder{next: couchq.NewHTTPClient().Transport}
+	rec := &pathRecorder{next: protocol.NewHTTPClient().Transport}
 	user, password := srv.Credentials()
-	s, err := couchq.ConnectHTTP(ctx, srv.URL(), user, password, &http.Client{Transport: rec})
+	s, err := protocol.ConnectHTTP(ctx, srv.URL(), user, password, &http.Client{Transport: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Open(ctx, name, couchq.Config{})
+	c, err := s.Open(ctx, name, protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestTimeClaimsMakesAWorkersRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := counts[jobType][couchq.StatusRunning]; got != 2*claims {
+	if got := counts[jobType][protocol.StatusRunning]; got != 2*claims {
 		t.Errorf("%d jobs running, want %d (%v)", got, 2*claims, counts)
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // warmUpTime is spent writing before the ceiling is timed.
@@ -203,20 +203,20 @@ type docWriter struct {
 // jobDoc is a job document as it stands after enqueue, claim or finish.
 func (w *docWriter) jobDoc(id, rev string, step int) ([]byte, error) {
 	now := time.Now()
-	it := couchq.WorkItem{
-		ID: id, Rev: rev, Worker: "ceiling", Status: couchq.StatusQueued, CreatedAt: couchq.ToUnix(now),
-		History: []couchq.Event{{At: now.UTC().Format(couchq.HistoryTimeFormat), Event: "enqueued", By: "cli"}},
+	it := protocol.WorkItem{
+		ID: id, Rev: rev, Worker: "ceiling", Status: protocol.StatusQueued, CreatedAt: protocol.ToUnix(now),
+		History: []protocol.Event{{At: now.UTC().Format(protocol.HistoryTimeFormat), Event: "enqueued", By: "cli"}},
 	}
 	if step >= 1 {
-		it.Claimed, it.Status, it.Attempts = true, couchq.StatusRunning, 1
+		it.Claimed, it.Status, it.Attempts = true, protocol.StatusRunning, 1
 		it.ClaimedBy, it.ClaimedAt, it.StartedAt = "bench/1/w1", it.CreatedAt, it.CreatedAt
 		it.LeaseUntil = it.CreatedAt + 30
-		it.History = append(it.History, couchq.Event{At: it.History[0].At, Event: "claimed", By: it.ClaimedBy, Attempt: 1})
+		it.History = append(it.History, protocol.Event{At: it.History[0].At, Event: "claimed", By: it.ClaimedBy, Attempt: 1})
 	}
 	if step >= 2 {
-		it.Claimed, it.Status, it.ClaimedBy, it.ClaimedAt, it.LeaseUntil = false, couchq.StatusDone, "", 0, 0
+		it.Claimed, it.Status, it.ClaimedBy, it.ClaimedAt, it.LeaseUntil = false, protocol.StatusDone, "", 0, 0
 		it.FinishedAt = it.CreatedAt
-		it.History = append(it.History, couchq.Event{At: it.History[0].At, Event: "done", By: "bench/1/w1", Attempt: 1})
+		it.History = append(it.History, protocol.Event{At: it.History[0].At, Event: "done", By: "bench/1/w1", Attempt: 1})
 	}
 	return json.Marshal(it)
 }

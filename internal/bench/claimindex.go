@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Section 8 starts each index with BacklogSmall due jobs and times Claims
@@ -86,7 +86,7 @@ func (b *run) runClaimIndex(ctx context.Context, s *Section) error {
 			due: func(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {
 				// What workers read: the due_priority view, here the default
 				// priority's range (the backlog has no other).
-				return w.viewDue(ctx, "/_design/"+designdocs.Name+"/_view/due_priority", now, couchq.PriorityDefault)
+				return w.viewDue(ctx, "/_design/"+designdocs.Name+"/_view/due_priority", now, protocol.PriorityDefault)
 			}},
 		{name: "the due view alone (JavaScript)", install: putDesign(false),
 			due: func(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // featureRounds is how many enqueues or slot rounds each feature row
@@ -42,13 +42,13 @@ func (b *run) runFeatures(ctx context.Context, s *Section) error {
 		return nil
 	}
 	if err := measure("enqueue", func(int) error {
-		_, err := c.Enqueue(ctx, couchq.NewJob{Worker: "plain"})
+		_, err := c.Enqueue(ctx, protocol.NewJob{Worker: "plain"})
 		return err
 	}); err != nil {
 		return err
 	}
-	unique := func(i int) couchq.NewJob {
-		return couchq.NewJob{Worker: "uniq", Unique: couchq.UniqueOpts{Key: fmt.Sprint(i)}}
+	unique := func(i int) protocol.NewJob {
+		return protocol.NewJob{Worker: "uniq", Unique: protocol.UniqueOpts{Key: fmt.Sprint(i)}}
 	}
 	if err := measure("enqueue with a new unique key", func(i int) error {
 		_, err := c.Enqueue(ctx, unique(i))
@@ -64,7 +64,7 @@ func (b *run) runFeatures(ctx context.Context, s *Section) error {
 	}); err != nil {
 		return err
 	}
-	rl := couchq.RateLimit{N: featureRounds, Per: time.Hour}
+	rl := protocol.RateLimit{N: featureRounds, Per: time.Hour}
 	if err := measure("rate limit: one start slot taken (per claim round)", func(int) error {
 		got, _, _, err := c.AcquireStarts(ctx, "limited", rl, 1, "bench")
 		if err == nil && got != 1 {

@@ -12,9 +12,9 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -32,13 +32,13 @@ func randomHex(n int) string {
 
 // enqueueBulk stores n due jobs with EnqueueMany and returns how long it
 // took. Any job refused is an error: the figures would be wrong.
-func enqueueBulk(ctx context.Context, c *couchq.Client, n int) (time.Duration, error) {
+func enqueueBulk(ctx context.Context, c *protocol.Client, n int) (time.Duration, error) {
 	start := time.Now()
 	for done := 0; done < n; {
 		size := min(enqueueBatch, n-done)
-		jobs := make([]couchq.NewJob, size)
+		jobs := make([]protocol.NewJob, size)
 		for i := range jobs {
-			jobs[i] = couchq.NewJob{Worker: jobType}
+			jobs[i] = protocol.NewJob{Worker: jobType}
 		}
 		res, err := c.EnqueueMany(ctx, jobs)
 		if err != nil {
@@ -58,7 +58,7 @@ func enqueueBulk(ctx context.Context, c *couchq.Client, n int) (time.Duration, e
 // (due_priority) before anything is timed: the first query of a view
 // indexes every document written since the last one, which would otherwise
 // land on the first timed claim.
-func buildViews(ctx context.Context, c *couchq.Client) (time.Duration, error) {
+func buildViews(ctx context.Context, c *protocol.Client) (time.Duration, error) {
 	start := time.Now()
 	err := askWhileBuilding(ctx, start, func() error {
 		_, _, err := c.DueCandidates(ctx, jobType, 1, false)
@@ -266,7 +266,7 @@ const settleTimeout = 15 * time.Second
 // ran it, which CouchDB may pick as the document's winner: the workers'
 // sweepers settle such a job once every lease on it ran out, but the pool
 // was stopped, so the bench sweeps as they would before reading again.
-func readDone(ctx context.Context, c *couchq.Client, n int) (jobTimes, error) {
+func readDone(ctx context.Context, c *protocol.Client, n int) (jobTimes, error) {
 	deadline := time.Now().Add(settleTimeout)
 	for {
 		jt, err := readJobs(ctx, c)
@@ -289,7 +289,7 @@ func readDone(ctx context.Context, c *couchq.Client, n int) (jobTimes, error) {
 }
 
 // readJobs reads every job document, a page at a time.
-func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
+func readJobs(ctx context.Context, c *protocol.Client) (jobTimes, error) {
 	var jt jobTimes
 	const page = 1000
 	startKey := "job:"
@@ -311,7 +311,7 @@ func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
 				_ = rows.Close()
 				return jt, fmt.Errorf("reading job %s: %w", id, err)
 			}
-			var it couchq.WorkItem
+			var it protocol.WorkItem
 			if err := json.Unmarshal(raw, &it); err != nil {
 				_ = rows.Close()
 				return jt, fmt.Errorf("decoding job %s: %w", id, err)
@@ -331,8 +331,8 @@ func readJobs(ctx context.Context, c *couchq.Client) (jobTimes, error) {
 	return jt, fmt.Errorf("listing jobs: more than %d", maxJobs)
 }
 
-func (jt *jobTimes) add(it *couchq.WorkItem) {
-	if it.Status != couchq.StatusDone {
+func (jt *jobTimes) add(it *protocol.WorkItem) {
+	if it.Status != protocol.StatusDone {
 		jt.other++
 		if len(it.Conflicts) > 0 {
 			jt.conflicted++
@@ -341,13 +341,13 @@ func (jt *jobTimes) add(it *couchq.WorkItem) {
 	}
 	jt.done++
 	jt.reruns += max(it.Attempts-1, 0)
-	if s := couchq.FromUnix(it.StartedAt); it.StartedAt > 0 && (jt.firstStart.IsZero() || s.Before(jt.firstStart)) {
+	if s := protocol.FromUnix(it.StartedAt); it.StartedAt > 0 && (jt.firstStart.IsZero() || s.Before(jt.firstStart)) {
 		jt.firstStart = s
 	}
 	if it.StartedAt > 0 && it.CreatedAt > 0 {
-		jt.waits = append(jt.waits, couchq.FromUnix(it.StartedAt).Sub(couchq.FromUnix(it.CreatedAt)))
+		jt.waits = append(jt.waits, protocol.FromUnix(it.StartedAt).Sub(protocol.FromUnix(it.CreatedAt)))
 	}
-	if f := couchq.FromUnix(it.FinishedAt); f.After(jt.lastFinish) {
+	if f := protocol.FromUnix(it.FinishedAt); f.After(jt.lastFinish) {
 		jt.lastFinish = f
 	}
 }

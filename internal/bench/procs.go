@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/localserver"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // procHeartbeat is the --heartbeat the worker processes run with: their
@@ -130,7 +130,7 @@ func (p *procPool) exited() error {
 }
 
 // registry sums what the children's registry documents report.
-func (p *procPool) registry(ctx context.Context, c *couchq.Client) (claimed, conflicts, completed int64, err error) {
+func (p *procPool) registry(ctx context.Context, c *protocol.Client) (claimed, conflicts, completed int64, err error) {
 	infos, err := c.Workers(ctx)
 	if err != nil {
 		return 0, 0, 0, err
@@ -149,7 +149,7 @@ func (p *procPool) registry(ctx context.Context, c *couchq.Client) (claimed, con
 
 // waitCompleted polls the registry until the children completed n jobs,
 // giving up after stall without progress or when a child exits.
-func (p *procPool) waitCompleted(ctx context.Context, c *couchq.Client, n int64, stall time.Duration) error {
+func (p *procPool) waitCompleted(ctx context.Context, c *protocol.Client, n int64, stall time.Duration) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	last, lastAt := int64(-1), time.Now()

@@ -16,8 +16,8 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // target is the server a run measures: where it is, what it is, and the
@@ -29,11 +29,11 @@ type target struct {
 	// nodes are every node's URL for a cluster the bench started (the
 	// queue clients fail over between them), else the server's URL alone.
 	nodes []string
-	// srv is what couchq.Connect returned; queue clients come from queue.
-	srv *couchq.Server
+	// srv is what protocol.Connect returned; queue clients come from queue.
+	srv *protocol.Server
 	// queue opens the couchq clients the sections measure: srv itself, or
 	// a copy whose kivik client counts requests (see Config.Instrument).
-	queue *couchq.Server
+	queue *protocol.Server
 	kivik *kivik.Client // queue's kivik client when instrumented, to close
 	// raw is for the ceiling section and housekeeping: plain net/http with
 	// enough idle connections for every ceiling writer, so the ceiling is
@@ -57,9 +57,9 @@ func connect(ctx context.Context, cfg Config, ps plannedServer, log zerolog.Logg
 	switch ps.kind {
 	case serverURL:
 		t.user, t.password = cfg.User, cfg.Password
-		t.nodes, t.info.Origin = couchq.SplitNodeURLs(cfg.URL), cfg.URLOrigin
+		t.nodes, t.info.Origin = protocol.SplitNodeURLs(cfg.URL), cfg.URLOrigin
 		if len(t.nodes) == 0 {
-			err = fmt.Errorf("server URL %q: no URL in it", couchq.Redact(cfg.URL))
+			err = fmt.Errorf("server URL %q: no URL in it", protocol.Redact(cfg.URL))
 		}
 	case ServerCouchDB, ServerCluster:
 		err = t.startCouchDB(ctx, ps, log)
@@ -85,10 +85,10 @@ func (t *target) setup(ctx context.Context, cfg Config) error {
 	for i, raw := range t.nodes {
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return fmt.Errorf("server URL %s: want http(s)://host:port", couchq.Redact(raw))
+			return fmt.Errorf("server URL %s: want http(s)://host:port", protocol.Redact(raw))
 		}
 		if u.User != nil {
-			// As couchq.Dial: credentials in the URL fill in what is not given.
+			// As protocol.Dial: credentials in the URL fill in what is not given.
 			if t.user == "" {
 				t.user = u.User.Username()
 			}
@@ -104,7 +104,7 @@ func (t *target) setup(ctx context.Context, cfg Config) error {
 	}
 	t.base = t.nodes[0]
 	var err error
-	t.srv, err = couchq.Connect(ctx, t.base, t.user, t.password)
+	t.srv, err = protocol.Connect(ctx, t.base, t.user, t.password)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (t *target) setup(ctx context.Context, cfg Config) error {
 	switch {
 	case len(t.nodes) > 1:
 		t.info.Nodes = t.nodes
-		t.info.Clients = fmt.Sprintf("queue clients: the node list with failover (couchq.Dial with %d comma-separated URLs; "+
+		t.info.Clients = fmt.Sprintf("queue clients: the node list with failover (protocol.Dial with %d comma-separated URLs; "+
 			"every request goes to node 1 while it answers); ceiling writers and housekeeping: node 1", len(t.nodes))
 	default:
 		t.info.Clients = "queue clients, ceiling writers and housekeeping: " + t.base
@@ -123,13 +123,13 @@ func (t *target) setup(ctx context.Context, cfg Config) error {
 	t.queue = t.srv
 	if cfg.Instrument || len(t.nodes) > 1 {
 		// couchq's own HTTP client (counted when instrumented): the workers
-		// see exactly what couchq.Connect gives them, _selector feed and
+		// see exactly what protocol.Connect gives them, _selector feed and
 		// failover included.
-		hc := couchq.NewHTTPClient()
+		hc := protocol.NewHTTPClient()
 		if cfg.Instrument {
 			hc = &http.Client{Transport: newCountingTransport(t.stats, cfg.ClientIdleConns)}
 		}
-		if t.queue, err = couchq.ConnectHTTP(ctx, t.queueURL(), t.user, t.password, hc); err != nil {
+		if t.queue, err = protocol.ConnectHTTP(ctx, t.queueURL(), t.user, t.password, hc); err != nil {
 			return err
 		}
 		t.kivik = t.queue.Client
@@ -187,14 +187,14 @@ func checkLoopback(ctx context.Context, host string) error {
 // validation on or off.
 func (t *target) newDB(ctx context.Context, section string, validation designdocs.Validation, log zerolog.Logger) (string, error) {
 	name := "couchq_bench_" + section + "_" + randomHex(4)
-	if _, err := couchq.InitWith(ctx, t.srv.Client, name, couchq.InitOptions{Validation: validation, Language: t.language}, log); err != nil {
+	if _, err := protocol.InitWith(ctx, t.srv.Client, name, protocol.InitOptions{Validation: validation, Language: t.language}, log); err != nil {
 		return "", fmt.Errorf("creating database %s: %w", name, err)
 	}
 	return name, nil
 }
 
 // designLanguage is the language the queue databases' design documents
-// get: the configured one, else the one couchq.Init picks for this server.
+// get: the configured one, else the one protocol.Init picks for this server.
 // The bench's own design documents use it too, so that they run in the
 // engine couchq's do.
 func (t *target) designLanguage() designdocs.Language {
@@ -243,8 +243,8 @@ func (t *target) indexing(ctx context.Context, db string) (n int, ok bool) {
 }
 
 // open returns a queue client on db, as the workers use it.
-func (t *target) open(ctx context.Context, db string) (*couchq.Client, error) {
-	return t.queue.Open(ctx, db, couchq.Config{})
+func (t *target) open(ctx context.Context, db string) (*protocol.Client, error) {
+	return t.queue.Open(ctx, db, protocol.Config{})
 }
 
 // treeUse is the CPU time of a process and its descendants (treeCPU).
@@ -415,11 +415,11 @@ type countingTransport struct {
 	stats *httpStats
 }
 
-// newCountingTransport wraps couchq's transport (couchq.NewHTTPClient),
+// newCountingTransport wraps couchq's transport (protocol.NewHTTPClient),
 // counting dials and requests; idle > 0 overrides its idle connections
 // per host.
 func newCountingTransport(stats *httpStats, idle int) http.RoundTripper {
-	tr := couchq.NewHTTPClient().Transport.(*http.Transport)
+	tr := protocol.NewHTTPClient().Transport.(*http.Transport)
 	if idle > 0 {
 		tr.MaxIdleConnsPerHost = idle
 	}

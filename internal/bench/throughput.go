@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -194,7 +194,7 @@ func (q *queueWaits) handler(next worker.Handler) worker.Handler {
 		now := time.Now()
 		if job.Attempt == 1 && job.Item != nil && job.Item.CreatedAt > 0 {
 			q.mu.Lock()
-			q.waits = append(q.waits, now.Sub(couchq.FromUnix(job.Item.CreatedAt)))
+			q.waits = append(q.waits, now.Sub(protocol.FromUnix(job.Item.CreatedAt)))
 			q.mu.Unlock()
 		}
 		return next.Handle(ctx, job)
@@ -208,7 +208,7 @@ func (q *queueWaits) all() []time.Duration {
 }
 
 // workInProcesses runs the backlog with `couchq worker` processes.
-func (b *run) workInProcesses(ctx context.Context, c *couchq.Client, db string) (workedBacklog, error) {
+func (b *run) workInProcesses(ctx context.Context, c *protocol.Client, db string) (workedBacklog, error) {
 	wb := workedBacklog{queries: -1}
 	began := time.Now()
 	p, err := b.startProcs(ctx, db, splitConcurrency(b.cfg.Workers, b.cfg.Procs))

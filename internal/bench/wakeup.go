@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -101,9 +101,9 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 
 	// One job first: when it has run, the worker follows the feed and has
 	// gone idle, which is the state measured.
-	warm := couchq.NewID()
+	warm := protocol.NewID()
 	warmAt := time.Now()
-	if _, err := c.Enqueue(ctx, couchq.NewJob{Worker: jobType, ID: warm}); err != nil {
+	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: jobType, ID: warm}); err != nil {
 		return err
 	}
 	if !rec.waitFor(ctx, 1, lateGrace) {
@@ -134,9 +134,9 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 			return ctx.Err()
 		case <-tick.C:
 		}
-		id := couchq.NewID()
+		id := protocol.NewID()
 		t0 := time.Now()
-		if _, err := c.Enqueue(ctx, couchq.NewJob{Worker: jobType, ID: id}); err != nil {
+		if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: jobType, ID: id}); err != nil {
 			return err
 		}
 		putTimes = append(putTimes, time.Since(t0))

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Clock is a clock tests move by hand; safe for the goroutines of a
@@ -75,25 +75,25 @@ const Claimant = "host/1/w1"
 // integration's opsScript plays the same script on its own test bundle;
 // keep the two in step.
 type Run struct {
-	Q     *couchq.Client // on the clock
+	Q     *protocol.Client // on the clock
 	Clock *Clock
 	T0    time.Time
-	Ctx   context.Context  // bounds the test's requests
-	E     *couchq.WorkItem // E as claimed
+	Ctx   context.Context    // bounds the test's requests
+	E     *protocol.WorkItem // E as claimed
 }
 
-// Play plays the script in db, which couchq.Init has prepared, and leaves
+// Play plays the script in db, which protocol.Init has prepared, and leaves
 // the clock at T0+20s. ctx bounds its requests and the Run's.
 func Play(ctx context.Context, t testing.TB, db *kivik.DB) *Run {
 	t.Helper()
 	r := &Run{T0: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC), Ctx: ctx}
 	r.Clock = NewClock(r.T0)
 	var err error
-	if r.Q, err = couchq.New(ctx, db, couchq.Config{Now: r.Clock.Now}); err != nil {
+	if r.Q, err = protocol.New(ctx, db, protocol.Config{Now: r.Clock.Now}); err != nil {
 		t.Fatal(err)
 	}
 	enqueue := func(id string, due time.Time) {
-		if _, err := r.Q.Enqueue(ctx, couchq.NewJob{ID: id, Worker: "mail", At: due}); err != nil {
+		if _, err := r.Q.Enqueue(ctx, protocol.NewJob{ID: id, Worker: "mail", At: due}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +111,7 @@ func Play(ctx context.Context, t testing.TB, db *kivik.DB) *Run {
 	if err := r.Q.Complete(ctx, a, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Q.Fail(ctx, b, "smtp timeout", couchq.FailOptions{RetryAfter: time.Second}); err != nil {
+	if err := r.Q.Fail(ctx, b, "smtp timeout", protocol.FailOptions{RetryAfter: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	r.At(6)
@@ -127,7 +127,7 @@ func Play(ctx context.Context, t testing.TB, db *kivik.DB) *Run {
 }
 
 // Claim claims job id as Claimant, at the clock's time.
-func (r *Run) Claim(t testing.TB, id string) *couchq.WorkItem {
+func (r *Run) Claim(t testing.TB, id string) *protocol.WorkItem {
 	t.Helper()
 	it, err := r.Q.Get(r.Ctx, id)
 	if err != nil {
@@ -148,7 +148,7 @@ func (r *Run) Since() string { return r.T0.Add(-time.Second).Format(time.RFC3339
 
 // CheckStats checks a report of the whole script at T0+20, as JSON
 // decodes it (no workers is [], not null).
-func CheckStats(t testing.TB, st *couchq.Stats) {
+func CheckStats(t testing.TB, st *protocol.Stats) {
 	t.Helper()
 	if len(st.Types) != 1 || st.Types[0].Type != "mail" {
 		t.Fatalf("types: %+v", st.Types)
@@ -164,7 +164,7 @@ func CheckStats(t testing.TB, st *couchq.Stats) {
 	checkSummary(t, "wait", m.Wait, 3, 2, 13.0/3, 7, 4, 7)
 	checkSummary(t, "service", m.Service, 2, 5, 7.5, 10, 5, 10)
 	checkSummary(t, "execution", m.Execution, 3, 1, 8.0/3, 4, 3, 4)
-	want := couchq.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
+	want := protocol.QueueNow{Due: 1, Scheduled: 1, Running: 1, Done: 2, OldestDueAge: 20}
 	if m.Queue != want {
 		t.Errorf("queue now %+v, want %+v", m.Queue, want)
 	}
@@ -176,7 +176,7 @@ func CheckStats(t testing.TB, st *couchq.Stats) {
 // Near reports whether two figures are equal but for float rounding.
 func Near(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
 
-func checkSummary(t testing.TB, name string, s couchq.Summary, count int64, lo, mean, hi, p50, p95 float64) {
+func checkSummary(t testing.TB, name string, s protocol.Summary, count int64, lo, mean, hi, p50, p95 float64) {
 	t.Helper()
 	if s.Count != count || !Near(s.Min, lo) || !Near(s.Mean, mean) || !Near(s.Max, hi) ||
 		s.P50 == nil || s.P95 == nil || !Near(*s.P50, p50) || !Near(*s.P95, p95) {

@@ -1,0 +1,262 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+)
+
+// ErrWrongState means an operator action does not apply to the job's
+// current status (retrying a job that is running, say).
+var ErrWrongState = errors.New("job is not in a state this action applies to")
+
+// operate reads a job, checks allowed, and writes change over the revision
+// it read. A 409 means someone (a worker, another operator) wrote in
+// between: it reads again and re-checks, a few times.
+func (c *Client) operate(ctx context.Context, what, id string, allowed func(*WorkItem) error, change func(*WorkItem)) (*WorkItem, error) {
+	for range 5 {
+		it, err := c.Get(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if err := allowed(it); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, id, err)
+		}
+		next := it.Clone()
+		change(next)
+		err = c.put(ctx, next)
+		if err == nil {
+			return next, nil
+		}
+		if !isStatus(err, http.StatusConflict) && !errors.Is(err, ErrClaimLost) {
+			return nil, fmt.Errorf("%s %s: %w", what, id, err)
+		}
+	}
+	return nil, fmt.Errorf("%s %s: the job kept changing under us; try again", what, id)
+}
+
+// Retry puts a failed or cancelled job back in the queue, due now, with
+// its attempts reset. by names the operator in the activity log.
+func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
+	return c.operate(ctx, "retrying job", id, func(it *WorkItem) error {
+		if it.Status != StatusFailed && it.Status != StatusCancelled {
+			return fmt.Errorf("%w: status is %s; only failed or cancelled jobs are retried", ErrWrongState, it.Status)
+		}
+		return nil
+	}, func(next *WorkItem) {
+		c.unclaim(next)
+		next.Status = StatusQueued
+		next.Attempts = 0
+		next.Date = 0
+		next.FinishedAt = 0
+		c.record(next, EventRequeued, by, "retried by operator")
+	})
+}
+
+// CancelJob cancels a queued or running job for good. A running job's
+// worker finds out at its next lease renewal, stops the handler, and its
+// result is refused.
+func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkItem, error) {
+	if reason == "" {
+		reason = "cancelled by operator"
+	}
+	return c.operate(ctx, "cancelling job", id, func(it *WorkItem) error {
+		if it.Status.Terminal() {
+			return fmt.Errorf("%w: status is already %s", ErrWrongState, it.Status)
+		}
+		return nil
+	}, func(next *WorkItem) {
+		c.unclaim(next)
+		next.Status = StatusCancelled
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(c.now())
+		c.record(next, EventCancelled, by, reason)
+	})
+}
+
+// Requeue returns a running job whose worker is gone to the queue at once,
+// without waiting for its lease to run out. The attempt it was running
+// stays counted.
+func (c *Client) Requeue(ctx context.Context, id, by string) (*WorkItem, error) {
+	return c.operate(ctx, "requeueing job", id, func(it *WorkItem) error {
+		if it.Status != StatusRunning {
+			return fmt.Errorf("%w: status is %s; only running jobs are requeued (use retry for failed ones)", ErrWrongState, it.Status)
+		}
+		return nil
+	}, func(next *WorkItem) {
+		claimant := next.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusQueued
+		c.record(next, EventRequeued, by, "requeued by operator; claimant "+claimant)
+	})
+}
+
+// RetryFailed retries every failed job of type worker, a page at a time
+// with one _bulk_docs write per page, and returns how many it retried. A job
+// changed or deleted since its page was listed is skipped. progress, when
+// set, is called after each page with the running total.
+func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress func(retried int)) (int, error) {
+	n := 0
+	for {
+		batch, err := c.List(ctx, ListOptions{Worker: worker, Status: StatusFailed, Limit: 500})
+		if err != nil {
+			return n, err
+		}
+		if len(batch.Items) == 0 {
+			return n, nil
+		}
+		docs := make([]any, len(batch.Items))
+		ids := make([]string, len(batch.Items))
+		for i, it := range batch.Items {
+			next := it.Clone()
+			c.unclaim(next)
+			next.Status = StatusQueued
+			next.Attempts = 0
+			next.Date = 0
+			next.FinishedAt = 0
+			c.record(next, EventRequeued, by, "retried by operator")
+			docs[i], ids[i] = next, it.ID
+		}
+		results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+		if err != nil {
+			return n, fmt.Errorf("retrying %d failed %s jobs: %w", len(docs), worker, err)
+		}
+		page := 0
+		for _, r := range alignBulk(ids, results, nil) {
+			if r.Error == nil {
+				page++
+			}
+		}
+		n += page
+		if progress != nil {
+			progress(n)
+		}
+		if page == 0 {
+			return n, nil // every one changed under us: nothing more to gain now
+		}
+	}
+}
+
+// PurgeOptions choose what Purge removes.
+type PurgeOptions struct {
+	// Status is a finished status: done, failed or cancelled.
+	Status Status
+	// OlderThan removes jobs finished longer ago than this.
+	OlderThan time.Duration
+	// Worker limits the purge to one job type; empty means every type.
+	Worker string
+	// Progress, when set, is called after each batch with the running total.
+	Progress func(deleted int)
+}
+
+// purgeBatch is how many documents one _bulk_docs deletion carries.
+const purgeBatch = 500
+
+// Purge deletes finished jobs in bulk and returns how many it deleted.
+// Each deletion leaves a tombstone (CouchDB keeps deleted documents' ids
+// and revisions so replicas learn of the deletion); compaction reclaims the
+// bodies but not the tombstones, which is why a queue that churns through
+// millions of jobs is better rotated to a fresh database.
+func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
+	if !opts.Status.Terminal() {
+		return 0, fmt.Errorf("purge: status must be done, failed or cancelled, got %q", opts.Status)
+	}
+	if opts.OlderThan < 0 {
+		return 0, fmt.Errorf("purge: older-than must not be negative")
+	}
+	cutoff := ToUnix(c.now().Add(-opts.OlderThan))
+	types := []string{opts.Worker}
+	if opts.Worker == "" {
+		var err error
+		if types, err = c.Types(ctx); err != nil {
+			return 0, err
+		}
+	}
+	deleted := 0
+	for _, typ := range types {
+		for {
+			docs, err := c.finishedBefore(ctx, opts.Status, typ, cutoff)
+			if err != nil {
+				return deleted, err
+			}
+			if len(docs) == 0 {
+				break
+			}
+			n, err := c.deleteSeen(ctx, docs)
+			deleted += n
+			if opts.Progress != nil {
+				opts.Progress(deleted)
+			}
+			if err != nil {
+				return deleted, err
+			}
+			if n == 0 {
+				break // every one changed under us: leave them for next time
+			}
+		}
+	}
+	return deleted, nil
+}
+
+// finishedBefore lists jobs of typ in status finished before cutoff, as
+// deletions at the revision the view saw.
+func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, cutoff float64) ([]any, error) {
+	rows := c.view(ctx, "by_status", kivik.Params(map[string]any{
+		"startkey": []any{string(status), typ},
+		"endkey":   []any{string(status), typ, cutoff},
+		"limit":    purgeBatch,
+	}))
+	defer rows.Close()
+	var docs []any
+	for rows.Next() {
+		id, _ := rows.ID()
+		var v struct {
+			Rev string `json:"rev"`
+		}
+		if rows.ScanValue(&v) != nil || v.Rev == "" {
+			continue
+		}
+		docs = append(docs, map[string]any{"_id": id, "_rev": v.Rev, "_deleted": true})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing %s %s jobs to purge: %w", status, typ, err)
+	}
+	return docs, nil
+}
+
+// deleteSeen deletes documents at the revisions given in one _bulk_docs
+// request; documents that changed since (a 409) are skipped.
+func (c *Client) deleteSeen(ctx context.Context, docs []any) (int, error) {
+	results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+	if err != nil {
+		return 0, fmt.Errorf("deleting %d jobs: %w", len(docs), err)
+	}
+	n := 0
+	for _, r := range results {
+		if r.Error == nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Tombstones reports how many deleted documents the database keeps
+// (doc_del_count); known is false when the server does not report it
+// (PouchDB Server).
+func (c *Client) Tombstones(ctx context.Context) (n int64, known bool, err error) {
+	st, err := c.db.Stats(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("reading database info: %w", err)
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(st.RawResponse, &fields) != nil {
+		return st.DeletedCount, false, nil
+	}
+	_, known = fields["doc_del_count"]
+	return st.DeletedCount, known, nil
+}

@@ -1,0 +1,136 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+)
+
+// Agents are claimants that are not worker processes: a script, a crawler
+// in another language, a person in a review tool. They claim a few jobs
+// under their name (claimed_by), hold them for a lease (an hour for an
+// editor), and complete, fail, extend or release them; a lease that runs
+// out returns the job through the sweeper like any other.
+
+// ErrNotHeld means a job is not held by the agent acting on it: it is not
+// claimed, another claimant holds it, or its lease was swept.
+var ErrNotHeld = errors.New("job not held by this agent")
+
+// AgentClaim is what ClaimForAgent returned.
+type AgentClaim struct {
+	// Held are jobs the agent already held, returned first (an agent that
+	// restarts gets its own work back).
+	Held []*WorkItem
+	// Claimed are jobs claimed now.
+	Claimed []*WorkItem
+	// Paused is set when the type is paused: nothing new was claimed.
+	Paused bool
+}
+
+// Jobs are Held then Claimed.
+func (a *AgentClaim) Jobs() []*WorkItem {
+	return append(append([]*WorkItem{}, a.Held...), a.Claimed...)
+}
+
+// maxAgentClaim bounds one ClaimForAgent.
+const maxAgentClaim = 1000
+
+// ClaimForAgent returns up to count jobs of type worker for agent: those it
+// already holds first, then due jobs claimed now (highest priority first)
+// with lease.
+func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, agent string, lease time.Duration) (*AgentClaim, error) {
+	switch {
+	case agent == "":
+		return nil, fmt.Errorf("%w: an agent needs a name", ErrInvalidJob)
+	case worker == "":
+		return nil, fmt.Errorf("%w: claiming needs a job type", ErrInvalidJob)
+	case count < 1 || count > maxAgentClaim:
+		return nil, fmt.Errorf("%w: claim from 1 to %d jobs, not %d", ErrInvalidJob, maxAgentClaim, count)
+	case lease <= 0:
+		return nil, fmt.Errorf("%w: a claim needs a positive lease", ErrInvalidJob)
+	}
+	held, err := c.HeldBy(ctx, agent, worker)
+	if err != nil {
+		return nil, err
+	}
+	out := &AgentClaim{Held: held[:min(len(held), count)]}
+	want := count - len(out.Held)
+	if want <= 0 {
+		return out, nil
+	}
+	paused, err := c.Paused(ctx, worker)
+	if err != nil {
+		return nil, err
+	}
+	if paused[worker] {
+		out.Paused = true
+		return out, nil
+	}
+	// A few rounds: claims lost to other claimants leave room for more.
+	for round := 0; round < 3 && want > 0; round++ {
+		batch, err := c.DueFirst(ctx, worker, want*2)
+		if err != nil {
+			return nil, err
+		}
+		if len(batch.Items) == 0 {
+			break
+		}
+		items := batch.Items[:min(len(batch.Items), want)]
+		for _, r := range c.ClaimMany(ctx, items, agent, lease) {
+			if r.Err == nil {
+				out.Claimed = append(out.Claimed, r.Item)
+				want--
+			} else if !errors.Is(r.Err, ErrClaimConflict) {
+				return out, r.Err
+			}
+		}
+	}
+	return out, nil
+}
+
+// HeldBy lists the jobs of type worker (all types for "") that claimant
+// holds, soonest lease end first.
+func (c *Client) HeldBy(ctx context.Context, claimant, worker string) ([]*WorkItem, error) {
+	start, end := []any{claimant}, []any{claimant, map[string]any{}}
+	if worker != "" {
+		start, end = []any{claimant, worker}, []any{claimant, worker, map[string]any{}}
+	}
+	rows := c.view(ctx, "held", kivik.Params(map[string]any{
+		"startkey": start, "endkey": end, "include_docs": true, "reduce": false, "limit": maxAgentClaim,
+	}))
+	defer rows.Close()
+	var out []*WorkItem
+	for rows.Next() {
+		var it WorkItem
+		if err := rows.ScanDoc(&it); err != nil {
+			continue // a malformed document is the workers' to quarantine
+		}
+		// The view may trail the document on a cluster: trust the document.
+		if it.Claimed && it.ClaimedBy == claimant {
+			out = append(out, &it)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing the jobs %s holds: %w", claimant, err)
+	}
+	return out, nil
+}
+
+// HeldJob reads job id and checks that claimant holds it (ErrNotHeld
+// otherwise, saying who does): what an agent acts on.
+func (c *Client) HeldJob(ctx context.Context, id, claimant string) (*WorkItem, error) {
+	it, err := c.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !it.Claimed:
+		return nil, fmt.Errorf("%s: %w: it is %s and nobody holds it (a lease that ran out was swept)", id, ErrNotHeld, it.Status)
+	case it.ClaimedBy != claimant:
+		return nil, fmt.Errorf("%s: %w: %s holds it", id, ErrNotHeld, it.ClaimedBy)
+	}
+	return it, nil
+}

@@ -1,0 +1,360 @@
+// Package protocol is couchq's domain and claim protocol: WorkItem documents,
+// enqueueing, listing due work, and claiming and finishing jobs safely on a
+// single CouchDB node or a cluster.
+//
+// A claim is a PUT of the job with claimed=true and the _rev that was read.
+// On one node CouchDB answers 409 to every other claimant. On a cluster two
+// claims carrying the same _rev can both be stored by different copies and
+// become a stored conflict a moment later, so every write is made with w =
+// a majority and only CouchDB's 201 commits it, and a committed claim reads
+// the job's whole revision tree before it runs (see cluster.go).
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb" // the CouchDB driver, registered as "couch"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// Defaults for Config.
+const (
+	// MaxAttemptsDefault is how many times a job runs before it stays failed.
+	MaxAttemptsDefault = 25
+	// HistoryLimitDefault bounds a job's activity log.
+	HistoryLimitDefault = 50
+	// DBDefault is the database name when none is configured.
+	DBDefault = "couchq"
+	// WriteLingerDefault is how long a lone write of a held job waits for
+	// others to join it (see Config.WriteLinger).
+	WriteLingerDefault = time.Millisecond
+)
+
+// Config configures a Client.
+type Config struct {
+	// Logger receives the protocol's warnings (skipped malformed documents,
+	// conflict clean-up). The zero value discards them.
+	Logger zerolog.Logger
+	// Actor names who makes the writes in the activity log when a call does
+	// not name a claimant (enqueue, operator commands); default "cli".
+	Actor string
+	// MaxAttempts applies to jobs without their own max_attempts.
+	MaxAttempts int
+	// HistoryLimit bounds each job's history; the oldest entries go first,
+	// but the first "enqueued" entry is kept.
+	HistoryLimit int
+	// Replicas overrides the replica count n read from the server. Leave 0.
+	Replicas int
+	// AlwaysConfirm makes claims do the cluster's confirming read, and the
+	// sweeper check for conflicting revisions, even on a single node (n = 1),
+	// where a 409 already settles every race. Tests use it to prove the
+	// cluster path against one server.
+	AlwaysConfirm bool
+	// ReadYourWrites makes every write on a cluster wait for all n copies
+	// (w = n) rather than a majority, so that a view read right after,
+	// through any node, sees it: CouchDB serves each view from one copy of
+	// each shard, whichever answers first. The CLI sets it for its commands
+	// (couchq retry --failed, then couchq ls). A write that reaches fewer
+	// copies (a node down) is answered 202 and read back as usual. Workers
+	// leave it off: a majority is what their protocol needs, and faster.
+	ReadYourWrites bool
+	// WriteLinger is how long a write of a held job (an outcome, a lease
+	// renewal, a sweep's) that finds no request of the client's in flight
+	// waits for others to go with it in one _bulk_docs; those that come
+	// while a request is in flight go in the next one anyway. Jobs that end
+	// together, as a claim round's short jobs do, then cost the server one
+	// request instead of two: Apache CouchDB spends several milliseconds of
+	// CPU on every write request, whatever its size (README, Performance).
+	// Negative: the first write goes at once.
+	WriteLinger time.Duration
+	// Now is the clock; default time.Now. Tests and metrics scripts set it.
+	Now func() time.Time
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Actor == "" {
+		c.Actor = "cli"
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = MaxAttemptsDefault
+	}
+	if c.HistoryLimit <= 0 {
+		c.HistoryLimit = HistoryLimitDefault
+	}
+	if c.WriteLinger == 0 {
+		c.WriteLinger = WriteLingerDefault
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Client runs the queue protocol against one database.
+type Client struct {
+	db  *kivik.DB
+	cfg Config
+	log zerolog.Logger
+	// n is the database's replica count: when n > 1, writes wait for a
+	// majority and claims are confirmed by reading from one (cluster.go).
+	n int
+	// couch, set on Apache CouchDB 2 or later (Server.Open), makes the
+	// requests kivik has no call for: _changes with a native _selector
+	// filter (otherwise the design document's filter), and the leaves of
+	// many jobs in one _bulk_get (otherwise a read each).
+	couch *chttp.Client
+	// batcher coalesces concurrent writes of held jobs into _bulk_docs.
+	batcher writeBatcher
+	// singleQueries is set once the server turned down a multi-range view
+	// request (.../queries; PouchDB Server): DueFirst then asks range by
+	// range.
+	singleQueries atomic.Bool
+	// fullViews holds, per view (*atomic.Int64 by name), when a query of
+	// it last asked every shard copy (Unix ns; see view). Per view: the
+	// sweeper's lease queries, every SweepInterval, took every turn of a
+	// single shared clock, so the due view was read from the stable
+	// copies only, and a job those lacked stayed unseen for minutes.
+	fullViews sync.Map
+	// membershipDenied warns once that the user cannot read _membership.
+	membershipDenied sync.Once
+}
+
+// New returns a Client for db. It asks the server for the database's
+// replica count (cluster.n); a server that reports none has one replica.
+func New(ctx context.Context, db *kivik.DB, cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	c := &Client{db: db, cfg: cfg, log: cfg.Logger, n: cfg.Replicas}
+	if c.n <= 0 {
+		stats, err := db.Stats(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading database %s info: %w", db.Name(), err)
+		}
+		c.n = 1
+		if stats.Cluster != nil && stats.Cluster.Replicas > 0 {
+			c.n = stats.Cluster.Replicas
+		}
+	}
+	return c, nil
+}
+
+// DB is the database the client works on.
+func (c *Client) DB() *kivik.DB { return c.db }
+
+// Replicas is the replica count n the protocol writes and reads with.
+func (c *Client) Replicas() int { return c.n }
+
+// Config returns the client's configuration with defaults applied.
+func (c *Client) Config() Config { return c.cfg }
+
+func (c *Client) now() time.Time { return c.cfg.Now() }
+
+// confirming reports whether claims need the confirming read.
+func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }
+
+// Init creates the database when it does not exist and installs or upgrades
+// the design document, keeping the stored document's validation choice (on
+// for a new database). Safe to run from many processes at once.
+func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.Logger) (designdocs.Outcome, error) {
+	return InitWith(ctx, client, dbName, InitOptions{}, log)
+}
+
+// InitOptions are what an admin chooses at couchq init.
+type InitOptions struct {
+	// Validation turns the design document's validate_doc_update on or off;
+	// the zero value keeps what the database has. See designdocs.Validation
+	// for what each costs and guards.
+	Validation designdocs.Validation
+	// Language picks the JavaScript engine the design documents' functions
+	// run in; the zero value keeps the stored documents' choice, and for a
+	// new database (or one from before the choice existed) takes the
+	// fastest the server has: QuickJS on Apache CouchDB 3.4 and later.
+	Language designdocs.Language
+}
+
+// InitWith is Init with options.
+func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts InitOptions, log zerolog.Logger) (designdocs.Outcome, error) {
+	exists, err := client.DBExists(ctx, dbName)
+	if err != nil {
+		return "", fmt.Errorf("checking database %s: %w", dbName, err)
+	}
+	if !exists {
+		if err := client.CreateDB(ctx, dbName); err != nil && kivik.HTTPStatus(err) != http.StatusPreconditionFailed {
+			return "", fmt.Errorf("creating database %s: %w", dbName, err)
+		}
+	}
+	docs, err := designdocs.Defaults()
+	if err != nil {
+		return "", err
+	}
+	db := client.DB(dbName)
+	lang := opts.Language
+	if lang == designdocs.LanguageKept {
+		if lang, err = keptLanguage(ctx, client, db); err != nil {
+			return "", err
+		}
+	}
+	for i, d := range docs {
+		docs[i] = d.WithLanguage(lang)
+	}
+	outcome, err := designdocs.Install(ctx, db, docs[0], opts.Validation, log)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range docs[1:] {
+		o, err := designdocs.Install(ctx, db, d, designdocs.ValidationKept, log)
+		if err != nil {
+			return "", err
+		}
+		// One outcome for all: the claim document's, unless only another
+		// document's content changed. Another's creation beside an
+		// unchanged claim document is not reported: concurrent installers
+		// of a new database race for it, and exactly one of them reports
+		// "created".
+		if outcome == designdocs.Unchanged && o == designdocs.Upgraded {
+			outcome = designdocs.Upgraded
+		}
+	}
+	return outcome, nil
+}
+
+// keptLanguage is the language db's claim design document chose (schema
+// designdocs.LanguageSchema or later), else the fastest the server has.
+func keptLanguage(ctx context.Context, client *kivik.Client, db *kivik.DB) (designdocs.Language, error) {
+	have, err := designdocs.Stored(ctx, db)
+	if err != nil {
+		return "", err
+	}
+	if have != nil && have.Couchq.Schema >= designdocs.LanguageSchema {
+		if lang, err := designdocs.ParseLanguage(have.Language); err == nil {
+			return lang, nil
+		}
+	}
+	ver, err := client.Version(ctx)
+	if err != nil {
+		return "", fmt.Errorf("asking the server what it is, to choose the design documents' language: %w", err)
+	}
+	caps := detectCaps(ver)
+	return designdocs.LanguageFor(caps.Vendor, caps.Version), nil
+}
+
+// Dial connects to the CouchDB server at rawURL. Credentials may be in the
+// URL or given as user and password; they are sent as basic auth and kept
+// out of the URL the driver holds, so no error message can carry them.
+// rawURL may list several nodes of one cluster, comma-separated: requests
+// then fail over between them (see Failover; the first URL's credentials
+// apply to all).
+func Dial(rawURL, user, password string) (*kivik.Client, error) {
+	return DialHTTP(rawURL, user, password, NewHTTPClient())
+}
+
+// DialHTTP is Dial over the given HTTP client (for TLS settings, proxies or
+// instrumentation); NewHTTPClient is what Dial uses. For a list of nodes
+// it fails over through a copy of hc, unless hc's transport is already a
+// Failover (made with NewFailover to log through a logger).
+func DialHTTP(rawURL, user, password string, hc *http.Client) (*kivik.Client, error) {
+	rawURL, hc, err := couchHTTPClient(rawURL, hc, zerolog.Nop())
+	if err != nil {
+		return nil, err
+	}
+	base, user, password, err := splitCredentials(rawURL, user, password)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kivik.New("couch", base, clientOptions(user, password, hc)...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", base, err)
+	}
+	return client, nil
+}
+
+// idleConnsPerHost is how many idle connections to the server a client
+// keeps. Go's default of two makes a worker running more jobs than that at
+// once open a new TCP connection for nearly every request.
+const idleConnsPerHost = 64
+
+// NewHTTPClient returns the HTTP client couchq talks to CouchDB with: Go's
+// default transport keeping enough idle connections for a busy worker.
+func NewHTTPClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = idleConnsPerHost
+	return &http.Client{Transport: tr}
+}
+
+// clientOptions are the kivik options every couchq client uses. Request
+// bodies are sent uncompressed: they are small JSON documents, and gzip
+// cost a worker about 1 MiB of allocation per job (couchq-bench).
+func clientOptions(user, password string, hc *http.Client) []kivik.Option {
+	return []kivik.Option{couchdb.OptionHTTPClient(hc), couchdb.OptionNoRequestCompression(), authOption(user, password)}
+}
+
+// splitCredentials takes the credentials out of rawURL; explicit ones win.
+func splitCredentials(rawURL, user, password string) (base, u, p string, err error) {
+	parsed, err := url.Parse(rawURL)
+	if err != nil || parsed.Scheme == "" || parsed.Host == "" {
+		return "", "", "", fmt.Errorf("invalid CouchDB URL %q: want http(s)://host:port", Redact(rawURL))
+	}
+	if parsed.User != nil {
+		if user == "" {
+			user = parsed.User.Username()
+		}
+		if pw, ok := parsed.User.Password(); ok && password == "" {
+			password = pw
+		}
+		parsed.User = nil
+	}
+	return strings.TrimRight(parsed.String(), "/"), user, password, nil
+}
+
+// authOption sends basic auth when there is a user, and nothing otherwise.
+func authOption(user, password string) kivik.Option {
+	if user == "" {
+		return kivik.Params(nil)
+	}
+	return couchdb.BasicAuth(user, password)
+}
+
+// DialEnv is Dial with COUCHDB_USER and COUCHDB_PASSWORD filling in the
+// credentials the URL lacks.
+func DialEnv(rawURL string) (*kivik.Client, error) {
+	return Dial(rawURL, os.Getenv("COUCHDB_USER"), os.Getenv("COUCHDB_PASSWORD"))
+}
+
+// Redact hides the password in a URL for messages and logs.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// Where a password would sit in a broken URL is anyone's guess.
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
+
+// isStatus reports whether err carries the HTTP status code.
+func isStatus(err error, code int) bool {
+	return err != nil && kivik.HTTPStatus(err) == code
+}
+
+// wrapLost turns a 409 on a held claim into ErrClaimLost, keeping the cause.
+func wrapLost(what, id string, err error) error {
+	if isStatus(err, http.StatusConflict) || errors.Is(err, ErrClaimLost) {
+		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrClaimLost, err)
+	}
+	if isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrNotFound, err)
+	}
+	return fmt.Errorf("%s %s: %w", what, id, err)
+}

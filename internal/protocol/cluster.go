@@ -1,0 +1,819 @@
+package protocol
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+)
+
+// The cluster protocol. On a database with n > 1 copies of each shard,
+// CouchDB has no compare-and-swap: each copy checks the _rev on its own, so
+// two claims of one revision can both be stored (each on the copies it
+// reached first) and become a stored conflict. couchq therefore:
+//
+//   - writes with w = a majority of the copies and trusts only a write
+//     CouchDB answers 201 for ("committed"). Each copy takes one child of a
+//     revision, and two majorities share a copy, so of the claims of one
+//     revision at most one is committed. A 202 ("accepted": fewer copies
+//     took it) claim never runs; a holder's write answered 202 means the
+//     claim is lost (a sweep or an operator reached the majority first).
+//   - after a committed claim, reads every leaf revision of the job from a
+//     majority of the copies (open_revs=all, r = majority; the union of
+//     what they hold). Leaves that are other claims of the same revision
+//     cannot be committed and are withdrawn; any other live leaf (a branch
+//     that split off earlier, which this claim cannot rule out) makes the
+//     claimant back off without running the job; the sweeper settles such a
+//     job once no leaf holds a live lease.
+//   - withdraws a revision by deleting it with a tombstone that says so
+//     (withdrawn: true), and never withdraws its own: a tombstone on the
+//     only branch would delete the job.
+//
+// A job deleted on purpose (delete-done, purge) leaves a tombstone without
+// that mark, which counts as finished: no other branch runs after it.
+
+// quorum is the majority of the database's copies.
+func (c *Client) quorum() int { return c.n/2 + 1 }
+
+// readOpts read from a majority of the copies on a cluster.
+func (c *Client) readOpts() []kivik.Option {
+	if c.n > 1 {
+		return []kivik.Option{kivik.Param("r", c.quorum())}
+	}
+	return nil
+}
+
+// errNoMajority marks a write CouchDB stored on fewer than a majority of
+// the copies (it answered 202 Accepted with w = majority).
+var errNoMajority = errors.New("write reached fewer than a majority of the copies (202 Accepted)")
+
+// errBranchLive marks a committed claim that backed off because the job
+// has another live branch.
+var errBranchLive = errors.New("the job has another live revision branch; backing off")
+
+// commitTrace records what CouchDB answered to one write request: kivik
+// reports 201 and 202 alike, and a _bulk_docs answer marks each document
+// stored on fewer than w copies with "accepted": true.
+type commitTrace struct {
+	mu       sync.Mutex
+	status   int
+	accepted map[string]bool // id + "\x00" + rev
+}
+
+// traced returns ctx with a trace recording the answer of the one request
+// made with it. Off a cluster it records nothing and costs nothing.
+func (c *Client) traced(ctx context.Context) (context.Context, *commitTrace) {
+	t := &commitTrace{}
+	if c.n <= 1 {
+		return ctx, t
+	}
+	return chttp.WithClientTrace(ctx, &chttp.ClientTrace{HTTPResponseBody: t.record}), t
+}
+
+func (t *commitTrace) record(r *http.Response) {
+	body, _ := io.ReadAll(r.Body)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.status = r.StatusCode
+	if r.StatusCode != http.StatusAccepted {
+		return
+	}
+	t.accepted = map[string]bool{}
+	type result struct {
+		ID       string `json:"id"`
+		Rev      string `json:"rev"`
+		Accepted bool   `json:"accepted"`
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		var rs []result
+		_ = json.Unmarshal(body, &rs)
+		for _, r := range rs {
+			if r.Accepted {
+				t.accepted[r.ID+"\x00"+r.Rev] = true
+			}
+		}
+		return
+	}
+	var one result
+	_ = json.Unmarshal(body, &one)
+	t.accepted[one.ID+"\x00"+one.Rev] = true
+}
+
+// uncommitted reports whether the write of id that produced rev reached
+// fewer than a majority of the copies.
+func (t *commitTrace) uncommitted(id, rev string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.accepted[id+"\x00"+rev]
+}
+
+// Leaf is one leaf revision of a job document, as a majority of the
+// copies hold it.
+type Leaf struct {
+	Rev string
+	// Parent is the revision this one was written over ("" for a first).
+	Parent  string
+	Deleted bool
+	// Withdrawn marks a tombstone couchq wrote to withdraw a claim or a
+	// stale branch (not a deletion of the job).
+	Withdrawn  bool
+	Status     Status
+	Claimed    bool
+	ClaimedBy  string
+	LeaseUntil float64
+	// Item is the leaf decoded as a job; nil for tombstones and documents
+	// that do not decode.
+	Item *WorkItem
+	// Doc is the leaf as stored, for documents that are not jobs (slots).
+	Doc  json.RawMessage
+	pos  int
+	hash string
+	// path is the leaf's revision history, newest first.
+	path []string
+}
+
+// descends reports whether rev is an ancestor of the leaf.
+func (l *Leaf) descends(rev string) bool {
+	for _, r := range l.path[min(1, len(l.path)):] {
+		if r == rev {
+			return true
+		}
+	}
+	return false
+}
+
+// live reports whether the leaf holds a claim whose lease has not run out.
+func (l *Leaf) live(now float64) bool {
+	return !l.Deleted && l.Claimed && l.LeaseUntil > now
+}
+
+// conceded reports whether the leaf is a claim its claimant gave up.
+func (l *Leaf) conceded() bool { return !l.Deleted && l.Item != nil && l.Item.Conceded() }
+
+// concededSibling reports whether the leaf is a claim of parent that its
+// claimant conceded: one revision on from the claim.
+func (l *Leaf) concededSibling(parent string) bool {
+	return l.conceded() && len(l.path) > 2 && l.path[2] == parent
+}
+
+// finishedTombstone reports whether the leaf deleted the job on purpose.
+func (l *Leaf) finishedTombstone() bool { return l.Deleted && !l.Withdrawn }
+
+// Leaves reads every leaf revision of a job from a majority of the copies
+// (one copy off a cluster), tombstones included. A job that never existed
+// has none.
+func (c *Client) Leaves(ctx context.Context, id string) ([]Leaf, error) {
+	var (
+		mu     sync.Mutex
+		status int
+		body   []byte
+	)
+	// kivik cannot read open_revs=all (it asks for a list of revisions); the
+	// trace keeps CouchDB's JSON answer, and kivik's complaint about it (an
+	// array, not one document) is ignored when the answer is there.
+	tctx := chttp.WithClientTrace(ctx, &chttp.ClientTrace{HTTPResponseBody: func(r *http.Response) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		status, body = r.StatusCode, b
+		mu.Unlock()
+	}})
+	params := map[string]any{"open_revs": "all", "revs": true}
+	if c.n > 1 {
+		params["r"] = c.quorum()
+	}
+	err := c.db.Get(tctx, id, couchdb.OptionNoMultipartGet(), kivik.Params(params)).ScanDoc(&json.RawMessage{})
+	mu.Lock()
+	defer mu.Unlock()
+	if status == http.StatusNotFound || isStatus(err, http.StatusNotFound) {
+		return nil, nil
+	}
+	if status != http.StatusOK {
+		if err == nil {
+			err = fmt.Errorf("status %d", status)
+		}
+		return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+	}
+	var replies []leafReply
+	if err := json.Unmarshal(body, &replies); err != nil {
+		return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+	}
+	leaves, err := leavesOf(replies)
+	if err != nil {
+		return nil, fmt.Errorf("reading the revisions of %s: %w", id, err)
+	}
+	return leaves, nil
+}
+
+// leafReply is one entry of CouchDB's answer to a read of every leaf:
+// {"ok": doc} or {"missing": rev} (GET open_revs=all), {"error": ...}
+// (_bulk_get).
+type leafReply struct {
+	OK    json.RawMessage `json:"ok"`
+	Error json.RawMessage `json:"error"`
+}
+
+// leavesOf decodes the leaves of one job, in CouchDB's own order: the first
+// is the one it shows (live before deleted, then the longest history, then
+// the highest revision id).
+func leavesOf(replies []leafReply) ([]Leaf, error) {
+	leaves := make([]Leaf, 0, len(replies))
+	for _, r := range replies {
+		if len(r.OK) == 0 {
+			continue // not found on the copies asked
+		}
+		l, err := parseLeaf(r.OK)
+		if err != nil {
+			return nil, err
+		}
+		leaves = append(leaves, l)
+	}
+	sort.SliceStable(leaves, func(i, j int) bool { return leaves[i].outranks(&leaves[j]) })
+	return leaves, nil
+}
+
+// LeavesMany is Leaves for several jobs, by id; a job that never existed
+// has none. Exported for tools that settle many jobs, and for tests.
+func (c *Client) LeavesMany(ctx context.Context, ids []string) (map[string][]Leaf, error) {
+	return c.leavesMany(ctx, ids)
+}
+
+// leavesMany is Leaves for several jobs. On Apache CouchDB it is one
+// _bulk_get naming no revision, which CouchDB (3.x: read in 3.2.0 and 3.5.0) answers with
+// every leaf of each document, read from r copies and merged as GET
+// open_revs=all does (fabric_open_revs); so a round's confirming reads cost
+// one request instead of one per claim. Elsewhere, or when the batch fails,
+// it reads job by job.
+func (c *Client) leavesMany(ctx context.Context, ids []string) (map[string][]Leaf, error) {
+	out := make(map[string][]Leaf, len(ids))
+	if c.couch != nil && len(ids) > 1 {
+		err := c.bulkLeaves(ctx, ids, out)
+		if err == nil {
+			return out, nil
+		}
+		c.log.Debug().Err(err).Int("jobs", len(ids)).Msg("reading leaves in one _bulk_get failed; reading them job by job")
+	}
+	for _, id := range ids {
+		if _, ok := out[id]; ok {
+			continue
+		}
+		leaves, err := c.Leaves(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = leaves
+	}
+	return out, nil
+}
+
+// bulkLeaves fills out with the leaves of ids read through _bulk_get. A
+// document CouchDB reports an error for other than not_found is left out
+// (and read on its own by leavesMany); an error means none was read.
+func (c *Client) bulkLeaves(ctx context.Context, ids []string, out map[string][]Leaf) error {
+	docs := make([]map[string]string, len(ids))
+	for i, id := range ids {
+		docs[i] = map[string]string{"id": id}
+	}
+	body, err := json.Marshal(map[string]any{"docs": docs})
+	if err != nil {
+		return fmt.Errorf("encoding a _bulk_get: %w", err)
+	}
+	q := url.Values{"revs": {"true"}}
+	if c.n > 1 {
+		q.Set("r", strconv.Itoa(c.quorum()))
+	}
+	var resp struct {
+		Results []struct {
+			ID   string      `json:"id"`
+			Docs []leafReply `json:"docs"`
+		} `json:"results"`
+	}
+	// The body goes through GetBody, as the _selector feed's does.
+	err = c.couch.DoJSON(ctx, http.MethodPost, "/"+url.PathEscape(c.db.Name())+"/_bulk_get",
+		&chttp.Options{Query: q, NoGzip: true, GetBody: func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(body)), nil
+		}}, &resp)
+	if err != nil {
+		return fmt.Errorf("reading the revisions of %d jobs: %w", len(ids), err)
+	}
+	if len(resp.Results) != len(ids) {
+		return fmt.Errorf("reading the revisions of %d jobs: %d results", len(ids), len(resp.Results))
+	}
+	for _, r := range resp.Results {
+		var failed bool
+		for _, d := range r.Docs {
+			var e struct {
+				Error string `json:"error"`
+			}
+			if len(d.Error) > 0 && (json.Unmarshal(d.Error, &e) != nil || e.Error != "not_found") {
+				failed = true
+			}
+		}
+		if failed {
+			continue
+		}
+		leaves, err := leavesOf(r.Docs)
+		if err != nil {
+			continue
+		}
+		out[r.ID] = leaves
+	}
+	return nil
+}
+
+// parseLeaf reads the fields the protocol needs leniently: a malformed
+// value reads as missing, since a leaf must be seen whatever it holds.
+func parseLeaf(raw json.RawMessage) (Leaf, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return Leaf{}, err
+	}
+	l := Leaf{Doc: raw}
+	var revs struct {
+		Start int      `json:"start"`
+		IDs   []string `json:"ids"`
+	}
+	_ = json.Unmarshal(fields["_rev"], &l.Rev)
+	_ = json.Unmarshal(fields["_deleted"], &l.Deleted)
+	_ = json.Unmarshal(fields["withdrawn"], &l.Withdrawn)
+	_ = json.Unmarshal(fields["status"], &l.Status)
+	_ = json.Unmarshal(fields["claimed"], &l.Claimed)
+	_ = json.Unmarshal(fields["claimed_by"], &l.ClaimedBy)
+	_ = json.Unmarshal(fields["lease_until"], &l.LeaseUntil)
+	_ = json.Unmarshal(fields["_revisions"], &revs)
+	for k, id := range revs.IDs {
+		l.path = append(l.path, strconv.Itoa(revs.Start-k)+"-"+id)
+	}
+	if len(l.path) > 1 {
+		l.Parent = l.path[1]
+	}
+	if p, h, ok := strings.Cut(l.Rev, "-"); ok {
+		l.pos, _ = strconv.Atoi(p)
+		l.hash = h
+	}
+	if !l.Deleted {
+		var it WorkItem
+		if err := json.Unmarshal(raw, &it); err == nil {
+			l.Item = &it
+			l.Status = it.Status // a hand-written job without one is queued
+		}
+	}
+	return l, nil
+}
+
+// outranks is CouchDB's choice of the winning revision.
+func (l *Leaf) outranks(o *Leaf) bool {
+	if l.Deleted != o.Deleted {
+		return !l.Deleted
+	}
+	if l.pos != o.pos {
+		return l.pos > o.pos
+	}
+	return l.hash > o.hash
+}
+
+// ConfirmClaim is the check ClaimMany makes of each committed claim when
+// the database has more than one copy (or Config.AlwaysConfirm is set):
+// claimed is the job as the claim wrote it, parentRev the revision it was
+// written over. It returns nil when the claim stands, and an error
+// wrapping ErrClaimConflict when the claimant must not run the job.
+// Exported for claimants that write their own claims, and for tests.
+func (c *Client) ConfirmClaim(ctx context.Context, claimed *WorkItem, parentRev string) error {
+	if err := c.confirmClaim(ctx, claimed, parentRev); err != nil {
+		if errors.Is(err, errBranchLive) || errors.Is(err, errLostRace) {
+			return c.claimError(claimed.ID, err)
+		}
+		return fmt.Errorf("confirming claim of %s: %w", claimed.ID, err)
+	}
+	return nil
+}
+
+// confirmClaim settles a committed claim (claimed is the job as written,
+// parent the revision it was written over) against the job's other leaves.
+// Other claims of parent cannot be committed: they are withdrawn. Other
+// leaves that nobody can be running — queued, or a claim whose lease ran
+// out — are stale branches: they are withdrawn too, and the claim runs only
+// if every withdrawal is committed (a claimant of such a leaf and this
+// withdrawal cannot both win it). A live claim on another branch, or a job
+// finished on another branch, makes it report errBranchLive: the claimant
+// backs off, and the sweeper settles the job once no lease is live.
+func (c *Client) confirmClaim(ctx context.Context, claimed *WorkItem, parent string) error {
+	leaves, err := c.Leaves(ctx, claimed.ID)
+	if err != nil {
+		return err
+	}
+	return c.judgeClaim(ctx, claimed, parent, leaves)
+}
+
+// judgeClaim is confirmClaim on the job's leaves, already read.
+func (c *Client) judgeClaim(ctx context.Context, claimed *WorkItem, parent string, leaves []Leaf) error {
+	now := ToUnix(c.now())
+	mine := false
+	var siblings, stale []Leaf
+	for _, l := range leaves {
+		switch {
+		case l.Rev == claimed.Rev:
+			mine = true
+		case l.Deleted && l.Withdrawn:
+		case !l.Deleted && l.Parent == parent && l.Claimed, l.concededSibling(parent):
+			siblings = append(siblings, l)
+		case !l.Deleted && !l.live(now) && l.Item != nil && !l.Status.Terminal():
+			stale = append(stale, l)
+		default:
+			c.log.Warn().Str("job", claimed.ID).Str("rev", claimed.Rev).Str("other_rev", l.Rev).
+				Str("other_status", string(l.Status)).Bool("other_deleted", l.Deleted).
+				Msg("claim committed but the job is live or finished on another branch; not running it (the sweeper settles it)")
+			return errBranchLive
+		}
+	}
+	if !mine {
+		return fmt.Errorf("%w: the claim was overwritten before it was confirmed", errLostRace)
+	}
+	for _, l := range stale {
+		if err := c.withdraw(ctx, claimed.ID, l, claimed.ClaimedBy); err != nil {
+			c.log.Debug().Err(err).Str("job", claimed.ID).Str("other_rev", l.Rev).
+				Msg("could not withdraw a stale branch; not running the job")
+			return errBranchLive
+		}
+	}
+	// The withdrawn claims go into the holder's history with its next write.
+	const why = "a competing claim of the same revision reached fewer than a majority of the copies; it was withdrawn and did not run"
+	moved := false
+	for _, s := range siblings {
+		err := c.withdraw(ctx, claimed.ID, s, claimed.ClaimedBy)
+		if err == nil {
+			c.record(claimed, EventClaimWithdrawn, s.ClaimedBy, why)
+		}
+		moved = moved || isStatus(err, http.StatusConflict)
+	}
+	if moved {
+		// A sibling moved on since the leaves were read: its claimant
+		// conceded it. Withdraw the concession as well; left standing, it
+		// could show as the job (CouchDB's winner) until a sweep.
+		if leaves, err := c.Leaves(ctx, claimed.ID); err == nil {
+			for _, l := range leaves {
+				if l.concededSibling(parent) && c.withdraw(ctx, claimed.ID, l, claimed.ClaimedBy) == nil {
+					c.record(claimed, EventClaimWithdrawn, l.ClaimedBy, why)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// HeldWriteStands settles a holder's write (renewal, outcome) that CouchDB
+// stored on fewer than a majority of the copies: slow or failing copies
+// answer 202 as well as a competitor that wrote over the held revision
+// first. It reads the leaves from a majority: the write stands when rev is
+// a leaf and no other write continued from parent (a sweep, an operator's
+// cancel). Competing writes of the held revision need its lease to have
+// run out, or an operator: the same cases a single node answers with 409.
+// With parent "" it settles the creation of a document (a unique job):
+// any other live leaf is another creation of the same id.
+// Every held-job write of this package does it; exported for holders that
+// write their own documents, and for tests.
+func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (bool, error) {
+	// CouchDB answers a read with r = majority from the copies it reaches,
+	// even fewer: on the minority side of a partition the read back would
+	// see only that side. A node that is not connected to a majority of the
+	// cluster cannot vouch for anything.
+	if c.n > 1 {
+		ok, err := c.coordinatorInMajority(ctx)
+		if s := kivik.HTTPStatus(err); s == http.StatusUnauthorized || s == http.StatusForbidden {
+			c.membershipDenied.Do(func() {
+				c.log.Warn().Err(err).Msg("this user may not read the cluster membership (only server admins may): " +
+					"a write the cluster answers 202 cannot be shown to stand, so it counts as lost and the job runs again after its lease")
+			})
+		}
+		if err != nil || !ok {
+			c.log.Debug().Err(err).Str("job", id).Bool("majority", ok).
+				Msg("the node cannot show it reaches a majority of the cluster; the write does not stand")
+			return false, nil
+		}
+	}
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	mine := false
+	for _, l := range leaves {
+		switch {
+		case l.Rev == rev:
+			mine = true
+		case l.Deleted && l.Withdrawn:
+		case l.Rev == parent || l.descends(parent) || (parent == "" && !l.Deleted):
+			// (parent "": a document created; any other live leaf is
+			// another creation of the same id.)
+			c.log.Debug().Str("job", id).Str("rev", rev).Str("other_rev", l.Rev).Msg("another write continued from the held revision")
+			return false, nil
+		}
+	}
+	return mine, nil
+}
+
+// coordinatorInMajority reports whether the node answering is connected to
+// a majority of the cluster's nodes (GET /_membership: all_nodes are the
+// ones it is connected to). It needs a server admin; without one it cannot
+// tell, and says so as an error.
+func (c *Client) coordinatorInMajority(ctx context.Context) (bool, error) {
+	m, err := c.db.Client().Membership(ctx)
+	if err != nil {
+		return false, fmt.Errorf("reading the cluster membership: %w", err)
+	}
+	connected := map[string]bool{}
+	for _, n := range m.AllNodes {
+		connected[n] = true
+	}
+	reached := 0
+	for _, n := range m.ClusterNodes {
+		if connected[n] {
+			reached++
+		}
+	}
+	return reached >= len(m.ClusterNodes)/2+1, nil
+}
+
+// withdraw deletes a leaf that must not stand with a tombstone marked
+// withdrawn (w = a majority). It fails when the leaf moved on, and reports
+// errNoMajority when the tombstone reached fewer than a majority.
+func (c *Client) withdraw(ctx context.Context, id string, l Leaf, by string) error {
+	tomb := map[string]any{
+		"_id": id, "_rev": l.Rev, "_deleted": true, "type": "WorkItem",
+		"withdrawn": true, "withdrawn_by": by, "status": l.Status, "claimed_by": l.ClaimedBy,
+	}
+	ctx, trace := c.traced(ctx)
+	rev, err := c.db.Put(ctx, id, tomb, c.claimOpts(false)...)
+	if err != nil {
+		c.log.Debug().Err(err).Str("job", id).Str("rev", l.Rev).Msg("could not withdraw a revision")
+		return err
+	}
+	if trace.uncommitted(id, rev) {
+		c.log.Debug().Str("job", id).Str("rev", l.Rev).Msg("withdrawal reached a minority of the copies")
+		return errNoMajority
+	}
+	c.log.Debug().Str("job", id).Str("rev", l.Rev).Str("claimant", l.ClaimedBy).Msg("withdrew a revision")
+	return nil
+}
+
+// UnrunClaim is a claim that was stored but must not run (ClaimResult.Unrun).
+type UnrunClaim struct {
+	claim, parent *WorkItem
+	reason        string
+	// Wait is how long to wait before conceding it: time for a committed
+	// claim of the same revision to confirm and withdraw this one, which
+	// leaves nothing behind. A concession made first stands beside that
+	// claim (sometimes as CouchDB's winner, which reads show) until a sweep
+	// settles the job. It is a few times what writing the claim took.
+	Wait time.Duration
+}
+
+// ID is the claimed job's id.
+func (u *UnrunClaim) ID() string { return u.claim.ID }
+
+// How long a claimant waits before conceding an unrun claim: this many
+// times what writing the claim took, within these bounds.
+const (
+	concedeWaitFactor = 4
+	concedeWaitMin    = 50 * time.Millisecond
+	concedeWaitMax    = 2 * time.Second
+)
+
+// Concede gives up claims that will not run (EventClaimConceded) and
+// returns how many it gave up. Over each claim it writes the job as it was
+// before the claim, still held by the claimant so that no claimant takes it
+// from the due view, with a lease that ended when the claim was made. Then
+// it sweeps those jobs at once, as the sweeper would: nobody ever runs a
+// conceded claim, so the sweeper and other claims' confirmations treat it
+// as an expired one, without waiting for its lease, and requeue the job
+// (uncharged) as soon as no other branch of it is live.
+//
+// Without it, two claims split between the copies (a node down, each claim
+// on one of the two live copies) held the job for a whole lease although
+// neither ran, often more than once. A concession that fails (the claim
+// was withdrawn meanwhile, or the write failed) leaves the claim to its
+// lease, as before. by names the claimant; ctx bounds the writes.
+func (c *Client) Concede(ctx context.Context, by string, claims []*UnrunClaim) int {
+	if len(claims) == 0 {
+		return 0
+	}
+	docs := make([]*WorkItem, len(claims))
+	body := make([]any, len(claims))
+	ids := make([]string, len(claims))
+	for i, u := range claims {
+		next := u.parent.Clone()
+		next.Rev = u.claim.Rev
+		next.Claimed, next.Status = true, StatusRunning
+		next.ClaimedBy, next.ClaimedAt = u.claim.ClaimedBy, u.claim.ClaimedAt
+		next.LeaseUntil = u.claim.ClaimedAt
+		c.record(next, EventClaimConceded, u.claim.ClaimedBy, u.reason)
+		docs[i], body[i], ids[i] = next, next, u.claim.ID
+	}
+	var res []kivik.BulkResult
+	var err error
+	if len(docs) == 1 {
+		var rev string
+		rev, err = c.db.Put(ctx, ids[0], body[0], c.claimOpts(false)...)
+		res = []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
+		err = nil
+	} else {
+		res, err = c.db.BulkDocs(ctx, body, c.claimOpts(true)...)
+	}
+	var conceded []*WorkItem
+	for i, r := range alignBulk(ids, res, err) {
+		if r.Error != nil {
+			// Withdrawn by the committed claimant meanwhile (409), or the
+			// write failed: the claim holds the job until its lease ends.
+			c.log.Debug().Err(r.Error).Str("job", r.ID).Msg("could not concede a claim")
+			continue
+		}
+		docs[i].Rev = r.Rev
+		conceded = append(conceded, docs[i])
+		c.log.Debug().Str("job", r.ID).Str("claimant", docs[i].ClaimedBy).Msg("conceded a claim that will not run")
+	}
+	var swept SweepResult
+	if err := c.sweepItems(ctx, by, c.now(), conceded, &swept); err != nil {
+		c.log.Debug().Err(err).Msg("could not sweep conceded claims; the sweeper will")
+	}
+	return len(conceded)
+}
+
+// Settle makes a job with several live leaves (a stored conflict) whole
+// again, once none of them holds a live lease: it keeps the leaf that went
+// furthest (finished, else queued, else an expired claim, which the sweeper
+// requeues, else a conceded one, which it requeues) and withdraws the others. A tombstone left by a deletion of the
+// job wins over every live leaf. It reports whether the job is settled.
+func (c *Client) Settle(ctx context.Context, id, by string) (bool, error) {
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	_, settled := c.settle(ctx, id, leaves, by)
+	return settled, nil
+}
+
+// whole reports whether a job's leaves are just rev: no conflict, and no
+// deletion on another branch.
+func whole(leaves []Leaf, rev string) bool {
+	n := 0
+	for _, l := range leaves {
+		switch {
+		case l.Deleted && l.Withdrawn:
+		case l.Rev == rev && !l.Deleted:
+			n++
+		default:
+			return false
+		}
+	}
+	return n == 1
+}
+
+// settle is Settle on leaves already read; it also returns how many leaves
+// it withdrew.
+func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string) (int, bool) {
+	now := ToUnix(c.now())
+	var live []Leaf
+	ended := false
+	for _, l := range leaves {
+		if l.live(now) {
+			return 0, false // a holder may be running it: wait for it
+		}
+		switch {
+		case l.finishedTombstone():
+			ended = true
+		case !l.Deleted:
+			live = append(live, l)
+		}
+	}
+	if len(live) == 0 || (len(live) == 1 && !ended) {
+		return 0, true
+	}
+	keep := -1
+	if !ended {
+		keep = keptLeaf(live)
+	}
+	var gone []Leaf
+	for i, l := range live {
+		if i == keep {
+			continue
+		}
+		if err := c.withdraw(ctx, id, l, by); err != nil {
+			return len(gone), false // it moved on: settle again next sweep
+		}
+		gone = append(gone, l)
+	}
+	if keep >= 0 && live[keep].Item != nil {
+		c.traceWithdrawn(ctx, live[keep], gone, by)
+	}
+	withdrawn := len(gone)
+	c.log.Info().Str("job", id).Int("leaves", len(live)).Bool("deleted", ended).Msg("settled a conflicted job")
+	return withdrawn, true
+}
+
+// traceWithdrawn writes what happened on the withdrawn branches into the
+// kept one, so that a run on a branch that lost (a claimant on the minority
+// side of a partition, a claim swept while its holder was slow) still shows
+// in the job's history: one claim-withdrawn entry per branch, naming its
+// claimant and listing the branch's own events. They are not copied as
+// events: the metrics count claimed and done entries, and a withdrawn
+// branch's would count twice. It is written like a claim (a majority of
+// the copies); when it fails only the trace is lost: the job is settled
+// either way, and a claim racing this write is settled by the claim's
+// confirmation. A kept claim that was conceded is requeued by the same
+// write.
+func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by string) {
+	next := kept.Item.Clone()
+	seen := make(map[Event]bool, len(next.History))
+	for _, e := range next.History {
+		seen[e] = true
+	}
+	for _, l := range gone {
+		claimant, what := l.ClaimedBy, string(l.Status)
+		if l.Claimed {
+			what = "claimed by " + l.ClaimedBy
+		}
+		var own []string
+		if l.Item != nil {
+			for _, e := range l.Item.History {
+				if seen[e] {
+					continue
+				}
+				own = append(own, fmt.Sprintf("%s by %s at %s", e.Event, e.By, e.At))
+				if claimant == "" {
+					claimant = e.By
+				}
+			}
+		}
+		msg := fmt.Sprintf("a conflicting branch (%s, revision %s) was withdrawn by %s when the job was settled", what, l.Rev, by)
+		if len(own) > 0 {
+			msg += "; on it: " + strings.Join(own, "; ")
+		}
+		c.record(next, EventClaimWithdrawn, claimant, msg)
+	}
+	if kept.conceded() {
+		// Nobody ran it and no other branch is left: back to the queue
+		// now rather than at the next sweep.
+		c.unclaim(next)
+		next.Status = StatusQueued
+	}
+	ctx, trace := c.traced(ctx)
+	rev, err := c.db.Put(ctx, next.ID, next, c.claimOpts(false)...)
+	switch {
+	case err != nil:
+		c.log.Debug().Err(err).Str("job", next.ID).Msg("could not write the withdrawn branches' history into the kept one")
+	case trace.uncommitted(next.ID, rev):
+		c.log.Debug().Str("job", next.ID).Msg("the withdrawn branches' history reached a minority of the copies")
+	}
+}
+
+// keptLeaf is the index of the leaf settling keeps among a job's live
+// leaves: the highest settleRank, ties to CouchDB's winner (live is in its
+// order, as Leaves returns them).
+func keptLeaf(live []Leaf) int {
+	keep := 0
+	for i := range live {
+		if settleRank(&live[i]) > settleRank(&live[keep]) {
+			keep = i
+		}
+	}
+	return keep
+}
+
+// settleRank orders the leaves of a conflicted job: a finished one stays;
+// else a conceded claim, then a queued leaf, then an expired claim.
+//
+// A conceded claim outranks what its claim found beside it because the
+// claim may have withdrawn that: a claim withdraws every stale branch (a
+// queued leaf, an expired claim) before it runs, and when a withdrawal
+// reaches fewer than a majority of the copies the claim does not run but
+// is conceded, while the withdrawal may still land. A sweep that kept the
+// stale branch and withdrew the concession could leave the job with no
+// leaf at all; keeping the concession agrees with what the claim did. An
+// expired claim that ran loses its attempt that way, but not its trace:
+// the kept leaf's history names it (traceWithdrawn).
+func settleRank(l *Leaf) int {
+	switch {
+	case l.Item == nil:
+		return 0
+	case l.Status.Terminal():
+		return 4
+	case l.conceded():
+		return 3
+	case l.Status == StatusQueued && !l.Claimed:
+		return 2
+	default:
+		return 1
+	}
+}

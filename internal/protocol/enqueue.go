@@ -1,0 +1,205 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/google/uuid"
+)
+
+// NewJob describes a job to enqueue.
+type NewJob struct {
+	// Worker is the job type (required).
+	Worker string
+	// Payload is handed to the handler: any value encoding/json accepts, or
+	// a json.RawMessage (which must be valid JSON).
+	Payload any
+	// At schedules the job; the zero time means due now.
+	At time.Time
+	// MaxAttempts overrides the workers' default for this job; 0 keeps it.
+	MaxAttempts int
+	// Priority is 1 (runs first) to 5 (last); 0 is PriorityDefault (3).
+	Priority int
+	// ID sets the document id; empty picks a time-ordered one (NewID).
+	ID string
+	// Unique makes the enqueue idempotent: at most one job of this type
+	// per key (see UniqueOpts). The id is then derived from the key, so ID
+	// must be empty.
+	Unique UniqueOpts
+}
+
+// NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
+// sequential ids to its b-trees faster than random ones, and ids sort in
+// enqueue order, which keeps jobs due at the same time first-in first-out.
+func NewID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		// NewV7 fails only when the system's random source does.
+		id = uuid.New()
+	}
+	return "job:" + id.String()
+}
+
+// item turns j into the document to store.
+func (c *Client) item(j NewJob) (*WorkItem, error) {
+	if j.Worker == "" {
+		return nil, fmt.Errorf("%w: worker (the job type) is required", ErrInvalidJob)
+	}
+	if j.MaxAttempts < 0 {
+		return nil, fmt.Errorf("%w: max attempts must be >= 0, got %d", ErrInvalidJob, j.MaxAttempts)
+	}
+	var payload json.RawMessage
+	switch p := j.Payload.(type) {
+	case nil:
+	case json.RawMessage:
+		if !json.Valid(p) {
+			return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidJob)
+		}
+		payload = p
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: encoding payload: %w", ErrInvalidJob, err)
+		}
+		payload = b
+	}
+	date := ToUnix(j.At)
+	if math.IsNaN(date) {
+		return nil, fmt.Errorf("%w: invalid time %v", ErrInvalidJob, j.At)
+	}
+	if j.Priority != 0 && (j.Priority < PriorityHighest || j.Priority > PriorityLowest) {
+		return nil, fmt.Errorf("%w: priority must be from %d (runs first) to %d, or 0 for the default (%d), got %d",
+			ErrInvalidJob, PriorityHighest, PriorityLowest, PriorityDefault, j.Priority)
+	}
+	if err := j.Unique.validate(j.Worker); err != nil {
+		return nil, err
+	}
+	id := j.ID
+	switch {
+	case j.Unique.Key != "" && id != "":
+		return nil, fmt.Errorf("%w: a unique job's id is derived from its key: set ID or Unique, not both", ErrInvalidJob)
+	case j.Unique.Key != "":
+		id = UniqueID(j.Worker, j.Unique, c.now())
+	case id == "":
+		id = NewID()
+	}
+	it := &WorkItem{
+		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
+		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
+	}
+	c.record(it, "enqueued", c.cfg.Actor, "")
+	return it, nil
+}
+
+// Enqueue stores one job and returns it as stored. For a unique job whose
+// key is taken (see UniqueOpts) it returns the job that holds the key and
+// an error wrapping ErrDuplicate: the job exists, nothing was written.
+func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
+	it, err := c.item(j)
+	if err != nil {
+		return nil, err
+	}
+	if j.Unique.Key != "" {
+		rev, accepted, err := c.putJob(ctx, it)
+		r := c.resolveUnique(ctx, it, j.Unique, rev, accepted, err)
+		if r.Duplicate {
+			return r.Item, fmt.Errorf("enqueueing %s job with unique key %q: %w: %s", j.Worker, j.Unique.Key, ErrDuplicate, r.Item.ID)
+		}
+		return r.Item, r.Err
+	}
+	rev, err := c.db.Put(ctx, it.ID, it, c.writeOpts()...)
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing %s job %s: %w", it.Worker, it.ID, err)
+	}
+	it.Rev = rev
+	return it, nil
+}
+
+// EnqueueResult is the outcome for one job of EnqueueMany.
+type EnqueueResult struct {
+	// Item is the job as stored; for a duplicate, the job that holds the
+	// unique key.
+	Item *WorkItem
+	// Duplicate reports a unique job whose key was taken: nothing was
+	// written, and Item is the existing job.
+	Duplicate bool
+	Err       error
+}
+
+// EnqueueMany stores jobs with one _bulk_docs request. Each job succeeds or
+// fails on its own; the error is only for the request as a whole.
+func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResult, error) {
+	results := make([]EnqueueResult, len(jobs))
+	docs := make([]any, 0, len(jobs))
+	index := make([]int, 0, len(jobs))
+	for i, j := range jobs {
+		it, err := c.item(j)
+		if err != nil {
+			results[i].Err = err
+			continue
+		}
+		results[i].Item = it
+		docs = append(docs, it)
+		index = append(index, i)
+	}
+	if len(docs) == 0 {
+		return results, nil
+	}
+	tctx, trace := c.traced(ctx)
+	bulk, err := c.db.BulkDocs(tctx, docs, c.bulkOpts()...)
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing %d jobs: %w", len(docs), err)
+	}
+	ids := make([]string, len(index))
+	for k, i := range index {
+		ids[k] = results[i].Item.ID
+	}
+	for k, r := range alignBulk(ids, bulk, nil) {
+		i := index[k]
+		if u := jobs[i].Unique; u.Key != "" {
+			// A taken key (409), or a write a cluster stored on too few
+			// copies, is settled one job at a time.
+			accepted := r.Error == nil && trace.uncommitted(r.ID, r.Rev)
+			results[i] = c.resolveUnique(ctx, results[i].Item, u, r.Rev, accepted, r.Error)
+			continue
+		}
+		if r.Error != nil {
+			results[i] = EnqueueResult{Err: fmt.Errorf("enqueueing %s job %s: %w", jobs[i].Worker, r.ID, r.Error)}
+			continue
+		}
+		results[i].Item.Rev = r.Rev
+	}
+	return results, nil
+}
+
+// writeOpts makes a single-document write wait for a majority of the
+// copies: CouchDB's 201 then means the write is committed (see cluster.go).
+// With Config.ReadYourWrites it waits for every copy.
+func (c *Client) writeOpts() []kivik.Option {
+	if c.n > 1 {
+		return []kivik.Option{kivik.Param("w", c.writeQuorum())}
+	}
+	return nil
+}
+
+// writeQuorum is the w of every write: a majority, or all n copies for a
+// client that reads its own writes.
+func (c *Client) writeQuorum() int {
+	if c.cfg.ReadYourWrites {
+		return c.n
+	}
+	return c.quorum()
+}
+
+// bulkOpts does the same for _bulk_docs, where CouchDB reads w from the
+// query string only (kivik would put a plain Param into the body).
+func (c *Client) bulkOpts() []kivik.Option {
+	if c.n > 1 {
+		return []kivik.Option{queryParam{key: "w", value: fmt.Sprint(c.writeQuorum())}}
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// FailoverWarnEveryDefault is how often Failover reports a node it cannot
+// reach: once a minute per node, however many requests find it down.
+const FailoverWarnEveryDefault = time.Minute
+
+// Failover is an http.RoundTripper for a CouchDB cluster reached through
+// several nodes: every request goes to the node in use, and when that node
+// cannot be reached (the connection is refused or times out, so the
+// request never arrived) the same request goes to the next node, which is
+// used from then on. Any node of a cluster serves every database, so the
+// queue goes on while a node is down.
+//
+// Dial and Connect use one when given a comma-separated list of node URLs.
+type Failover struct {
+	next      http.RoundTripper
+	nodes     []*url.URL
+	log       zerolog.Logger
+	warnEvery time.Duration
+
+	mu     sync.Mutex
+	cur    int
+	warned map[int]time.Time
+}
+
+// NewFailover returns a Failover over next (nil: http.DefaultTransport) for
+// the given node URLs (credentials in them are ignored: the client sends
+// its own). log receives at most one warning a minute per unreachable node.
+func NewFailover(next http.RoundTripper, nodeURLs []string, log zerolog.Logger) (*Failover, error) {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	if len(nodeURLs) == 0 {
+		return nil, errors.New("failover: no node URLs")
+	}
+	f := &Failover{next: next, log: log, warnEvery: FailoverWarnEveryDefault, warned: map[int]time.Time{}}
+	for _, raw := range nodeURLs {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("invalid CouchDB node URL %q: want http(s)://host:port", Redact(raw))
+		}
+		f.nodes = append(f.nodes, &url.URL{Scheme: u.Scheme, Host: u.Host})
+	}
+	return f, nil
+}
+
+// SplitNodeURLs splits a comma-separated list of node URLs; a single URL
+// is a list of one.
+func SplitNodeURLs(raw string) []string {
+	var out []string
+	for _, s := range strings.Split(raw, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Node returns the URL of the node requests go to now.
+func (f *Failover) Node() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[f.cur].String()
+}
+
+// RoundTrip implements http.RoundTripper.
+func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := readBody(req)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	start := f.cur
+	f.mu.Unlock()
+	var lastErr error
+	for k := range f.nodes {
+		i := (start + k) % len(f.nodes)
+		r := req.Clone(req.Context())
+		r.URL.Scheme, r.URL.Host, r.Host = f.nodes[i].Scheme, f.nodes[i].Host, ""
+		setBody(r, body)
+		resp, err := f.next.RoundTrip(r)
+		if err == nil {
+			if k > 0 {
+				f.use(i)
+			}
+			return resp, nil
+		}
+		if !unreached(err) || req.Context().Err() != nil {
+			return nil, err
+		}
+		f.warn(i, err)
+		lastErr = err
+	}
+	return nil, lastErr
+}
+
+// unreached reports whether a request failed before reaching the server
+// (so resending it elsewhere cannot apply it twice).
+func unreached(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+func (f *Failover) use(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cur != i {
+		f.log.Info().Str("node", f.nodes[i].String()).Msg("CouchDB requests now go to this node")
+		f.cur = i
+	}
+}
+
+func (f *Failover) warn(i int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if last, ok := f.warned[i]; ok && now.Sub(last) < f.warnEvery {
+		return
+	}
+	f.warned[i] = now
+	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).
+		Msg("CouchDB node unreachable; trying the next (reported at most once a minute per node)")
+}
+
+// failoverClient returns hc unchanged for one URL; for a list it returns a
+// copy of hc whose transport fails over between the nodes (unless hc's
+// already does), and the first URL, which carries any credentials.
+func failoverClient(rawURL string, hc *http.Client, log zerolog.Logger) (string, *http.Client, error) {
+	nodes := SplitNodeURLs(rawURL)
+	if len(nodes) <= 1 {
+		return rawURL, hc, nil
+	}
+	if _, ok := hc.Transport.(*Failover); ok {
+		return nodes[0], hc, nil
+	}
+	f, err := NewFailover(hc.Transport, nodes, log)
+	if err != nil {
+		return "", nil, err
+	}
+	copied := *hc
+	copied.Transport = f
+	return nodes[0], &copied, nil
+}

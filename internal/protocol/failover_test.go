@@ -1,0 +1,81 @@
+package protocol
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// refusedURL is the URL of a port nothing listens on.
+func refusedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return "http://" + addr
+}
+
+// A request to a node that refuses the connection goes, body and all, to
+// the next node, which is used from then on; the dead node is reported
+// once however many requests find it down; an answer (even an error
+// status) from a live node is returned as it is.
+func TestFailoverSkipsUnreachableNodes(t *testing.T) {
+	var bodies []string
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, string(b))
+		if r.URL.Path == "/missing" {
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	defer live.Close()
+	dead := refusedURL(t)
+	var logged bytes.Buffer
+	f, err := NewFailover(nil, []string{dead, live.URL}, zerolog.New(&logged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: f}
+	for i := range 5 {
+		resp, err := hc.Post(dead+"/db/_bulk_docs", "application/json", strings.NewReader(`{"n":1}`))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_ = resp.Body.Close()
+	}
+	if len(bodies) != 5 || bodies[0] != `{"n":1}` {
+		t.Fatalf("bodies at the live node: %q", bodies)
+	}
+	if f.Node() != live.URL {
+		t.Fatalf("node in use %s, want %s", f.Node(), live.URL)
+	}
+	if n := strings.Count(logged.String(), "CouchDB node unreachable"); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logged.String())
+	}
+	resp, err := hc.Get(dead + "/missing")
+	if err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("a 404 from a live node: %v %v", resp, err)
+	}
+	_ = resp.Body.Close()
+
+	// Every node down: the last connection error.
+	f2, _ := NewFailover(nil, []string{dead, refusedURL(t)}, zerolog.Nop())
+	if _, err := (&http.Client{Transport: f2}).Get(dead); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("all nodes down: %v", err)
+	}
+	if _, err := NewFailover(nil, []string{"ftp://x"}, zerolog.Nop()); err == nil {
+		t.Fatal("a bad node URL was accepted")
+	}
+	if got := SplitNodeURLs(" http://a:1 , http://b:2,"); len(got) != 2 || got[1] != "http://b:2" {
+		t.Fatalf("SplitNodeURLs: %q", got)
+	}
+}

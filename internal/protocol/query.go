@@ -1,0 +1,312 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// Batch is a page of jobs read from a view.
+type Batch struct {
+	// Items are the well-formed jobs, in view order.
+	Items []*WorkItem
+	// Malformed are documents couchq cannot run (each already logged).
+	// Workers quarantine them so they stop blocking the queue.
+	Malformed []Malformed
+	// At is the "now" a Due query listed jobs up to.
+	At time.Time
+	// ClaimedBy are, for FetchDue, the claimants of the jobs it left out
+	// because they were claimed since they were listed (once each): who
+	// else claims these jobs.
+	ClaimedBy []string
+}
+
+// Malformed is a stored WorkItem that failed to decode.
+type Malformed struct {
+	ID  string
+	Rev string
+	Err *MalformedError
+	Raw json.RawMessage
+}
+
+// Due lists up to limit jobs of type worker that may run now, oldest due
+// first, read from the due view with their documents.
+func (c *Client) Due(ctx context.Context, worker string, limit int) (*Batch, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	// [worker] sorts before every [worker, date], so negative dates are
+	// found too.
+	now := c.now()
+	rows := c.view(ctx, "due", kivik.Params(map[string]any{
+		"startkey":     []any{worker},
+		"endkey":       []any{worker, ToUnix(now)},
+		"include_docs": true,
+		"reduce":       false,
+		"limit":        limit,
+	}))
+	b, err := c.scan(rows, fmt.Sprintf("listing due %s jobs", worker))
+	if b != nil {
+		b.At = now
+	}
+	return b, err
+}
+
+// Next returns when the first job of type worker due at or after `after`
+// is due; ok is false when none is scheduled. Pass the time a Due query
+// used, so that a job falling due between the two queries is not missed.
+//
+// It reads the due_priority view, which workers keep up to date with their
+// claims, rather than the due view (an ops view, indexed when read): the
+// first row of each priority's range after `after`, in one multi-range
+// request where the server has one, and the earliest of them.
+func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at time.Time, ok bool, err error) {
+	from := ToUnix(after)
+	ranges := make([]map[string]any, 0, PriorityLowest)
+	for p := PriorityHighest; p <= PriorityLowest; p++ {
+		ranges = append(ranges, map[string]any{
+			"startkey": []any{worker, p, from},
+			"endkey":   []any{worker, p, map[string]any{}},
+			"reduce":   false,
+			"limit":    1,
+		})
+	}
+	var first float64
+	found := func(rows *kivik.ResultSet) {
+		for rows.Next() {
+			var key []json.RawMessage
+			if err := rows.ScanKey(&key); err != nil || len(key) != 3 {
+				continue
+			}
+			var date float64
+			if json.Unmarshal(key[2], &date) != nil {
+				continue
+			}
+			if !ok || date < first {
+				first, ok = date, true
+			}
+		}
+	}
+	err = c.dueRanges(ctx, ranges, fmt.Sprintf("finding next scheduled %s job", worker), func(rows *kivik.ResultSet) (bool, error) {
+		found(rows)
+		return false, nil
+	})
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return FromUnix(first), ok, nil
+}
+
+// Get reads one job. A job with a stored conflict (two claims through
+// different nodes of a cluster) is read as the sweeper will settle it
+// (Settle): the claim holding a live lease, else the leaf that went
+// furthest. So a job finished on one branch reads as finished while a
+// claim conceded on another is still CouchDB's winner.
+func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
+	var raw map[string]json.RawMessage
+	if err := c.db.Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&raw); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return nil, fmt.Errorf("reading job %s: %w (%w)", id, ErrNotFound, err)
+		}
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	conflicted := len(raw["_conflicts"]) > 0
+	delete(raw, "_conflicts") // not the job's: never written back
+	doc, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	var it WorkItem
+	if err := json.Unmarshal(doc, &it); err != nil {
+		var m *MalformedError
+		if errors.As(err, &m) {
+			if m.ID == "" {
+				m.ID = id
+			}
+			return nil, fmt.Errorf("reading job %s: %w", id, m)
+		}
+		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	if conflicted {
+		if kept := c.asSettled(ctx, id); kept != nil {
+			return kept, nil
+		}
+	}
+	return &it, nil
+}
+
+// asSettled is the leaf of a conflicted job that settling it keeps, read
+// from a majority of the copies: a claim holding a live lease (its holder
+// may be running it), else the live leaf of the highest settleRank, ties
+// to CouchDB's winner. It is nil when the leaves cannot be read, or when
+// the job was deleted on a branch (settling deletes it).
+func (c *Client) asSettled(ctx context.Context, id string) *WorkItem {
+	leaves, err := c.Leaves(ctx, id)
+	if err != nil {
+		c.log.Debug().Err(err).Str("job", id).Msg("could not read a conflicted job's leaves; reading its winner")
+		return nil
+	}
+	now := ToUnix(c.now())
+	var live []Leaf
+	for _, l := range leaves {
+		switch {
+		case l.finishedTombstone():
+			return nil
+		case l.Deleted || l.Item == nil:
+		case l.live(now):
+			return l.Item
+		default:
+			live = append(live, l)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	return live[keptLeaf(live)].Item
+}
+
+// ListOptions narrow List.
+type ListOptions struct {
+	Worker string // job type; empty for all
+	Status Status // empty for all
+	Limit  int    // 0 for 100
+}
+
+// List returns jobs by type and status: from the by_status view when a
+// status is given (so a status across all types is one range), from the
+// status view otherwise.
+func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
+	if opts.Limit <= 0 {
+		opts.Limit = 100
+	}
+	view := "status"
+	params := map[string]any{"include_docs": true, "limit": opts.Limit}
+	switch {
+	case opts.Status != "" && opts.Worker != "":
+		view = "by_status"
+		params["startkey"] = []any{string(opts.Status), opts.Worker}
+		params["endkey"] = []any{string(opts.Status), opts.Worker, map[string]any{}}
+	case opts.Status != "":
+		view = "by_status"
+		params["startkey"] = []any{string(opts.Status)}
+		params["endkey"] = []any{string(opts.Status), map[string]any{}}
+	case opts.Worker != "":
+		params["startkey"] = []any{opts.Worker}
+		params["endkey"] = []any{opts.Worker, map[string]any{}}
+	}
+	if view == "status" {
+		params["reduce"] = false // by_status has no reduce to turn off
+	}
+	rows := c.view(ctx, view, kivik.Params(params))
+	return c.scan(rows, "listing jobs")
+}
+
+// view queries one of couchq's views, mostly from a stable set of shard
+// copies: one copy of each range, the same one from every node while it is
+// up. Without stable, CouchDB asks every copy and each brings its index up
+// to date before answering, so on a cluster of n copies every query made
+// the JavaScript view server index each change n times (couchq-bench,
+// 3-node cluster: couchjs CPU per job 21 ms without, 6 with). But the
+// chosen copy can lag for minutes — a node that restarted gets the writes
+// it missed from the others later — and a job it lacks would be missed by
+// every query; so at least every freshViewInterval a query of each view
+// asks every copy again (each range answered by whichever copy is first),
+// as CouchDB does by default. Servers without shards ignore stable.
+func (c *Client) view(ctx context.Context, view string, opts ...kivik.Option) *kivik.ResultSet {
+	now := time.Now().UnixNano()
+	v, ok := c.fullViews.Load(view)
+	if !ok {
+		v, _ = c.fullViews.LoadOrStore(view, new(atomic.Int64))
+	}
+	lastFull := v.(*atomic.Int64)
+	last := lastFull.Load()
+	if now-last < int64(freshViewInterval) || !lastFull.CompareAndSwap(last, now) {
+		opts = append(opts, kivik.Param("stable", true))
+	}
+	return c.db.Query(ctx, designdocs.DocFor(view), "_view/"+view, opts...)
+}
+
+// freshViewInterval is the longest time between two view queries of a
+// client that ask every copy (see view).
+const freshViewInterval = 5 * time.Second
+
+// scan decodes view rows that carry documents, setting aside (and logging)
+// the ones that are not well-formed WorkItems.
+func (c *Client) scan(rows *kivik.ResultSet, what string) (*Batch, error) {
+	defer rows.Close()
+	b := &Batch{}
+	for rows.Next() {
+		if err := c.scanRow(rows, b); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return b, nil
+}
+
+// scanRow adds the current row's document to b: a job, a malformed one, or
+// nothing when the document is gone.
+func (c *Client) scanRow(rows *kivik.ResultSet, b *Batch) error {
+	var raw json.RawMessage
+	if err := rows.ScanDoc(&raw); err != nil {
+		return err
+	}
+	id, _ := rows.ID()
+	c.addDoc(b, id, raw)
+	return nil
+}
+
+// addDoc adds the document raw of the row for id to b: a job, a malformed
+// one, or nothing when the document is gone.
+func (c *Client) addDoc(b *Batch, id string, raw json.RawMessage) {
+	if gone(raw) {
+		// Every view couchq reads emits WorkItems only, so a row whose
+		// document is missing, deleted or no longer a WorkItem was
+		// indexed from a revision that has since been replaced: on a
+		// cluster the index and the document come from different
+		// copies. The job is gone from this view, not malformed.
+		c.log.Debug().Str("job", id).Msg("view row's document is gone; skipping")
+		return
+	}
+	var it WorkItem
+	if err := json.Unmarshal(raw, &it); err != nil {
+		m := &MalformedError{Field: "document", Reason: err.Error()}
+		errors.As(err, &m)
+		if m.ID == "" {
+			m.ID = id
+		}
+		var meta struct {
+			Rev string `json:"_rev"`
+		}
+		_ = json.Unmarshal(raw, &meta)
+		c.log.Info().Str("job", m.ID).Str("field", m.Field).Str("reason", m.Reason).
+			Msg("skipping malformed WorkItem")
+		b.Malformed = append(b.Malformed, Malformed{ID: m.ID, Rev: meta.Rev, Err: m, Raw: raw})
+		return
+	}
+	b.Items = append(b.Items, &it)
+}
+
+// gone reports whether a view row's included document is not (or no
+// longer) a WorkItem: null (deleted since it was indexed), a deletion
+// stub, or a document whose type is no longer "WorkItem".
+func gone(raw json.RawMessage) bool {
+	var head struct {
+		Deleted bool            `json:"_deleted"`
+		Type    json.RawMessage `json:"type"`
+	}
+	if len(raw) == 0 || string(raw) == "null" || json.Unmarshal(raw, &head) != nil {
+		return len(raw) == 0 || string(raw) == "null"
+	}
+	return head.Deleted || string(head.Type) != `"`+DocType+`"`
+}

@@ -1,0 +1,403 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DocType is the "type" of every job document.
+const DocType = "WorkItem"
+
+// Status is where a job stands. A document without a status is queued.
+type Status string
+
+// The statuses a WorkItem can have.
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusDone      Status = "done"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+)
+
+// Statuses lists every valid status, in lifecycle order.
+func Statuses() []Status {
+	return []Status{StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled}
+}
+
+// Valid reports whether s is one of Statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether a job in status s will never run again by itself.
+func (s Status) Terminal() bool {
+	return s == StatusDone || s == StatusFailed || s == StatusCancelled
+}
+
+// Event is one entry of a job's activity log.
+type Event struct {
+	// At is when it happened, RFC 3339 in UTC.
+	At string `json:"at"`
+	// Event names the transition: enqueued, claimed, done, failed, ...
+	Event string `json:"event"`
+	// By is the actor: a claimant (host/pid/worker-id) or "cli".
+	By string `json:"by,omitempty"`
+	// Attempt is the job's attempt count when it happened.
+	Attempt int `json:"attempt,omitempty"`
+	// Error is the error that caused the transition, if any.
+	Error string `json:"error,omitempty"`
+}
+
+// WorkItem is a job document. The JSON field names are a public contract:
+// applications write these documents straight into CouchDB. Fields couchq
+// does not know are kept as they are on every write couchq makes.
+type WorkItem struct {
+	ID  string
+	Rev string
+
+	// Worker is the job type; workers run the types they are configured for.
+	Worker string
+	// Date is when the job is due, in Unix seconds; 0 means now.
+	Date float64
+	// Payload is handed to the handler as it is.
+	Payload json.RawMessage
+
+	Claimed    bool
+	ClaimedBy  string
+	ClaimedAt  float64
+	LeaseUntil float64
+
+	// Status is never empty after decoding: a missing status reads as queued.
+	Status      Status
+	Attempts    int
+	MaxAttempts int // 0 means the configured default
+	// Priority is 1 (runs first) to 5 (last); 0 means PriorityDefault.
+	Priority  int
+	LastError string
+	Result    json.RawMessage
+	CreatedAt float64
+	// StartedAt is when the job was first claimed (wait time ends there).
+	StartedAt  float64
+	FinishedAt float64
+	History    []Event
+	// UniqueKey is the key of a unique job (NewJob.Unique); its ID is
+	// derived from it (UniqueID).
+	UniqueKey string
+
+	// Conflicts lists conflicting revisions when the document was read with
+	// conflicts=true. It is never written back.
+	Conflicts []string
+
+	extra map[string]json.RawMessage
+}
+
+// DueAt is the time the job becomes due (the zero Unix time for "now").
+func (w *WorkItem) DueAt() time.Time { return FromUnix(w.Date) }
+
+// Lease returns when the current claim's lease runs out.
+func (w *WorkItem) Lease() time.Time { return FromUnix(w.LeaseUntil) }
+
+// Conceded reports whether the job holds a claim its claimant gave up
+// without running it (see EventClaimConceded): its lease ended when it was
+// made, and the sweeper requeues it without charging an attempt.
+// Entries that settling a conflict appends after it (claim-withdrawn) do
+// not hide it.
+func (w *WorkItem) Conceded() bool {
+	if !w.Claimed {
+		return false
+	}
+	for i := len(w.History) - 1; i >= 0; i-- {
+		if e := w.History[i].Event; e != EventClaimWithdrawn {
+			return e == EventClaimConceded
+		}
+	}
+	return false
+}
+
+// Extra returns a field couchq does not model, as raw JSON.
+func (w *WorkItem) Extra(name string) (json.RawMessage, bool) {
+	v, ok := w.extra[name]
+	return v, ok
+}
+
+// Clone returns a deep enough copy for a protocol write: slices that a
+// transition appends to or replaces are copied.
+func (w *WorkItem) Clone() *WorkItem {
+	c := *w
+	c.History = append([]Event(nil), w.History...)
+	c.Conflicts = nil
+	return &c
+}
+
+// wireItem is the stored shape of the fields couchq knows.
+type wireItem struct {
+	ID          string          `json:"_id,omitempty"`
+	Rev         string          `json:"_rev,omitempty"`
+	Type        string          `json:"type"`
+	Worker      string          `json:"worker"`
+	Date        float64         `json:"date"`
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	Claimed     bool            `json:"claimed"`
+	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	ClaimedAt   float64         `json:"claimed_at,omitempty"`
+	LeaseUntil  float64         `json:"lease_until,omitempty"`
+	Status      Status          `json:"status"`
+	Attempts    int             `json:"attempts"`
+	MaxAttempts int             `json:"max_attempts,omitempty"`
+	LastError   string          `json:"last_error,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	CreatedAt   float64         `json:"created_at,omitempty"`
+	StartedAt   float64         `json:"started_at,omitempty"`
+	FinishedAt  float64         `json:"finished_at,omitempty"`
+	History     []Event         `json:"history,omitempty"`
+	UniqueKey   string          `json:"unique_key,omitempty"`
+	Priority    int             `json:"priority,omitempty"`
+}
+
+// knownField reports whether UnmarshalJSON consumes key; anything else is kept.
+func knownField(key string) bool {
+	switch key {
+	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
+		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority":
+		return true
+	}
+	return false
+}
+
+// MarshalJSON writes the known fields and every kept unknown field.
+func (w WorkItem) MarshalJSON() ([]byte, error) {
+	status := w.Status
+	if status == "" {
+		status = StatusQueued
+	}
+	b, err := json.Marshal(wireItem{
+		ID: w.ID, Rev: w.Rev, Type: DocType, Worker: w.Worker, Date: w.Date, Payload: w.Payload,
+		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
+		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
+		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
+		UniqueKey: w.UniqueKey, Priority: w.Priority,
+	})
+	if err != nil || len(w.extra) == 0 {
+		return b, err
+	}
+	keys := make([]string, 0, len(w.extra))
+	for k := range w.extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var buf bytes.Buffer
+	buf.Write(b[:len(b)-1])
+	for _, k := range keys {
+		kb, _ := json.Marshal(k)
+		buf.WriteByte(',')
+		buf.Write(kb)
+		buf.WriteByte(':')
+		buf.Write(w.extra[k])
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+// UnmarshalJSON decodes a stored document strictly: a field of the wrong
+// shape yields a *MalformedError naming it, never a half-decoded job.
+func (w *WorkItem) UnmarshalJSON(data []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return &MalformedError{Field: "document", Reason: "is not a JSON object: " + err.Error()}
+	}
+	*w = WorkItem{}
+	p := fieldParser{raw: raw}
+	p.str("_id", &w.ID)
+	p.str("_rev", &w.Rev)
+	var docType string
+	p.str("type", &docType)
+	if p.err == nil && docType != DocType {
+		p.fail("type", fmt.Sprintf("must be %q, got %q", DocType, docType))
+	}
+	p.str("worker", &w.Worker)
+	if p.err == nil && w.Worker == "" {
+		p.fail("worker", "is required: the job type, a non-empty string")
+	}
+	p.num("date", &w.Date)
+	w.Payload = nonNull(raw["payload"])
+	p.boolean("claimed", &w.Claimed)
+	p.str("claimed_by", &w.ClaimedBy)
+	p.num("claimed_at", &w.ClaimedAt)
+	p.num("lease_until", &w.LeaseUntil)
+	var status string
+	p.str("status", &status)
+	w.Status = Status(status)
+	if w.Status == "" {
+		w.Status = StatusQueued
+	}
+	if p.err == nil && !w.Status.Valid() {
+		p.fail("status", fmt.Sprintf("must be one of queued, running, done, failed, cancelled, got %q", status))
+	}
+	p.count("attempts", &w.Attempts)
+	p.count("max_attempts", &w.MaxAttempts)
+	p.str("last_error", &w.LastError)
+	w.Result = nonNull(raw["result"])
+	p.num("created_at", &w.CreatedAt)
+	p.num("started_at", &w.StartedAt)
+	p.num("finished_at", &w.FinishedAt)
+	p.history(&w.History)
+	p.str("unique_key", &w.UniqueKey)
+	if v, ok := raw["priority"]; ok && string(v) != "null" {
+		p.count("priority", &w.Priority)
+		if p.err == nil && (w.Priority < PriorityHighest || w.Priority > PriorityLowest) {
+			p.fail("priority", fmt.Sprintf("must be a whole number from %d (runs first) to %d, got %d", PriorityHighest, PriorityLowest, w.Priority))
+		}
+	}
+	if c, ok := raw["_conflicts"]; ok {
+		_ = json.Unmarshal(c, &w.Conflicts) // informational only
+	}
+	if p.err != nil {
+		p.err.ID = w.ID
+		if p.err.ID == "" {
+			var id string
+			_ = json.Unmarshal(raw["_id"], &id)
+			p.err.ID = id
+		}
+		*w = WorkItem{} // never a half-decoded job
+		return p.err
+	}
+	for k, v := range raw {
+		if knownField(k) {
+			continue
+		}
+		// Server-computed members (_revisions, _deleted_conflicts, ...) are
+		// rejected by CouchDB on write; attachments are the one to keep.
+		if strings.HasPrefix(k, "_") && k != "_attachments" {
+			continue
+		}
+		if w.extra == nil {
+			w.extra = map[string]json.RawMessage{}
+		}
+		w.extra[k] = v
+	}
+	return nil
+}
+
+func nonNull(v json.RawMessage) json.RawMessage {
+	if len(v) == 0 || string(v) == "null" {
+		return nil
+	}
+	return v
+}
+
+// fieldParser decodes one field at a time and keeps the first failure.
+type fieldParser struct {
+	raw map[string]json.RawMessage
+	err *MalformedError
+}
+
+func (p *fieldParser) fail(field, reason string) {
+	if p.err == nil {
+		p.err = &MalformedError{Field: field, Reason: reason}
+	}
+}
+
+// get returns the field's raw value, or nil when it is missing or null.
+func (p *fieldParser) get(field string) json.RawMessage {
+	if p.err != nil {
+		return nil
+	}
+	return nonNull(p.raw[field])
+}
+
+func (p *fieldParser) str(field string, dst *string) {
+	if v := p.get(field); v != nil {
+		if json.Unmarshal(v, dst) != nil {
+			p.fail(field, "must be a string, got "+describeJSON(v))
+		}
+	}
+}
+
+func (p *fieldParser) num(field string, dst *float64) {
+	if v := p.get(field); v != nil {
+		if json.Unmarshal(v, dst) != nil || math.IsInf(*dst, 0) || math.IsNaN(*dst) {
+			p.fail(field, "must be a number of Unix seconds, got "+describeJSON(v))
+		}
+	}
+}
+
+func (p *fieldParser) boolean(field string, dst *bool) {
+	if v := p.get(field); v != nil {
+		if json.Unmarshal(v, dst) != nil {
+			p.fail(field, "must be a boolean, got "+describeJSON(v))
+		}
+	}
+}
+
+func (p *fieldParser) count(field string, dst *int) {
+	v := p.get(field)
+	if v == nil {
+		return
+	}
+	var f float64
+	if json.Unmarshal(v, &f) != nil || f < 0 || f != math.Trunc(f) || f > math.MaxInt32 {
+		p.fail(field, "must be a whole number from 0 to 2147483647, got "+describeJSON(v))
+		return
+	}
+	*dst = int(f)
+}
+
+func (p *fieldParser) history(dst *[]Event) {
+	if v := p.get("history"); v != nil {
+		if json.Unmarshal(v, dst) != nil {
+			p.fail("history", "must be an array of {at, event, by, attempt, error}, got "+describeJSON(v))
+		}
+	}
+}
+
+// describeJSON names a raw JSON value's kind, with the value when short.
+func describeJSON(v json.RawMessage) string {
+	s := strings.TrimSpace(string(v))
+	kind := "a value"
+	switch {
+	case s == "":
+		return "nothing"
+	case s[0] == '"':
+		kind = "a string"
+	case s[0] == '{':
+		kind = "an object"
+	case s[0] == '[':
+		kind = "an array"
+	case s == "true" || s == "false":
+		kind = "a boolean"
+	default:
+		kind = "a number"
+	}
+	if len(s) > 40 {
+		return kind
+	}
+	return kind + " " + s
+}
+
+// ToUnix converts t to the Unix seconds couchq stores (fractions kept to
+// the microsecond, which JSON numbers carry exactly).
+func ToUnix(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return math.Round(float64(t.UnixMicro())) / 1e6
+}
+
+// FromUnix converts stored Unix seconds back to a time.
+func FromUnix(s float64) time.Time {
+	if s == 0 {
+		return time.Unix(0, 0).UTC()
+	}
+	return time.UnixMicro(int64(math.Round(s * 1e6))).UTC()
+}

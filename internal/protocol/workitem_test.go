@@ -1,0 +1,122 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWorkItemMinimalDocumentIsDueNow(t *testing.T) {
+	var it WorkItem
+	if err := json.Unmarshal([]byte(`{"type":"WorkItem","worker":"email"}`), &it); err != nil {
+		t.Fatal(err)
+	}
+	if it.Worker != "email" || it.Date != 0 || it.Status != StatusQueued || it.Claimed || it.Attempts != 0 {
+		t.Fatalf("unexpected decode: %+v", it)
+	}
+	if err := json.Unmarshal([]byte(`{"type":"WorkItem","worker":"email","date":null,"status":null}`), &it); err != nil {
+		t.Fatalf("null date and status mean defaults: %v", err)
+	}
+}
+
+func TestWorkItemKeepsUnknownFields(t *testing.T) {
+	in := `{"_id":"a","_rev":"1-x","_revisions":{"start":1,"ids":["x"]},"type":"WorkItem","worker":"email",` +
+		`"date":12.5,"payload":{"to":"a@b"},"tenant":"acme","tags":["x",1],"_attachments":{"f":{"stub":true}}}`
+	var it WorkItem
+	if err := json.Unmarshal([]byte(in), &it); err != nil {
+		t.Fatal(err)
+	}
+	out, err := json.Marshal(it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		"tenant": `"acme"`, "tags": `["x",1]`, "payload": `{"to":"a@b"}`, "date": `12.5`,
+		"status": `"queued"`, "type": `"WorkItem"`, "_attachments": `{"f":{"stub":true}}`,
+	} {
+		if string(got[k]) != want {
+			t.Errorf("field %s = %s, want %s", k, got[k], want)
+		}
+	}
+	if _, ok := got["_revisions"]; ok {
+		t.Error("server-computed _revisions must not be written back")
+	}
+}
+
+func TestWorkItemMalformedNamesTheField(t *testing.T) {
+	cases := map[string]string{
+		`{"type":"WorkItem"}`:                                "worker",
+		`{"type":"WorkItem","worker":5}`:                     "worker",
+		`{"type":"WorkItem","worker":""}`:                    "worker",
+		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`: "date",
+		`{"type":"WorkItem","worker":"a","status":"paused"}`: "status",
+		`{"type":"WorkItem","worker":"a","attempts":-1}`:     "attempts",
+		`{"type":"WorkItem","worker":"a","attempts":1.5}`:    "attempts",
+		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:   "claimed",
+		`{"type":"WorkItem","worker":"a","history":{}}`:      "history",
+		`{"type":"Other","worker":"a"}`:                      "type",
+		`[1,2]`:                                              "document",
+	}
+	for in, field := range cases {
+		var it WorkItem
+		err := json.Unmarshal([]byte(in), &it)
+		var m *MalformedError
+		if !errors.As(err, &m) {
+			t.Errorf("%s: want MalformedError, got %v", in, err)
+			continue
+		}
+		if m.Field != field {
+			t.Errorf("%s: field %q, want %q (%v)", in, m.Field, field, err)
+		}
+	}
+}
+
+func TestHistoryStaysBoundedAndKeepsEnqueued(t *testing.T) {
+	c := &Client{cfg: Config{HistoryLimit: 5}.WithDefaults()}
+	it := &WorkItem{}
+	c.record(it, "enqueued", "cli", "")
+	for range 100 {
+		c.record(it, "retry-scheduled", "w", "boom")
+	}
+	if len(it.History) != 5 {
+		t.Fatalf("history has %d entries, want 5", len(it.History))
+	}
+	if it.History[0].Event != "enqueued" || it.History[4].Event != "retry-scheduled" {
+		t.Fatalf("want the first enqueued kept and the newest last: %+v", it.History)
+	}
+}
+
+func TestTruncateKeepsValidUTF8(t *testing.T) {
+	s := truncate(strings.Repeat("é", maxErrorLen))
+	if len(s) > maxErrorLen || !strings.HasSuffix(s, "...") || !json.Valid(mustJSON(s)) {
+		t.Fatalf("bad truncation: len %d", len(s))
+	}
+	if strings.ContainsRune(s, '\uFFFD') {
+		t.Fatal("truncation split a rune")
+	}
+}
+
+func TestUnixRoundTrip(t *testing.T) {
+	at := time.Date(2026, 11, 21, 7, 0, 0, 123456000, time.UTC)
+	if got := FromUnix(ToUnix(at)); !got.Equal(at) {
+		t.Fatalf("round trip %v -> %v", at, got)
+	}
+	if ToUnix(time.Time{}) != 0 {
+		t.Fatal("zero time must store as 0 (due now)")
+	}
+}
+
+func TestRedactAndDialKeepPasswordsOut(t *testing.T) {
+	if got := Redact("http://admin:s3cret@host:5984/db"); strings.Contains(got, "s3cret") {
+		t.Fatalf("Redact leaked: %s", got)
+	}
+	if _, err := Dial("::not a url s3cret", "", ""); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("Dial error should be clear and redacted: %v", err)
+	}
+}
