@@ -23,6 +23,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
@@ -617,7 +618,7 @@ func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
 	var rc runCounter
 	cfg := clusterWorker(log, map[string]worker.Handler{"fo": rc.handler("fo")})
 	cfg.ID = "fo"
-	w, err := worker.New(client, cfg)
+	w, err := worker.New((*couchq.Client)(client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1096,7 +1097,7 @@ func TestClusterPeriodicOneJobPerTick(t *testing.T) {
 	for i := range 6 {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"beat": rc.handler(fmt.Sprintf("p%d", i))})
 		cfg.ID, cfg.Periodic = fmt.Sprintf("p%d", i), []protocol.Periodic{sched}
-		w, err := worker.New(cb.clients[i%3], cfg)
+		w, err := worker.New((*couchq.Client)(cb.clients[i%3]), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1178,7 +1179,7 @@ func TestClusterRateLimit(t *testing.T) {
 			cfg := clusterWorker(cb.log, map[string]worker.Handler{typ: h})
 			cfg.Concurrency = 8
 			cfg.ID, cfg.RateLimits = fmt.Sprintf("%s%d", typ, i), limits
-			w, err := worker.New(cb.clients[i%3], cfg)
+			w, err := worker.New((*couchq.Client)(cb.clients[i%3]), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1242,7 +1243,7 @@ func TestClusterFleetConcurrency(t *testing.T) {
 	for node := 1; node <= 3; node++ {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"heavy": p.handler()})
 		cfg.ID, cfg.FleetConcurrency = fmt.Sprintf("f%d", node), map[string]int{"heavy": limit}
-		w, err := worker.New(cb.clients[node-1], cfg)
+		w, err := worker.New((*couchq.Client)(cb.clients[node-1]), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1284,7 +1285,7 @@ func TestClusterHighPriorityOvertakes(t *testing.T) {
 	for node := 2; node <= 3; node++ {
 		cfg := clusterWorker(cb.log, map[string]worker.Handler{"render": h})
 		cfg.ID, cfg.Concurrency, cfg.ClaimBatch, cfg.PickAmong = fmt.Sprintf("w%d", node), 2, 2, 4
-		w, err := worker.New(cb.clients[node-1], cfg)
+		w, err := worker.New((*couchq.Client)(cb.clients[node-1]), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -601,7 +602,7 @@ func testMalformedWorkItemsDoNotStopTheQueue(t *testing.T, lang designdocs.Langu
 	// 1 MB documents) from having a live claim swept and run twice.
 	cfg.SweepInterval = time.Second
 	cfg.LeaseDuration = 10 * time.Second
-	w, err := worker.New(tb.client, cfg)
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -156,7 +157,7 @@ func TestRateLimitSlowSlotRounds(t *testing.T) {
 	})})
 	cfg.Concurrency = 10
 	cfg.RateLimits = map[string]protocol.RateLimit{"slowrl": {N: limit, Per: time.Second}}
-	w, err := worker.New(client, cfg)
+	w, err := worker.New((*couchq.Client)(client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
@@ -102,7 +103,7 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 	}
 
 	ran := make(chan string, 4)
-	w, err := worker.New(vt.worker, worker.Config{
+	w, err := worker.New((*couchq.Client)(vt.worker), worker.Config{
 		Handlers: map[string]worker.Handler{"mail": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 			ran <- job.ID
 			return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -40,7 +41,7 @@ func startWorker(t *testing.T, tb *testBundle, cfg worker.Config) *worker.Worker
 // runWorker starts a worker on client and stops it when the test ends.
 func runWorker(t *testing.T, ctx context.Context, client *protocol.Client, cfg worker.Config) *worker.Worker {
 	t.Helper()
-	w, err := worker.New(client, cfg)
+	w, err := worker.New((*couchq.Client)(client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +326,7 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 		}),
 	})
 	cfg.ShutdownTimeout = time.Second
-	w, err := worker.New(tb.client, cfg)
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +379,7 @@ func TestDrainModeExitsWhenEmpty(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for range 2 { // overlapping runs share the work
-		w, err := worker.New(tb.client, cfg)
+		w, err := worker.New((*couchq.Client)(tb.client), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +417,7 @@ func TestDeleteDoneIsPerType(t *testing.T) {
 	cfg.Drain = true
 	kept, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "keep"})
 	gone, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "purge"})
-	w, err := worker.New(tb.client, cfg)
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +478,7 @@ func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
 	cfg.Logger = log
 	// Renewals take 350 ms of a 900 ms lease: over a third, yet in time.
 	cfg.LeaseDuration, cfg.HeartbeatInterval = 900*time.Millisecond, 200*time.Millisecond
-	w, err := worker.New(client, cfg)
+	w, err := worker.New((*couchq.Client)(client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -136,8 +137,8 @@ func newMetricDescs() metricDescs {
 //
 // Register it on one registry only: a second registry would keep counters
 // of its own, and read CouchDB as often again.
-func NewCollector(ctx context.Context, q *protocol.Client, cfg Config) prometheus.Collector {
-	return newCollector(ctx, q, cfg)
+func NewCollector(ctx context.Context, queue *couchq.Client, cfg Config) prometheus.Collector {
+	return newCollector(ctx, (*protocol.Client)(queue), cfg)
 }
 
 func newCollector(ctx context.Context, src statsSource, cfg Config) *metricsCollector {

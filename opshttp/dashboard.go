@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -152,7 +153,7 @@ func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any,
 				return nil, err
 			}
 			var buf bytes.Buffer
-			err = WriteJSON(&buf, v)
+			err = forms.WriteJSON(&buf, v)
 			return buf.Bytes(), err
 		})
 		if err != nil {
@@ -171,7 +172,7 @@ func (s *server) invalidate() {
 // writeJSON answers 200 with v.
 func (s *server) writeJSON(w http.ResponseWriter, v any) {
 	var buf bytes.Buffer
-	if err := WriteJSON(&buf, v); err != nil {
+	if err := forms.WriteJSON(&buf, v); err != nil {
 		s.serverFailed(w, err)
 		return
 	}

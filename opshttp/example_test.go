@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/opshttp"
 )
 
@@ -21,7 +21,7 @@ import (
 func ExampleNewHandler() {
 	ctx := context.Background()
 	log := zerolog.New(os.Stderr)
-	var q *protocol.Client // the service's queue client, opened as in couchq's Example
+	var q *couchq.Client // the service's queue client, opened as in couchq's Example
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) { /* the service's own */ })
@@ -48,7 +48,7 @@ func ExampleNewHandler() {
 // queue's metrics to it. (Compiled, not run: it needs a CouchDB server.)
 func ExampleNewCollector() {
 	ctx := context.Background()
-	var q *protocol.Client // the service's queue client, opened as in couchq's Example
+	var q *couchq.Client // the service's queue client, opened as in couchq's Example
 
 	reg := prometheus.NewRegistry() // the service's, with its own metrics
 	reg.MustRegister(opshttp.NewCollector(ctx, q, opshttp.Config{CacheTTL: 15 * time.Second}))

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -49,7 +51,8 @@ type server struct {
 // own, with the Go runtime's and the process's. A service that has a
 // registry already can register NewCollector on it instead and mount this
 // handler for the API alone.
-func NewHandler(ctx context.Context, q *protocol.Client, cfg Config) http.Handler {
+func NewHandler(ctx context.Context, queue *couchq.Client, cfg Config) http.Handler {
+	q := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
 	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
 	reg := prometheus.NewRegistry()
@@ -82,13 +85,13 @@ func (l promLogger) Println(v ...any) {
 func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Query()
 	typ, since, until := p.Get("type"), p.Get("since"), p.Get("until")
-	opts, err := StatsOptions(typ, since, until, s.cfg.Now())
+	opts, err := forms.StatsOptions(typ, since, until, s.cfg.Now())
 	if err != nil {
 		writeAPIError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
-		return Stats(ctx, s.q, opts)
+		return forms.Stats(ctx, s.q, opts)
 	})(w, r)
 }
 
@@ -96,7 +99,7 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Query()
 	opts := protocol.ListOptions{Worker: p.Get("type"), Limit: jobsLimitDefault}
 	var err error
-	if opts.Status, err = ParseStatus(p.Get("status")); err != nil {
+	if opts.Status, err = forms.ParseStatus(p.Get("status")); err != nil {
 		writeAPIError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -115,7 +118,7 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 		s.serverFailed(w, err)
 		return
 	}
-	s.writeJSON(w, Jobs(batch))
+	s.writeJSON(w, forms.Jobs(batch))
 }
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +126,7 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if _, err := s.q.DB().Stats(ctx); err != nil {
 		var buf bytes.Buffer
-		_ = WriteJSON(&buf, map[string]string{"couchdb": "unavailable",
+		_ = forms.WriteJSON(&buf, map[string]string{"couchdb": "unavailable",
 			"error": fmt.Sprintf("reading database %s: %s", s.db, s.cfg.ErrorMessage(err))})
 		writeAPIBody(w, http.StatusServiceUnavailable, buf.Bytes())
 		return
@@ -140,7 +143,7 @@ func (s *server) serverFailed(w http.ResponseWriter, err error) {
 
 func writeAPIError(w http.ResponseWriter, code int, msg string) {
 	var buf bytes.Buffer
-	_ = WriteJSON(&buf, map[string]string{"error": msg})
+	_ = forms.WriteJSON(&buf, map[string]string{"error": msg})
 	writeAPIBody(w, code, buf.Bytes())
 }
 

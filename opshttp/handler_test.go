@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -176,7 +177,7 @@ func TestHandlerUnderAPrefix(t *testing.T) {
 	t.Parallel()
 	ctx, q := newQueue(t)
 	mux := http.NewServeMux()
-	mux.Handle("/couchq/", http.StripPrefix("/couchq", NewHandler(ctx, q, Config{})))
+	mux.Handle("/couchq/", http.StripPrefix("/couchq", NewHandler(ctx, (*couchq.Client)(q), Config{})))
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("the service")) })
 	hs := httptest.NewServer(mux)
 	t.Cleanup(hs.Close)
@@ -197,7 +198,7 @@ func TestCollectorOnItsOwnRegistry(t *testing.T) {
 	t.Parallel()
 	r := playScript(t)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector(r.Ctx, r.Q, Config{Now: r.Clock.Now}))
+	reg.MustRegister(NewCollector(r.Ctx, (*couchq.Client)(r.Q), Config{Now: r.Clock.Now}))
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
@@ -57,7 +58,7 @@ func playScript(t *testing.T) *opstest.Run {
 func serveHandler(ctx context.Context, t *testing.T, q *protocol.Client, cfg Config) *httptest.Server {
 	t.Helper()
 	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t))
-	hs := httptest.NewServer(NewHandler(ctx, q, cfg))
+	hs := httptest.NewServer(NewHandler(ctx, (*couchq.Client)(q), cfg))
 	t.Cleanup(hs.Close)
 	return hs
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -38,7 +39,7 @@ const (
 
 // Config configures a Worker. The zero value of every field but Handlers
 // means its default; see WithDefaults. How many attempts a job gets is the
-// queue client's setting (protocol.Config.MaxAttempts, or the job's own
+// queue client's setting (couchq.Config.MaxAttempts, or the job's own
 // max_attempts), so that the workers and the sweeper agree on it.
 type Config struct {
 	// Handlers maps each job type this worker runs to its handler.
@@ -104,25 +105,25 @@ type Config struct {
 	// kept with status done.
 	DeleteDone map[string]bool
 	// RateLimits bounds how many jobs of a type start per window across
-	// every worker process together (see protocol.RateLimit); each process
+	// every worker process together (see couchq.RateLimit); each process
 	// must be given the same limit.
-	RateLimits map[string]protocol.RateLimit
+	RateLimits map[string]couchq.RateLimit
 	// FleetConcurrency bounds how many jobs of a type run at once across
-	// every worker process together (see protocol.RunSlot); each process
+	// every worker process together (run slot documents); each process
 	// must be given the same limit. Concurrency still bounds each process.
 	FleetConcurrency map[string]int
-	// Sequences gives a job type a slot sequence (see protocol.Sequence):
+	// Sequences gives a job type a slot sequence (see couchq.Sequence):
 	// before each attempt the worker reserves the sequence's next free
 	// slot and hands it to the handler as Job.Slot; when the handler
 	// succeeds the slot is released as used (the sequence's marker moves
 	// on), otherwise it is abandoned for the next job to take. The
 	// reservation is not renewed while the handler runs: give the sequence
 	// a TTL longer than the handler takes.
-	Sequences map[string]protocol.Sequence
+	Sequences map[string]couchq.Sequence
 	// Periodic lists schedules this process enqueues jobs for (see
-	// protocol.Periodic): any number of processes may run the same schedule,
+	// couchq.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
-	Periodic []protocol.Periodic
+	Periodic []couchq.Periodic
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
 	// Metrics, when set, records the worker's Prometheus metrics (see

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -41,11 +41,11 @@ func ExampleTyped() {
 // not run: it needs a CouchDB server.)
 func ExampleConfig_scheduling() {
 	ctx := context.Background()
-	srv, err := protocol.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
 	if err != nil {
 		panic(err)
 	}
-	q, err := srv.Open(ctx, "couchq", protocol.Config{})
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -56,18 +56,18 @@ func ExampleConfig_scheduling() {
 	noop := worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })
 	w, err := worker.New(q, worker.Config{
 		Handlers: map[string]worker.Handler{"report": noop, "webhook": noop, "render": noop},
-		Periodic: []protocol.Periodic{{
+		Periodic: []couchq.Periodic{{
 			Name: "morning-report", Schedule: "0 7 * * 1-5", Location: berlin,
-			Job: protocol.NewJob{Worker: "report", Priority: protocol.PriorityHighest},
+			Job: couchq.NewJob{Worker: "report", Priority: couchq.PriorityHighest},
 		}},
-		RateLimits:       map[string]protocol.RateLimit{"webhook": {N: 10, Per: time.Second}},
+		RateLimits:       map[string]couchq.RateLimit{"webhook": {N: 10, Per: time.Second}},
 		FleetConcurrency: map[string]int{"render": 3},
 	})
 	if err != nil {
 		panic(err)
 	}
 	// Pausing a type, from any process: its workers stop claiming it.
-	if err := q.Pause(ctx, "render", "ops", "GPU maintenance"); err != nil {
+	if err := q.Pause(ctx, "render", "GPU maintenance"); err != nil {
 		panic(err)
 	}
 	_ = w.Run(ctx)
@@ -78,11 +78,11 @@ func ExampleConfig_scheduling() {
 // serves. (Compiled, not run: it needs a CouchDB server.)
 func ExampleHealthHandler() {
 	ctx := context.Background()
-	srv, err := protocol.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
+	srv, err := couchq.Connect(ctx, "http://127.0.0.1:5984", "admin", "secret")
 	if err != nil {
 		panic(err)
 	}
-	q, err := srv.Open(ctx, "couchq", protocol.Config{})
+	q, err := srv.Open(ctx, "couchq", couchq.Config{})
 	if err != nil {
 		panic(err)
 	}

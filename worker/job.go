@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/couchq"
 )
 
 // Job is what a handler runs: one attempt of one claimed WorkItem.
@@ -23,7 +23,7 @@ type Job struct {
 	// Payload is the document's payload as stored (nil when absent).
 	Payload json.RawMessage
 	// Item is the claimed document; handlers must treat it as read-only.
-	Item *protocol.WorkItem
+	Item *couchq.WorkItem
 	// Slot is the slot reserved for this attempt when the job type has a
 	// sequence (Config.Sequences); "" otherwise.
 	Slot string

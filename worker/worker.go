@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -29,7 +30,7 @@ type Stats struct {
 	Claimed   int64 // jobs this worker claimed
 	Conflicts int64 // claims not to run (409, a minority of a cluster's copies, another branch)
 	// Conceded counts the Conflicts that were stored on a cluster and
-	// given up soon after (protocol.Client.Concede) rather than held for a
+	// given up soon after (withdrawn by the worker) rather than held for a
 	// lease.
 	Conceded  int64
 	Completed int64
@@ -89,8 +90,10 @@ type Worker struct {
 	}
 }
 
-// New returns a Worker running cfg's handlers against client.
-func New(client *protocol.Client, cfg Config) (*Worker, error) {
+// New returns a Worker running cfg's handlers against the database that
+// queue works on.
+func New(queue *couchq.Client, cfg Config) (*Worker, error) {
+	client := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -58,7 +59,7 @@ func (d *demo) work(ctx context.Context) error {
 		}
 	}()
 	for i := range demoWorkers {
-		w, err := worker.New(q, worker.Config{
+		w, err := worker.New((*couchq.Client)(q), worker.Config{
 			Handlers:      hs,
 			Concurrency:   demoConcurrency,
 			LeaseDuration: demoLease,

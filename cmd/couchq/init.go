@@ -9,8 +9,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
-	"github.com/couchq/couchq/opshttp"
 )
 
 const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation on|off] [--language LANG] [flags]
@@ -237,4 +237,4 @@ func orNobody(a protocol.Access) string {
 // writeJSON writes v as every --json output is written: as the HTTP API
 // writes its answers, so that stats --json and /api/stats are the same
 // bytes.
-func writeJSON(w io.Writer, v any) error { return opshttp.WriteJSON(w, v) }
+func writeJSON(w io.Writer, v any) error { return forms.WriteJSON(w, v) }

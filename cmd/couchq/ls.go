@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
-	"github.com/couchq/couchq/opshttp"
 )
 
 const lsUsage = `Usage: couchq ls [--type TYPE] [--status STATUS] [--limit N] [flags]
@@ -49,7 +49,7 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 		return err
 	}
 	log = log.Level(conn.level)
-	if opts.Status, err = opshttp.ParseStatus(status); err != nil {
+	if opts.Status, err = forms.ParseStatus(status); err != nil {
 		return flagError(err)
 	}
 	if opts.Limit < 1 {
@@ -91,10 +91,10 @@ func printPaused(ctx context.Context, w io.Writer, q *protocol.Client, typ strin
 }
 
 // printJobs writes batch as a table, or with asJSON as /api/jobs serves
-// it (opshttp.Jobs).
+// it (forms.Jobs).
 func printJobs(w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
 	if asJSON {
-		return writeJSON(w, opshttp.Jobs(batch))
+		return writeJSON(w, forms.Jobs(batch))
 	}
 	n := len(batch.Items) + len(batch.Malformed)
 	if n == 0 {

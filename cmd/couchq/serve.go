@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
@@ -131,7 +132,7 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
 	// period ends: a scrape in flight is answered, not cut off.
 	reqCtx := context.WithoutCancel(ctx)
-	srv := newHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, q, opshttp.Config{
+	srv := newHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, (*couchq.Client)(q), opshttp.Config{
 		CacheTTL: zeroIsNone(cache),
 		Settle:   zeroIsNone(settle),
 		Now:      m.Now,

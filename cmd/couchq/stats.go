@@ -12,8 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
-	"github.com/couchq/couchq/opshttp"
 )
 
 const statsUsage = `Usage: couchq stats [--type TYPE] [--since WHEN] [--until WHEN] [flags]
@@ -51,7 +51,7 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	log = log.Level(conn.level)
-	opts, err := opshttp.StatsOptions(typ, since, until, m.Now())
+	opts, err := forms.StatsOptions(typ, since, until, m.Now())
 	if err != nil {
 		return flagError(err)
 	}
@@ -60,7 +60,7 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	defer closeQueue()
-	st, err := opshttp.Stats(ctx, q, opts)
+	st, err := forms.Stats(ctx, q, opts)
 	if err != nil {
 		return serverError(conn.url, err)
 	}
@@ -73,8 +73,8 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 // flagError words an opshttp parameter error as the flag of the same
 // name, for a command that takes the API's parameters as flags.
 func flagError(err error) error {
-	var pe *opshttp.ParamError
-	var we *opshttp.WindowError
+	var pe *forms.ParamError
+	var we *forms.WindowError
 	switch {
 	case errors.As(err, &pe):
 		return usageErrorf("invalid --%s %q: %v", pe.Param, pe.Value, pe.Err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -318,7 +319,7 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 		}
 		cfg := f.config(hs[i], log)
 		cfg.Metrics = metrics
-		if workers[i], err = worker.New(q, cfg); err != nil {
+		if workers[i], err = worker.New((*couchq.Client)(q), cfg); err != nil {
 			return &usageError{err: err} // check covers what New rejects; kept as a backstop
 		}
 		log.Info().Str("url", conn.url).Str("db", conn.db).Str("types", f.types).Str("handler", f.handler).

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/protocol"
@@ -174,7 +175,7 @@ func startPool(ctx context.Context, t *target, db string, h worker.Handler, conc
 			p.stop(ctx)
 			return nil, err
 		}
-		w, err := worker.New(c, workerConfig(h, conc, cfg))
+		w, err := worker.New((*couchq.Client)(c), workerConfig(h, conc, cfg))
 		if err != nil {
 			p.stop(ctx)
 			return nil, err

@@ -1,4 +1,4 @@
-package opshttp
+package forms
 
 import (
 	"errors"

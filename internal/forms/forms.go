@@ -1,4 +1,8 @@
-package opshttp
+// Package forms holds the forms of the ops API's answers and parameters,
+// shared by its front ends so that they print the same thing: couchq stats
+// --json and ls --json print what opshttp's /api/stats and /api/jobs serve,
+// byte for byte, and couchq stats takes the parameters as flags.
+package forms
 
 import (
 	"context"
@@ -11,11 +15,6 @@ import (
 
 	"github.com/couchq/couchq/internal/protocol"
 )
-
-// The forms of the API's answers and parameters. They are exported so that
-// another front end to the same figures prints the same thing: couchq
-// stats --json and ls --json print what /api/stats and /api/jobs serve,
-// byte for byte, and couchq stats takes the parameters as flags.
 
 // WriteJSON writes v as every JSON answer of the handler is written:
 // indented by two spaces, with <, > and & left as they are (payloads are

@@ -1,0 +1,275 @@
+package couchq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/internal/protocol"
+)
+
+// Defaults for Config.
+const (
+	// MaxAttemptsDefault is how many times a job runs before it stays
+	// failed, for jobs that do not say.
+	MaxAttemptsDefault = protocol.MaxAttemptsDefault
+	// HistoryLimitDefault bounds each job's activity log.
+	HistoryLimitDefault = protocol.HistoryLimitDefault
+	// ActorDefault names who writes, in jobs' activity logs, when a call
+	// names no one.
+	ActorDefault = "cli"
+	// DBDefault is the database couchq's command uses when none is named.
+	DBDefault = protocol.DBDefault
+)
+
+// Config configures a Client. The zero value is ready to use.
+type Config struct {
+	// Logger receives warnings: skipped malformed documents, conflicts
+	// cleaned up. The zero value discards them.
+	Logger zerolog.Logger
+	// Actor names who makes this client's writes in the jobs' activity
+	// logs (retries, cancels, pauses); default ActorDefault.
+	Actor string
+	// MaxAttempts applies to jobs without their own max_attempts; default
+	// MaxAttemptsDefault.
+	MaxAttempts int
+	// HistoryLimit bounds each job's activity log, the oldest entries going
+	// first (the enqueued entry stays); default HistoryLimitDefault.
+	HistoryLimit int
+	// ReadYourWrites makes every write on a cluster wait for all copies
+	// rather than a majority, so that a list right after a write sees it
+	// through any node. Producers that list what they just wrote want it;
+	// workers do not.
+	ReadYourWrites bool
+}
+
+// Server is a connection to a CouchDB server (Apache CouchDB, a cluster of
+// it, or PouchDB Server).
+type Server struct {
+	s *protocol.Server
+}
+
+// Connect dials the CouchDB server at rawURL and asks it what it is.
+// Credentials may be in the URL or given as user and password; they are
+// sent as basic auth and never appear in errors. rawURL may list several
+// nodes of one cluster, comma-separated: requests then fail over between
+// them.
+func Connect(ctx context.Context, rawURL, user, password string) (*Server, error) {
+	s, err := protocol.Connect(ctx, rawURL, user, password)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{s: s}, nil
+}
+
+// ConnectHTTP is Connect over the given HTTP client, for TLS settings,
+// proxies or instrumentation.
+func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Client) (*Server, error) {
+	s, err := protocol.ConnectHTTP(ctx, rawURL, user, password, hc)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{s: s}, nil
+}
+
+// Init creates the database when it does not exist and installs or
+// upgrades couchq's design documents in it. It is safe to run from many
+// processes at once, and at every start.
+func (s *Server) Init(ctx context.Context, db string, opts InitOptions) error {
+	_, err := protocol.InitWith(ctx, s.s.Client, db, opts, zerolog.Nop())
+	return err
+}
+
+// Open returns a Client for the named database, which Init prepared.
+func (s *Server) Open(ctx context.Context, db string, cfg Config) (*Client, error) {
+	q, err := s.s.Open(ctx, db, protocol.Config{
+		Logger:         cfg.Logger,
+		Actor:          cfg.Actor,
+		MaxAttempts:    cfg.MaxAttempts,
+		HistoryLimit:   cfg.HistoryLimit,
+		ReadYourWrites: cfg.ReadYourWrites,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening database %s: %w", db, err)
+	}
+	return (*Client)(q), nil
+}
+
+// Client enqueues, inspects and acts on the jobs of one database. It is
+// safe for concurrent use; one per database and process is enough. Workers
+// (package worker) take one too.
+type Client protocol.Client
+
+// p is the protocol's client that c is.
+func (c *Client) p() *protocol.Client { return (*protocol.Client)(c) }
+
+// actor names who writes: the Config's Actor.
+func (c *Client) actor() string { return c.p().Config().Actor }
+
+// DB is the database the client works on, for reads and writes of your
+// own.
+func (c *Client) DB() *kivik.DB { return c.p().DB() }
+
+// Enqueue stores a job and returns it as stored. A job with Unique set
+// whose key is held returns the holder and ErrDuplicate; a job that cannot
+// be stored returns an error wrapping ErrInvalidJob that says why.
+func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
+	return c.p().Enqueue(ctx, j)
+}
+
+// EnqueueMany stores many jobs in bulk, giving each job's outcome in the
+// order given. The error is for the request as a whole; a job's own
+// refusal is in its EnqueueResult.
+func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResult, error) {
+	return c.p().EnqueueMany(ctx, jobs)
+}
+
+// Get reads a job. A job whose document holds a conflict (two claims
+// through different nodes of a cluster) reads as the sweeper will settle
+// it. A job that does not exist returns ErrNotFound.
+func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
+	return c.p().Get(ctx, id)
+}
+
+// List returns jobs by type and status, oldest first. Documents that are
+// not valid jobs are left out (couchq show and the sweeper report them).
+func (c *Client) List(ctx context.Context, opts ListOptions) ([]*WorkItem, error) {
+	b, err := c.p().List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return b.Items, nil
+}
+
+// Retry makes a failed or cancelled job due now, with its attempts
+// counted afresh. Any other status returns ErrWrongState.
+func (c *Client) Retry(ctx context.Context, id string) (*WorkItem, error) {
+	return c.p().Retry(ctx, id, c.actor())
+}
+
+// RetryFailed retries every failed job of a type (every type when worker
+// is empty) and returns how many.
+func (c *Client) RetryFailed(ctx context.Context, worker string) (int, error) {
+	return c.p().RetryFailed(ctx, worker, c.actor(), nil)
+}
+
+// Cancel cancels a queued or running job: it will not run again, and a
+// worker running it learns so at its next lease renewal. A finished job
+// returns ErrWrongState.
+func (c *Client) Cancel(ctx context.Context, id, reason string) (*WorkItem, error) {
+	return c.p().CancelJob(ctx, id, c.actor(), reason)
+}
+
+// Purge deletes finished jobs and returns how many.
+func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
+	return c.p().Purge(ctx, opts)
+}
+
+// Pause stops every worker of a job type from claiming it, within a
+// second, wherever they run; what they hold runs to the end.
+func (c *Client) Pause(ctx context.Context, typ, reason string) error {
+	return c.p().Pause(ctx, typ, c.actor(), reason)
+}
+
+// Resume lets the workers of a paused job type claim it again.
+func (c *Client) Resume(ctx context.Context, typ string) error {
+	return c.p().Resume(ctx, typ, c.actor())
+}
+
+// Stats reports the queue per job type: jobs by status, the due backlog,
+// and the finished jobs' figures over a window.
+func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
+	return c.p().Stats(ctx, opts)
+}
+
+// Queues returns every job type's queue as it stands.
+func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
+	return c.p().Queues(ctx)
+}
+
+// Workers returns the worker processes that registered in the database,
+// alive or not (WorkerInfo.Liveness tells).
+func (c *Client) Workers(ctx context.Context) ([]*WorkerInfo, error) {
+	return c.p().Workers(ctx)
+}
+
+// Sweep does once what workers do in the background: requeues the jobs of
+// claims whose lease ran out, settles conflicted jobs and quarantines
+// malformed documents.
+func (c *Client) Sweep(ctx context.Context) (SweepResult, error) {
+	return c.p().Sweep(ctx, c.actor(), 0)
+}
+
+// ClaimForAgent claims up to count due jobs of a type for an agent: a
+// program that is not a couchq worker, in any language, which then
+// finishes each job with Complete or Fail (over HTTP, couchq serve offers
+// the same). Jobs the agent already holds come back first, so an agent
+// that restarts gets its work back. Each claim's lease lasts lease; Extend
+// renews it.
+func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, agent string, lease time.Duration) (*AgentClaim, error) {
+	return c.p().ClaimForAgent(ctx, worker, count, agent, lease)
+}
+
+// HeldJob reads a job that agent holds, for Complete, Fail, Extend or
+// Release; a job held by another or by no one returns ErrNotHeld.
+func (c *Client) HeldJob(ctx context.Context, id, agent string) (*WorkItem, error) {
+	return c.p().HeldJob(ctx, id, agent)
+}
+
+// Complete finishes a held job as done, recording result (nil for none).
+// A claim that was lost meanwhile returns ErrClaimLost and writes nothing.
+func (c *Client) Complete(ctx context.Context, item *WorkItem, result json.RawMessage) error {
+	return c.p().Complete(ctx, item, result)
+}
+
+// Fail records a held job's failed attempt: it is retried after a backoff
+// while attempts remain, else it stays failed.
+func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts FailOptions) error {
+	return c.p().Fail(ctx, item, cause, opts)
+}
+
+// Extend renews a held job's lease to lease from now.
+func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration) error {
+	return c.p().Extend(ctx, item, lease)
+}
+
+// Release gives a held job back to the queue without charging the
+// attempt, so that another claimant runs it.
+func (c *Client) Release(ctx context.Context, item *WorkItem, reason string) error {
+	return c.p().Release(ctx, item, reason)
+}
+
+// Reserve reserves the next free slot of seq for holder: a slot abandoned
+// or whose reservation ran out, else the first after the last used one.
+// The holder then marks it used (ReleaseSlot) or frees it (AbandonSlot).
+func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Reservation, error) {
+	return c.p().Reserve(ctx, seq, holder)
+}
+
+// ReleaseSlot marks a reserved slot used, for good: the work that took it
+// succeeded.
+func (c *Client) ReleaseSlot(ctx context.Context, r *Reservation) error {
+	return c.p().ReleaseSlot(ctx, r)
+}
+
+// AbandonSlot frees a reserved slot, which the next Reserve takes: the
+// work that took it failed.
+func (c *Client) AbandonSlot(ctx context.Context, r *Reservation) error {
+	return c.p().AbandonSlot(ctx, r)
+}
+
+// GetReservation reads the reservation of one slot of a sequence; a slot
+// never reserved returns ErrNotFound.
+func (c *Client) GetReservation(ctx context.Context, seq, slot string) (*Reservation, error) {
+	return c.p().GetReservation(ctx, seq, slot)
+}
+
+// Reservations lists a sequence's reservations, at most limit of them.
+func (c *Client) Reservations(ctx context.Context, seq string, limit int) ([]Reservation, error) {
+	return c.p().Reservations(ctx, seq, limit)
+}
