@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The recording methods keep the figures the README documents: slots free
+// The recording methods keep the figures docs/workers.md documents: slots free
 // and in flight move together, outcomes land in their own counters, and
 // several workers sharing one Metrics add up.
 func TestMetricsRecording(t *testing.T) {
@@ -176,9 +176,10 @@ func TestReadyBeforeStartAndWhenStopping(t *testing.T) {
 	}
 }
 
-// The README's table lists every metric, so that operators find each one.
-func TestREADMEListsEveryMetric(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// The workers guide's table lists every metric, so that operators find each
+// one.
+func TestWorkersGuideListsEveryMetric(t *testing.T) {
+	guide, err := os.ReadFile("../docs/workers.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,8 +194,8 @@ func TestREADMEListsEveryMetric(t *testing.T) {
 			t.Fatalf("no name in %s", d)
 		}
 		n++
-		if !strings.Contains(string(readme), "| `"+m[1]+"` |") {
-			t.Errorf("README does not list %s", m[1])
+		if !strings.Contains(string(guide), "| `"+m[1]+"` |") {
+			t.Errorf("docs/workers.md does not list %s", m[1])
 		}
 	}
 	if n != 12 {

@@ -8,10 +8,10 @@ import (
 	"testing"
 )
 
-// The README documents the design document: its views table lists exactly
-// the views that exist, and its Fauxton section names every one, so that
-// neither drifts when a view is added or removed.
-func TestReadmeListsTheViews(t *testing.T) {
+// The operating guide documents the design documents: its views table lists
+// exactly the views that exist, and its Fauxton section names every one, so
+// that neither drifts when a view is added or removed.
+func TestOperatingGuideListsTheViews(t *testing.T) {
 	var views []string
 	docs, err := Defaults()
 	if err != nil {
@@ -23,15 +23,15 @@ func TestReadmeListsTheViews(t *testing.T) {
 		}
 	}
 	sort.Strings(views)
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/operating.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(b)
+	guide := string(b)
 	section := func(heading string) string {
-		_, rest, ok := strings.Cut(readme, "\n"+heading+"\n")
+		_, rest, ok := strings.Cut(guide, "\n"+heading+"\n")
 		if !ok {
-			t.Fatalf("README has no %q", heading)
+			t.Fatalf("docs/operating.md has no %q", heading)
 		}
 		if i := strings.Index(rest, "\n## "); i >= 0 {
 			rest = rest[:i]
@@ -45,12 +45,12 @@ func TestReadmeListsTheViews(t *testing.T) {
 	}
 	sort.Strings(table)
 	if strings.Join(table, " ") != strings.Join(views, " ") {
-		t.Errorf("README's views table lists %v; the design document has %v", table, views)
+		t.Errorf("docs/operating.md's views table lists %v; the design documents have %v", table, views)
 	}
 	fauxton := section("## Inspect jobs in Fauxton")
 	for _, v := range views {
 		if !strings.Contains(fauxton, "`"+v+"`") {
-			t.Errorf("README's Fauxton section does not name view %s", v)
+			t.Errorf("docs/operating.md's Fauxton section does not name view %s", v)
 		}
 	}
 }
