@@ -46,6 +46,11 @@ type Config struct {
 	// through any node. Producers that list what they just wrote want it;
 	// workers do not.
 	ReadYourWrites bool
+	// Site is the site this client works for, in a queue of several
+	// databases linked by replication (see the sites guide): its workers
+	// claim only the jobs the site owns, and the jobs it enqueues are the
+	// site's unless NewJob.Site names another. Empty in a single database.
+	Site string
 }
 
 // Server is a connection to a CouchDB server (Apache CouchDB, a cluster of
@@ -93,6 +98,7 @@ func (s *Server) Open(ctx context.Context, db string, cfg Config) (*Client, erro
 		MaxAttempts:    cfg.MaxAttempts,
 		HistoryLimit:   cfg.HistoryLimit,
 		ReadYourWrites: cfg.ReadYourWrites,
+		Site:           cfg.Site,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", db, err)

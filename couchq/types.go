@@ -61,6 +61,8 @@ const DocType = protocol.DocType
 //   - ID: the document id; empty picks a time-ordered one.
 //   - Unique: makes the enqueue idempotent (see UniqueOpts); ID must then
 //     be empty.
+//   - Site: the job's owner in a queue of several sites; empty means the
+//     client's Config.Site, else the default site.
 type NewJob = protocol.NewJob
 
 // UniqueOpts make an enqueue idempotent: at most one job of a type holds a

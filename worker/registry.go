@@ -28,12 +28,21 @@ func (w *Worker) registryInfo(info *protocol.WorkerInfo) {
 	info.StartedAt = protocol.ToUnix(w.started)
 	info.LastHeartbeat = protocol.ToUnix(w.cfg.Now())
 	info.HeartbeatInterval = w.cfg.HeartbeatInterval.Seconds()
+	info.Site = w.client.Site()
 	info.BusySeconds = busy.Seconds()
 	info.Claimed, info.Completed, info.Failed, info.Conflicts = st.Claimed, st.Completed, st.Failed, st.Conflicts
 }
 
 // register writes the registry document when the worker starts.
 func (w *Worker) register(ctx context.Context) error {
+	// Whether the database has sites, and if so which jobs are this
+	// site's, before the first claim.
+	if err := w.client.RefreshSites(ctx); err != nil {
+		return err
+	}
+	if err := w.client.CheckSite(); err != nil {
+		return err
+	}
 	w.registry = &protocol.WorkerInfo{ID: protocol.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
 	w.registryInfo(w.registry)
 	w.registry.Joined = true
@@ -57,6 +66,11 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 		err := w.client.PutWorker(wctx, w.registry)
 		if err == nil {
 			w.refreshPeers(wctx)
+			// A takeover moves the default site; a site added makes a
+			// database one of sites. Either reaches the worker here.
+			if serr := w.client.RefreshSites(wctx); serr != nil && ctx.Err() == nil {
+				w.log.Warn().Err(serr).Msg("reading the sites document")
+			}
 		}
 		cancel()
 		if ctx.Err() == nil {

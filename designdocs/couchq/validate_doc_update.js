@@ -8,7 +8,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // worker may do anything to couchq's documents; admins may do anything.
   // Without the section every member may do anything (couchq's behaviour
   // before roles).
-  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule', 'SlotReservation', 'Sequence'];
+  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule', 'SlotReservation', 'Sequence', 'Sites'];
   function inGroup(group) {
     if (!group || !userCtx) {
       return false;
@@ -162,6 +162,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (given(newDoc.priority) && !(isNum(newDoc.priority) && Math.floor(newDoc.priority) === newDoc.priority &&
       newDoc.priority >= 1 && newDoc.priority <= 5)) {
     reject('priority', 'must be a whole number from 1 (runs first) to 5, got ' + JSON.stringify(newDoc.priority));
+  }
+  // A site name, as couchq's decoder takes it (protocol.ValidSiteName).
+  if (given(newDoc.site) && !(typeof newDoc.site === 'string' && /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(newDoc.site))) {
+    reject('site', 'must be a site name (1 to 63 letters, digits, \'.\', \'_\' or \'-\', starting with a letter or digit), got ' + JSON.stringify(newDoc.site));
   }
   var times = ['claimed_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
   for (var j = 0; j < times.length; j++) {

@@ -90,6 +90,12 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 	if len(types) > 0 {
 		params["types"] = strings.Join(types, ",")
 	}
+	if c.cfg.Site != "" {
+		params["site"] = c.cfg.Site
+		if st := c.siteView(); !st.multi || st.def == c.cfg.Site {
+			params["unsited"] = "mine"
+		}
+	}
 	changes := c.db.Changes(reqCtx, kivik.Params(params))
 	defer changes.Close()
 	var ids []string

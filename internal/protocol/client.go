@@ -82,6 +82,10 @@ type Config struct {
 	WriteLinger time.Duration
 	// Now is the clock; default time.Now. Tests and metrics scripts set it.
 	Now func() time.Time
+	// Site is the site this client's workers run for, in a database of
+	// several sites linked by replication (sites.go): they claim only the
+	// jobs it owns. Empty in a database without sites.
+	Site string
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -131,6 +135,8 @@ type Client struct {
 	fullViews sync.Map
 	// membershipDenied warns once that the user cannot read _membership.
 	membershipDenied sync.Once
+	// sites is what the client last read of the sites document (sites.go).
+	sites atomic.Pointer[siteState]
 }
 
 // New returns a Client for db. It asks the server for the database's
@@ -148,6 +154,18 @@ func New(ctx context.Context, db *kivik.DB, cfg Config) (*Client, error) {
 			c.n = stats.Cluster.Replicas
 		}
 	}
+	if cfg.Site != "" && !ValidSiteName(cfg.Site) {
+		return nil, fmt.Errorf("site name %q: want %s", cfg.Site, siteNameRule)
+	}
+	if cfg.Site != "" {
+		// Whether the site is one of the database's, before any claim. A
+		// client without a site learns of sites when it asks
+		// (RefreshSites; workers do at start and every
+		// SitesRefreshInterval).
+		if err := c.RefreshSites(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -163,7 +181,10 @@ func (c *Client) Config() Config { return c.cfg }
 func (c *Client) now() time.Time { return c.cfg.Now() }
 
 // confirming reports whether claims need the confirming read.
-func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm }
+//
+// A site's database confirms too: replication can bring another site's
+// revision of a job at any time, so a claim's 409 settles nothing there.
+func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm || c.cfg.Site != "" }
 
 // Init creates the database when it does not exist and installs or upgrades
 // the design document, keeping the stored document's validation choice (on

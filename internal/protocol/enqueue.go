@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,6 +31,10 @@ type NewJob struct {
 	// per key (see UniqueOpts). The id is then derived from the key, so ID
 	// must be empty.
 	Unique UniqueOpts
+	// Site names the job's owner, the one site whose workers may run it,
+	// in a database of several sites (sites.go). Empty means the
+	// enqueueing client's site (Config.Site), else the default site.
+	Site string
 }
 
 // NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
@@ -78,6 +83,10 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	if err := j.Unique.validate(j.Worker); err != nil {
 		return nil, err
 	}
+	site := cmp.Or(j.Site, c.cfg.Site)
+	if site != "" && !ValidSiteName(site) {
+		return nil, fmt.Errorf("%w: site %q: want %s", ErrInvalidJob, site, siteNameRule)
+	}
 	id := j.ID
 	switch {
 	case j.Unique.Key != "" && id != "":
@@ -90,6 +99,7 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
 		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
+		Site: site,
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil

@@ -42,7 +42,7 @@ func (c *Client) DueFirst(ctx context.Context, worker string, limit int) (*Batch
 	}
 	now := c.now()
 	b := &Batch{At: now}
-	err := c.dueRanges(ctx, dueRanges(worker, now, limit, true), fmt.Sprintf("listing due %s jobs by priority", worker),
+	err := c.dueRanges(ctx, dueRanges(c.queueKeys(worker), now, limit, true), fmt.Sprintf("listing due %s jobs by priority", worker),
 		func(rows *kivik.ResultSet) (bool, error) {
 			for rows.Next() {
 				if err := c.scanRow(rows, b); err != nil {
@@ -114,7 +114,7 @@ func (c *Client) dueCandidates(ctx context.Context, worker string, limit int, st
 		opts = append(opts, kivik.Param("update", "lazy"))
 	}
 	var cands []DueCandidate
-	err := c.dueRanges(ctx, dueRanges(worker, now, limit, docs), fmt.Sprintf("listing due %s jobs by priority", worker),
+	err := c.dueRanges(ctx, dueRanges(c.queueKeys(worker), now, limit, docs), fmt.Sprintf("listing due %s jobs by priority", worker),
 		func(rows *kivik.ResultSet) (bool, error) {
 			for rows.Next() {
 				var key []json.RawMessage
@@ -223,19 +223,21 @@ func (w *WorkItem) dueAt(now time.Time) bool {
 
 // dueRanges are the due_priority view's ranges of worker's jobs due by now,
 // one per priority, highest first.
-func dueRanges(worker string, now time.Time, limit int, docs bool) []map[string]any {
-	ranges := make([]map[string]any, 0, PriorityLowest)
+func dueRanges(queues []any, now time.Time, limit int, docs bool) []map[string]any {
+	ranges := make([]map[string]any, 0, PriorityLowest*len(queues))
 	for p := PriorityHighest; p <= PriorityLowest; p++ {
-		r := map[string]any{
-			"startkey": []any{worker, p},
-			"endkey":   []any{worker, p, ToUnix(now)},
-			"reduce":   false,
-			"limit":    limit,
+		for _, q := range queues {
+			r := map[string]any{
+				"startkey": []any{q, p},
+				"endkey":   []any{q, p, ToUnix(now)},
+				"reduce":   false,
+				"limit":    limit,
+			}
+			if docs {
+				r["include_docs"] = true
+			}
+			ranges = append(ranges, r)
 		}
-		if docs {
-			r["include_docs"] = true
-		}
-		ranges = append(ranges, r)
 	}
 	return ranges
 }

@@ -97,6 +97,12 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 			results[i].Err = fmt.Errorf("claiming %s: %w (status %s)", it.ID, ErrClaimConflict, it.Status)
 			continue
 		}
+		if err := c.owns(it); err != nil {
+			// Another site's job (a takeover the view has not caught up
+			// with), or a worker without a site in a database of sites.
+			results[i].Err = err
+			continue
+		}
 		next := it.Clone()
 		next.Claimed = true
 		next.Status = StatusRunning

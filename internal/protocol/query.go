@@ -72,12 +72,14 @@ func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at t
 	from := ToUnix(after)
 	ranges := make([]map[string]any, 0, PriorityLowest)
 	for p := PriorityHighest; p <= PriorityLowest; p++ {
-		ranges = append(ranges, map[string]any{
-			"startkey": []any{worker, p, from},
-			"endkey":   []any{worker, p, map[string]any{}},
-			"reduce":   false,
-			"limit":    1,
-		})
+		for _, q := range c.queueKeys(worker) {
+			ranges = append(ranges, map[string]any{
+				"startkey": []any{q, p, from},
+				"endkey":   []any{q, p, map[string]any{}},
+				"reduce":   false,
+				"limit":    1,
+			})
+		}
 	}
 	var first float64
 	found := func(rows *kivik.ResultSet) {

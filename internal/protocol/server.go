@@ -111,7 +111,11 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	if len(types) > 0 {
 		joined["types"] = map[string]any{"$elemMatch": map[string]any{"$in": types}}
 	}
-	selector := map[string]any{"$or": []any{claimableSelector(types), control, joined}}
+	claimable := claimableSelector(types)
+	if mine := c.siteSelector(); mine != nil {
+		claimable["$and"] = append(claimable["$and"].([]any), mine)
+	}
+	selector := map[string]any{"$or": []any{claimable, control, joined}}
 	q := url.Values{
 		"feed":    {"longpoll"},
 		"since":   {since},

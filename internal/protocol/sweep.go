@@ -72,6 +72,9 @@ func (c *Client) settleConflicts(ctx context.Context, by string, limit int, res 
 		return nil
 	}
 	for _, id := range ids {
+		if !c.ownsLeaves(all[id]) {
+			continue // another site's job: its owner settles it
+		}
 		if n, _ := c.settle(ctx, id, all[id], by); n > 0 {
 			res.Settled++
 		}
@@ -97,6 +100,9 @@ func (c *Client) sweepLeases(ctx context.Context, by string, limit int) (SweepRe
 			return res, err
 		}
 		repaired := 0
+		if !c.ownsUnsited() {
+			batch.Malformed = nil // the default site's sweeper quarantines them
+		}
 		for _, err := range c.QuarantineMany(ctx, batch.Malformed, by) {
 			if err != nil {
 				res.Malformed++
@@ -131,7 +137,7 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 		// job is settled first and requeued once whole.
 		var ids []string
 		for _, it := range items {
-			if expired(it) {
+			if expired(it) && c.owns(it) == nil {
 				ids = append(ids, it.ID)
 			}
 		}
@@ -145,6 +151,11 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 	for _, it := range items {
 		if !expired(it) {
 			continue // renewed since the view was built
+		}
+		if c.owns(it) != nil {
+			// Another site's job: its lease runs on that site's clock,
+			// and only that site may return it to the queue.
+			continue
 		}
 		if c.confirming() {
 			leaves := all[it.ID]

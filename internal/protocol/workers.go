@@ -32,6 +32,8 @@ type WorkerInfo struct {
 	PID         int      `json:"pid"`
 	Types       []string `json:"types"`
 	Concurrency int      `json:"concurrency"`
+	// Site is the site the process works for; empty without sites.
+	Site string `json:"site,omitempty"`
 	// Running lists the ids of the jobs in flight at the last heartbeat.
 	Running []string `json:"running"`
 	// StartedAt and LastHeartbeat are Unix seconds.

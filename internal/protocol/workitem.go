@@ -93,6 +93,10 @@ type WorkItem struct {
 	// UniqueKey is the key of a unique job (NewJob.Unique); its ID is
 	// derived from it (UniqueID).
 	UniqueKey string
+	// Site is the job's owner among several sites (sites.go): the one
+	// site whose workers may run it. Empty means the default site of the
+	// sites document, or, in a database without one, any worker.
+	Site string
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -162,6 +166,7 @@ type wireItem struct {
 	History     []Event         `json:"history,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
 	Priority    int             `json:"priority,omitempty"`
+	Site        string          `json:"site,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -169,7 +174,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history", "unique_key", "priority":
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site":
 		return true
 	}
 	return false
@@ -186,7 +191,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
-		UniqueKey: w.UniqueKey, Priority: w.Priority,
+		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -257,6 +262,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 		p.count("priority", &w.Priority)
 		if p.err == nil && (w.Priority < PriorityHighest || w.Priority > PriorityLowest) {
 			p.fail("priority", fmt.Sprintf("must be a whole number from %d (runs first) to %d, got %d", PriorityHighest, PriorityLowest, w.Priority))
+		}
+	}
+	if v, ok := raw["site"]; ok && string(v) != "null" {
+		p.str("site", &w.Site)
+		if p.err == nil && !ValidSiteName(w.Site) {
+			p.fail("site", fmt.Sprintf("must be a site name (%s), got %q", siteNameRule, w.Site))
 		}
 	}
 	if c, ok := raw["_conflicts"]; ok {

@@ -7,7 +7,7 @@ function (doc, req) {
   // types (a pause or a resume), and the registration of a worker process
   // (its registry document's first write, marked joined), so that the
   // others count it among their peers at once. ?types=a,b narrows it to
-  // job types.
+  // job types, ?site= to a site's own jobs.
   var types = req.query && req.query.types;
   function wanted(worker) {
     if (!types) {
@@ -37,6 +37,15 @@ function (doc, req) {
   }
   if (doc.type !== 'WorkItem' || doc.claimed === true) {
     return false;
+  }
+  // ?site=S passes only the jobs site S owns: those naming it, and with
+  // unsited=mine (S is the default site) those naming none.
+  var site = req.query && req.query.site;
+  if (site) {
+    var named = typeof doc.site === 'string' && doc.site !== '';
+    if (named ? doc.site !== site : req.query.unsited !== 'mine') {
+      return false;
+    }
   }
   var s = doc.status;
   if (s === 'running' || s === 'done' || s === 'failed' || s === 'cancelled') {

@@ -4,7 +4,9 @@ function (doc) {
   // none is 3), and within a priority the oldest due: one range per
   // priority, startkey=[T,p]&endkey=[T,p,now]. A priority that is not a
   // whole number from 1 to 5 is emitted at 1, so that couchq sees the
-  // document at once and quarantines it with a reason.
+  // document at once and quarantines it with a reason. A site that is not
+  // a non-empty string counts as none, so that the default site's workers
+  // quarantine it.
   if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string' || doc.worker === '') {
     return;
   }
@@ -25,5 +27,13 @@ function (doc) {
   } else if (typeof p !== 'number' || Math.floor(p) !== p || p < 1 || p > 5) {
     p = 1;
   }
-  emit([doc.worker, p, date], null);
+  // A job owned by a site (a database of several sites linked by
+  // replication) is keyed [[site, worker], p, date], so that each site's
+  // workers read the ranges of their own jobs alone; a job that names no
+  // site keeps the key it always had.
+  var queue = doc.worker;
+  if (typeof doc.site === 'string' && doc.site !== '') {
+    queue = [doc.site, doc.worker];
+  }
+  emit([queue, p, date], null);
 }

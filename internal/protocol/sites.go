@@ -1,0 +1,271 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"sort"
+	"time"
+)
+
+// Sites: several databases, each at its own site with its own workers,
+// linked by CouchDB's replication into one queue. Every job has one owner
+// site, the only one whose workers claim it, so that two sites never claim
+// the same revision of a job (each would be the only writer it sees, and
+// both would run it). A job names its owner in its site field; a job
+// without one belongs to the default site of the sites document, which
+// replicates with the jobs. A database without a sites document is a
+// single site, as before sites existed: every worker may claim every job.
+// The why of the design is in docs/design/sites.md.
+
+const (
+	// SitesDocID is the sites document's id.
+	SitesDocID = "sites"
+	// SitesDocType is the sites document's type field.
+	SitesDocType = "Sites"
+	// siteNameRule says what a site name may be, for error messages.
+	siteNameRule = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+)
+
+var siteNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// ValidSiteName reports whether s may name a site.
+func ValidSiteName(s string) bool { return siteNameRE.MatchString(s) }
+
+// ErrNotOwner means a claim was refused before it was written because the
+// job belongs to another site. It is a claim conflict: the claimant moves
+// on to other work.
+var ErrNotOwner = fmt.Errorf("%w: the job belongs to another site", ErrClaimConflict)
+
+// ErrNoSite means a worker without a site met a database that has sites:
+// it cannot tell which jobs are its own.
+var ErrNoSite = errors.New("the database has sites: a worker must name its own (--site, COUCHQ_SITE, or site in the worker config file)")
+
+// SiteInfo is one site's entry in the sites document.
+type SiteInfo struct {
+	// AddedAt is when the site joined (Unix seconds).
+	AddedAt float64 `json:"added_at"`
+}
+
+// SitesDoc is the sites document: which sites form the queue and which
+// of them owns the jobs that name none.
+type SitesDoc struct {
+	ID      string              `json:"_id"`
+	Rev     string              `json:"_rev,omitempty"`
+	Type    string              `json:"type"`
+	Default string              `json:"default"`
+	Sites   map[string]SiteInfo `json:"sites"`
+}
+
+// Names lists the sites in name order.
+func (d *SitesDoc) Names() []string {
+	names := make([]string, 0, len(d.Sites))
+	for n := range d.Sites {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ReadSites reads the sites document; nil when the database has none.
+func (c *Client) ReadSites(ctx context.Context) (*SitesDoc, error) {
+	var d SitesDoc
+	err := c.db.Get(ctx, SitesDocID, c.readOpts()...).ScanDoc(&d)
+	if isStatus(err, http.StatusNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the sites document: %w", err)
+	}
+	if d.Type != SitesDocType || !ValidSiteName(d.Default) {
+		return nil, fmt.Errorf("reading the sites document: %w", &MalformedError{ID: SitesDocID, Field: "default", Reason: "must name a site"})
+	}
+	return &d, nil
+}
+
+// AddSite adds a site to the sites document, creating it with the site as
+// the default when the database has none. Adding a site that is there
+// changes nothing.
+func (c *Client) AddSite(ctx context.Context, name string) (*SitesDoc, error) {
+	if !ValidSiteName(name) {
+		return nil, fmt.Errorf("%w: site name %q: want %s", ErrInvalidJob, name, siteNameRule)
+	}
+	return c.changeSites(ctx, func(d *SitesDoc) bool {
+		if _, ok := d.Sites[name]; ok {
+			return false
+		}
+		d.Sites[name] = SiteInfo{AddedAt: ToUnix(c.now())}
+		if d.Default == "" {
+			d.Default = name
+		}
+		return true
+	})
+}
+
+// changeSites reads the sites document (an empty one when there is none),
+// applies change and writes it when change says it changed, again on a
+// 409.
+func (c *Client) changeSites(ctx context.Context, change func(d *SitesDoc) bool) (*SitesDoc, error) {
+	for round := 0; ; round++ {
+		d, err := c.ReadSites(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if d == nil {
+			d = &SitesDoc{ID: SitesDocID, Type: SitesDocType}
+		}
+		if d.Sites == nil {
+			d.Sites = map[string]SiteInfo{}
+		}
+		if !change(d) {
+			return d, nil
+		}
+		rev, err := c.db.Put(ctx, SitesDocID, d, c.writeOpts()...)
+		if err == nil {
+			d.Rev = rev
+			c.setSites(d)
+			return d, nil
+		}
+		if !isStatus(err, http.StatusConflict) || round >= 4 {
+			return nil, fmt.Errorf("writing the sites document: %w", err)
+		}
+	}
+}
+
+// siteState is what a client knows of the sites document.
+type siteState struct {
+	// multi is set when the database has a sites document.
+	multi bool
+	// def is the default site.
+	def string
+}
+
+// setSites records what d says (nil: no sites document).
+func (c *Client) setSites(d *SitesDoc) {
+	st := siteState{}
+	if d != nil {
+		st = siteState{multi: true, def: d.Default}
+	}
+	c.sites.Store(&st)
+}
+
+// siteView is what the client last read of the sites document.
+func (c *Client) siteView() siteState {
+	if st := c.sites.Load(); st != nil {
+		return *st
+	}
+	return siteState{}
+}
+
+// RefreshSites reads the sites document again: a site added, or the
+// default moved by a takeover, reaches a running worker this way.
+func (c *Client) RefreshSites(ctx context.Context) error {
+	d, err := c.ReadSites(ctx)
+	if err != nil {
+		return err
+	}
+	if c.cfg.Site != "" {
+		if d == nil {
+			return fmt.Errorf("site %s: the database has no sites document (couchq sites add %s)", c.cfg.Site, c.cfg.Site)
+		}
+		if _, ok := d.Sites[c.cfg.Site]; !ok {
+			return fmt.Errorf("site %s is not one of the database's sites %v (couchq sites add %s)", c.cfg.Site, d.Names(), c.cfg.Site)
+		}
+	}
+	c.setSites(d)
+	return nil
+}
+
+// Site is the site this client works for; empty for none.
+func (c *Client) Site() string { return c.cfg.Site }
+
+// Owner is the site that owns item: its site field, else the default
+// site; empty in a database without sites.
+func (c *Client) Owner(item *WorkItem) string {
+	if item.Site != "" {
+		return item.Site
+	}
+	return c.siteView().def
+}
+
+// owns reports whether this client's workers may claim item, and if not,
+// why.
+func (c *Client) owns(item *WorkItem) error {
+	st := c.siteView()
+	switch {
+	case !st.multi && item.Site == "":
+		return nil // a single database, as before sites
+	case c.cfg.Site == "":
+		return ErrNoSite
+	case c.Owner(item) != c.cfg.Site:
+		return fmt.Errorf("claiming %s: %w (%s)", item.ID, ErrNotOwner, c.Owner(item))
+	}
+	return nil
+}
+
+// queueKeys are the first components of the due_priority keys of the
+// jobs of type worker this client's site owns: the type alone for the
+// jobs that name no site (a database without sites, or the default site),
+// and [site, type] for those that name this site.
+func (c *Client) queueKeys(worker string) []any {
+	st := c.siteView()
+	if c.cfg.Site == "" {
+		return []any{worker}
+	}
+	keys := []any{[]any{c.cfg.Site, worker}}
+	if !st.multi || st.def == c.cfg.Site {
+		keys = append(keys, worker)
+	}
+	return keys
+}
+
+// siteSelector narrows a _changes selector to the jobs this site owns;
+// nil without a site.
+func (c *Client) siteSelector() map[string]any {
+	if c.cfg.Site == "" {
+		return nil
+	}
+	mine := []any{map[string]any{"site": c.cfg.Site}}
+	if st := c.siteView(); !st.multi || st.def == c.cfg.Site {
+		mine = append(mine, map[string]any{"site": map[string]any{"$exists": false}}, map[string]any{"site": nil})
+	}
+	return map[string]any{"$or": mine}
+}
+
+// SitesRefreshInterval is how often a worker reads the sites document
+// again, so that a takeover's new default reaches it.
+const SitesRefreshInterval = 10 * time.Second
+
+// CheckSite says whether this client may claim at all: ErrNoSite when the
+// database has sites (as last read) and the client names none.
+func (c *Client) CheckSite() error {
+	if c.siteView().multi && c.cfg.Site == "" {
+		return ErrNoSite
+	}
+	return nil
+}
+
+// ownsUnsited reports whether this client's site owns the documents that
+// name no site, or whose site cannot be read (malformed ones, which it
+// quarantines): the default site, or any client of a database without
+// sites.
+func (c *Client) ownsUnsited() bool {
+	st := c.siteView()
+	if !st.multi {
+		return true
+	}
+	return c.cfg.Site != "" && st.def == c.cfg.Site
+}
+
+// ownsLeaves reports whether this client's site settles a conflicted
+// job: the one its live branches name as owner.
+func (c *Client) ownsLeaves(leaves []Leaf) bool {
+	for _, l := range leaves {
+		if l.Item != nil && !l.Deleted {
+			return c.owns(l.Item) == nil
+		}
+	}
+	return c.ownsUnsited()
+}
