@@ -71,6 +71,9 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 			if serr := w.client.RefreshSites(wctx); serr != nil && ctx.Err() == nil {
 				w.log.Warn().Err(serr).Msg("reading the sites document")
 			}
+			if serr := w.client.Beat(wctx); serr != nil && ctx.Err() == nil {
+				w.log.Warn().Err(serr).Msg("writing the site's heartbeat")
+			}
 		}
 		cancel()
 		if ctx.Err() == nil {

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"github.com/go-kivik/kivik/v4"
 )
 
 // Sites: several databases, each at its own site with its own workers,
@@ -25,6 +27,11 @@ const (
 	SitesDocID = "sites"
 	// SitesDocType is the sites document's type field.
 	SitesDocType = "Sites"
+	// SiteHeartbeatDocType is the type of a site's heartbeat document
+	// (SiteHeartbeatID), which the site's workers keep fresh and links
+	// carry to the other sites: how they see that it is alive, and how far
+	// behind their copy of it is.
+	SiteHeartbeatDocType = "SiteHeartbeat"
 	// siteNameRule says what a site name may be, for error messages.
 	siteNameRule = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 )
@@ -268,4 +275,58 @@ func (c *Client) ownsLeaves(leaves []Leaf) bool {
 		}
 	}
 	return c.ownsUnsited()
+}
+
+// SiteHeartbeatID is the id of a site's heartbeat document.
+func SiteHeartbeatID(site string) string { return "site:" + site }
+
+// SiteHeartbeat is a site's heartbeat document.
+type SiteHeartbeat struct {
+	ID   string `json:"_id"`
+	Rev  string `json:"_rev,omitempty"`
+	Type string `json:"type"`
+	Site string `json:"site"`
+	// At is when a worker of the site last wrote it (Unix seconds, the
+	// site's clock).
+	At float64 `json:"at"`
+}
+
+// Beat writes this site's heartbeat document now; a client without a site
+// writes nothing. Two workers of a site beating at once is no error: one
+// of the two writes is enough.
+func (c *Client) Beat(ctx context.Context) error {
+	if c.cfg.Site == "" {
+		return nil
+	}
+	id := SiteHeartbeatID(c.cfg.Site)
+	hb := SiteHeartbeat{ID: id, Type: SiteHeartbeatDocType, Site: c.cfg.Site, At: ToUnix(c.now())}
+	rev, err := c.db.GetRev(ctx, id)
+	if err != nil && !isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("reading site %s's heartbeat: %w", c.cfg.Site, err)
+	}
+	hb.Rev = rev
+	if _, err := c.db.Put(ctx, id, hb, c.writeOpts()...); err != nil && !isStatus(err, http.StatusConflict) {
+		return fmt.Errorf("writing site %s's heartbeat: %w", c.cfg.Site, err)
+	}
+	return nil
+}
+
+// SiteHeartbeats reads every site's heartbeat as this database has it.
+func (c *Client) SiteHeartbeats(ctx context.Context) (map[string]SiteHeartbeat, error) {
+	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{
+		"include_docs": true, "startkey": "site:", "endkey": "site:\ufff0",
+	}))
+	defer rows.Close()
+	out := map[string]SiteHeartbeat{}
+	for rows.Next() {
+		var hb SiteHeartbeat
+		if err := rows.ScanDoc(&hb); err != nil || hb.Type != SiteHeartbeatDocType {
+			continue
+		}
+		out[hb.Site] = hb
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the sites' heartbeats: %w", err)
+	}
+	return out, nil
 }

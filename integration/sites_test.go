@@ -1,0 +1,343 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/worker"
+)
+
+// sitesDB is the queue database's name at every site of a test.
+const sitesDB = "queue"
+
+// testSite is one site of a queue: its server, a client of its database
+// working for it, and what the links need to reach it.
+type testSite struct {
+	name   string
+	srv    *couchtest.Server
+	conn   *protocol.Server
+	client *protocol.Client
+	end    protocol.SiteEndpoint
+}
+
+// newTestSite prepares site name's database on srv and opens a client
+// working for the site. The sites document is written at the first site
+// (addSites) and reaches the others through the links.
+func newTestSite(ctx context.Context, t *testing.T, srv *couchtest.Server, name string) *testSite {
+	t.Helper()
+	user, password := srv.Credentials()
+	conn, err := protocol.Connect(ctx, srv.URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := protocol.Init(ctx, conn.Client, sitesDB, zerolog.Nop()); err != nil {
+		t.Fatal(err)
+	}
+	s := &testSite{name: name, srv: srv, conn: conn, end: protocol.SiteEndpoint{
+		Site: name, URL: srv.URL(), DB: sitesDB, User: user, Password: password,
+		Replicator: srv.Caps().Vendor == "couchdb",
+	}}
+	return s
+}
+
+// open opens the site's client once the sites document names the site
+// (written there, or brought by a link).
+func (s *testSite) open(ctx context.Context, t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := s.conn.Open(ctx, sitesDB, protocol.Config{Site: s.name, Actor: "test@" + s.name})
+		if err == nil {
+			s.client = c
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("opening site %s: %v", s.name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// siteRuns counts handler runs per job and site: the outside counter of
+// the sites tests, never the documents alone.
+type siteRuns struct {
+	mu   sync.Mutex
+	runs map[string][]string // job id -> the sites that ran it
+}
+
+func (rc *siteRuns) handler(site string) worker.Handler {
+	return worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		rc.mu.Lock()
+		if rc.runs == nil {
+			rc.runs = map[string][]string{}
+		}
+		rc.runs[job.ID] = append(rc.runs[job.ID], site)
+		rc.mu.Unlock()
+		return nil
+	})
+}
+
+func (rc *siteRuns) snapshot() map[string][]string {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := make(map[string][]string, len(rc.runs))
+	for k, v := range rc.runs {
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}
+
+// startWorkers runs n worker processes' worth of workers at the site
+// until the test ends.
+func (s *testSite) startWorkers(ctx context.Context, t *testing.T, rc *siteRuns, n int, types ...string) {
+	t.Helper()
+	for i := range n {
+		handlers := map[string]worker.Handler{}
+		for _, typ := range types {
+			handlers[typ] = rc.handler(s.name)
+		}
+		w, err := worker.New((*couchq.Client)(s.client), worker.Config{
+			Handlers: handlers, Concurrency: 4, ID: fmt.Sprintf("%s-%d", s.name, i),
+			HeartbeatInterval: time.Second, SweepInterval: 2 * time.Second, FallbackPoll: 2 * time.Second,
+			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
+				t.Errorf("worker %s-%d: %v", s.name, i, err)
+			}
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+}
+
+// enqueue enqueues n jobs of type typ at the site, owned by owner (empty:
+// the site's own).
+func (s *testSite) enqueue(ctx context.Context, t *testing.T, typ, owner string, n int) []string {
+	t.Helper()
+	jobs := make([]protocol.NewJob, n)
+	for i := range jobs {
+		jobs[i] = protocol.NewJob{Worker: typ, Site: owner, Payload: map[string]any{"i": i, "at": s.name}}
+	}
+	res, err := s.client.EnqueueMany(ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 0, n)
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		ids = append(ids, r.Item.ID)
+	}
+	return ids
+}
+
+// waitDoneAtSites waits until every job in ids reads done at every site.
+func waitDoneAtSites(ctx context.Context, t *testing.T, ids []string, within time.Duration, sites ...*testSite) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for _, s := range sites {
+		pending := append([]string(nil), ids...)
+		for len(pending) > 0 {
+			var still []string
+			for _, id := range pending {
+				it, err := s.client.Get(ctx, id)
+				if err != nil || it.Status != protocol.StatusDone {
+					still = append(still, id)
+				}
+			}
+			pending = still
+			if len(pending) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				for _, l := range sites {
+					links, err := l.conn.Links(ctx, sitesDB)
+					t.Logf("links held by %s: %+v (%v)", l.name, links, err)
+				}
+				it, err := s.client.Get(ctx, pending[0])
+				t.Fatalf("site %s: %d of %d jobs not done within %s; the first, %s: %+v (%v)", s.name, len(pending), len(ids), within, pending[0], it, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+}
+
+// checkRanOnceAtOwner fails the test for a job that ran other than once,
+// or at a site that does not own it.
+func checkRanOnceAtOwner(t *testing.T, rc *siteRuns, owners map[string]string) {
+	t.Helper()
+	runs := rc.snapshot()
+	bad := 0
+	for id, owner := range owners {
+		if r := runs[id]; len(r) != 1 || r[0] != owner {
+			if bad < 10 {
+				t.Errorf("job %s (owner %s) ran at %v", id, owner, r)
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d jobs did not run exactly once at their owner", bad, len(owners))
+	}
+}
+
+// twoSites starts two linked Apache CouchDB sites, A (the default) and B.
+func twoSites(t *testing.T) (context.Context, *testSite, *testSite) {
+	t.Helper()
+	a0, b0 := server.NewSite(t), server.NewSite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	a, b := newTestSite(ctx, t, a0, "A"), newTestSite(ctx, t, b0, "B")
+	addSites(ctx, t, a, "A", "B")
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	a.open(ctx, t)
+	b.open(ctx, t) // once the link brought the sites document
+	return ctx, a, b
+}
+
+// addSites writes the sites document at s, the first name the default.
+func addSites(ctx context.Context, t *testing.T, s *testSite, names ...string) {
+	t.Helper()
+	c, err := s.conn.Open(ctx, sitesDB, protocol.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if _, err := c.AddSite(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Two sites linked both ways, jobs enqueued at both and workers at both:
+// every job runs exactly once, at its owner, and every site shows every
+// job done.
+func TestSitesRunEveryJobOnceAtItsOwner(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	const perSite = 500
+	owners := map[string]string{}
+	for _, id := range a.enqueue(ctx, t, "email", "", perSite/2) {
+		owners[id] = "A"
+	}
+	for _, id := range a.enqueue(ctx, t, "email", "B", perSite/2) { // enqueued at A for B
+		owners[id] = "B"
+	}
+	for _, id := range b.enqueue(ctx, t, "email", "", perSite) {
+		owners[id] = "B"
+	}
+	// A hand-written job that names no site belongs to the default site.
+	if _, err := b.client.DB().Put(ctx, "job:handwritten", map[string]any{"type": "WorkItem", "worker": "email"}); err != nil {
+		t.Fatal(err)
+	}
+	owners["job:handwritten"] = "A"
+
+	var rc siteRuns
+	a.startWorkers(ctx, t, &rc, 2, "email")
+	b.startWorkers(ctx, t, &rc, 2, "email")
+	ids := make([]string, 0, len(owners))
+	for id := range owners {
+		ids = append(ids, id)
+	}
+	waitDoneAtSites(ctx, t, ids, 4*time.Minute, a, b)
+	time.Sleep(3 * time.Second) // a second run, if any, would show by now
+	checkRanOnceAtOwner(t, &rc, owners)
+}
+
+// Links cut for a while as both sites keep enqueueing and running: no job
+// runs twice, none is lost, and the backlog clears once they are back.
+func TestSitesCutLinksLoseNothingAndRunNothingTwice(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	a.startWorkers(ctx, t, &rc, 1, "report")
+	b.startWorkers(ctx, t, &rc, 1, "report")
+	owners := map[string]string{}
+	add := func(s *testSite, owner string, n int) {
+		for _, id := range s.enqueue(ctx, t, "report", owner, n) {
+			owners[id] = map[string]string{"": s.name}[owner] + owner
+		}
+	}
+	add(a, "", 50)
+	add(b, "", 50)
+	for _, s := range []*testSite{a, b} {
+		if _, err := s.conn.Unlink(ctx, sitesDB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Cut off: each site runs its own jobs; what it enqueues for the other
+	// waits for the links.
+	cutUntil := time.Now().Add(30 * time.Second)
+	for time.Now().Before(cutUntil) {
+		add(a, "", 10)
+		add(a, "B", 5)
+		add(b, "", 10)
+		add(b, "A", 5)
+		time.Sleep(3 * time.Second)
+	}
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 0, len(owners))
+	for id := range owners {
+		ids = append(ids, id)
+	}
+	waitDoneAtSites(ctx, t, ids, 4*time.Minute, a, b)
+	time.Sleep(3 * time.Second)
+	checkRanOnceAtOwner(t, &rc, owners)
+}
+
+// A producer site without a replicator (PouchDB Server, as PouchDB in a
+// browser) writes jobs while its link is down; once linked they run once
+// at their owner and their results replicate back.
+func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	p := newTestSite(ctx, t, server.NewPouchSite(t), "P")
+	addSites(ctx, t, a, "P")
+	var rc siteRuns
+	a.startWorkers(ctx, t, &rc, 1, "thumb")
+	b.startWorkers(ctx, t, &rc, 1, "thumb")
+
+	// Offline: the producer's client works for no site (it runs no
+	// workers); its jobs name their owners, or none (the default, A).
+	pc, err := p.conn.Open(ctx, sitesDB, protocol.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.client = pc
+	owners := map[string]string{}
+	for i, owner := range []string{"", "A", "B"} {
+		for _, id := range p.enqueue(ctx, t, "thumb", owner, 30+i) {
+			owners[id] = map[string]string{"": "A"}[owner] + owner
+		}
+	}
+	time.Sleep(2 * time.Second)
+	if n := len(rc.snapshot()); n != 0 {
+		t.Fatalf("%d producer jobs ran before the producer was linked", n)
+	}
+	if err := protocol.LinkSites(ctx, a.end, p.end, map[string]*protocol.Server{"A": a.conn, "P": p.conn}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 0, len(owners))
+	for id := range owners {
+		ids = append(ids, id)
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a, b, p)
+	time.Sleep(3 * time.Second)
+	checkRanOnceAtOwner(t, &rc, owners)
+}

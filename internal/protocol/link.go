@@ -1,0 +1,298 @@
+package protocol
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+)
+
+// Links between sites are CouchDB continuous replications, held in the
+// _replicator database of a site's server. Each Apache CouchDB site pulls
+// the other's changes into its own database, so a site that is up keeps
+// its inbound link whatever the other does; a site whose server has no
+// replicator (PouchDB Server, a producer) is pushed to and pulled from by
+// its peer.
+//
+// What replicates: jobs (with their history and results), the sites
+// document, the site heartbeats and requests, deletions, and design
+// documents. What stays at each site: the worker registry, rate and run
+// slots, slot reservations and sequences, periodic schedules' state and the
+// pause controls of job types. Those documents coordinate the workers of
+// one site; replicated, two sites' workers would share (and conflict over)
+// limits that are meant per site.
+
+// replicatedTypes are the document types links carry.
+var replicatedTypes = []string{DocType, SitesDocType, SiteHeartbeatDocType}
+
+// linkSelector is the replication selector of every link.
+func linkSelector() map[string]any {
+	return map[string]any{"$or": []any{
+		map[string]any{"type": map[string]any{"$in": replicatedTypes}},
+		map[string]any{"_id": map[string]any{"$regex": "^_design/"}},
+		// Tombstones carry no type: purged jobs and withdrawn branches
+		// must reach the other sites too.
+		map[string]any{"_deleted": true},
+	}}
+}
+
+// SiteEndpoint is one site's queue database as a replicator reaches it.
+type SiteEndpoint struct {
+	// Site names the site.
+	Site string
+	// URL is the server's base URL, without credentials.
+	URL string
+	// DB is the queue database's name.
+	DB string
+	// User and Password are the credentials the replicator uses; the
+	// _replicator document keeps them, readable by the server's admins
+	// only.
+	User, Password string
+	// Replicator is set when the server runs CouchDB's replicator (Apache
+	// CouchDB), so that it can hold links.
+	Replicator bool
+}
+
+func (e SiteEndpoint) replicationEnd() map[string]any {
+	end := map[string]any{"url": strings.TrimRight(e.URL, "/") + "/" + url.PathEscape(e.DB)}
+	if e.User != "" {
+		end["auth"] = map[string]any{"basic": map[string]any{"username": e.User, "password": e.Password}}
+	}
+	return end
+}
+
+// linkDocID is the _replicator document of the link from one site's
+// database into another's.
+func linkDocID(from, to SiteEndpoint) string {
+	return "couchq-" + to.DB + "-from-" + from.Site + "-to-" + to.Site
+}
+
+// linkDoc is the _replicator document of the link from into to.
+func linkDoc(from, to SiteEndpoint) map[string]any {
+	doc := map[string]any{
+		"source":     from.replicationEnd(),
+		"target":     to.replicationEnd(),
+		"continuous": true,
+		"couchq":     map[string]any{"from": from.Site, "to": to.Site, "db": to.DB},
+	}
+	if from.Replicator {
+		doc["selector"] = linkSelector()
+	}
+	// A server without a replicator (PouchDB Server) has no _selector
+	// filter either, and its filtered feed stalled links: out of it the
+	// link carries everything. Such a site is a producer, with no workers,
+	// so it holds none of the documents that stay at a site.
+	return doc
+}
+
+// LinkSites sets up continuous replication both ways between two sites'
+// queue databases. Between two Apache CouchDB sites each pulls from the
+// other through its _replicator database, so the links outlive restarts.
+// A site without a replicator (PouchDB Server, a producer) drives both
+// directions itself, in its own process: those links end when it stops,
+// and linking again after a restart resumes them where they were (PouchDB
+// in an application syncs so itself). holders maps a site to a
+// connection to its server. Linking again replaces the links (new
+// credentials, say).
+func LinkSites(ctx context.Context, a, b SiteEndpoint, holders map[string]*Server) error {
+	if a.Site == b.Site {
+		return fmt.Errorf("linking site %s to itself", a.Site)
+	}
+	if !a.Replicator && !b.Replicator {
+		return fmt.Errorf("linking sites %s and %s: neither server runs CouchDB's replicator (Apache CouchDB does; PouchDB Server does not)", a.Site, b.Site)
+	}
+	if !a.Replicator || !b.Replicator {
+		producer, peer := a, b
+		if a.Replicator {
+			producer, peer = b, a
+		}
+		return linkProducer(ctx, producer, peer, holders[producer.Site])
+	}
+	type link struct {
+		from, to SiteEndpoint
+		holder   string
+	}
+	var links []link
+	for _, pair := range [][2]SiteEndpoint{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		holder := to.Site // the target pulls
+		if !to.Replicator {
+			holder = from.Site // the source pushes
+		}
+		links = append(links, link{from, to, holder})
+	}
+	for _, l := range links {
+		srv := holders[l.holder]
+		if srv == nil {
+			return fmt.Errorf("linking %s into %s: no connection to site %s, which holds the link", l.from.Site, l.to.Site, l.holder)
+		}
+		if err := srv.putReplication(ctx, linkDocID(l.from, l.to), linkDoc(l.from, l.to)); err != nil {
+			return fmt.Errorf("linking %s into %s: %w", l.from.Site, l.to.Site, err)
+		}
+	}
+	return nil
+}
+
+// putReplication writes (or replaces) a _replicator document.
+func (s *Server) putReplication(ctx context.Context, id string, doc map[string]any) error {
+	if err := s.Client.CreateDB(ctx, "_replicator"); err != nil && !isStatus(err, http.StatusPreconditionFailed) {
+		return fmt.Errorf("creating _replicator: %w", err)
+	}
+	db := s.Client.DB("_replicator")
+	for round := 0; ; round++ {
+		rev, err := db.GetRev(ctx, id)
+		switch {
+		case isStatus(err, http.StatusNotFound):
+			delete(doc, "_rev")
+		case err != nil:
+			return fmt.Errorf("reading _replicator/%s: %w", id, err)
+		default:
+			doc["_rev"] = rev
+		}
+		if _, err = db.Put(ctx, id, doc); err == nil {
+			return nil
+		}
+		if !isStatus(err, http.StatusConflict) || round >= 4 {
+			return fmt.Errorf("writing _replicator/%s: %w", id, err)
+		}
+	}
+}
+
+// Unlink removes the links this server holds for db, so that nothing
+// replicates into (or, for a peer without a replicator, out of) it until
+// the sites are linked again: how an operator cuts a site off on purpose.
+// Linking again resumes from where the links were: the replicator keeps
+// its checkpoints in the databases.
+func (s *Server) Unlink(ctx context.Context, db string) (int, error) {
+	repl := s.Client.DB("_replicator")
+	rows := repl.AllDocs(ctx, kivik.Params(map[string]any{
+		"startkey": "couchq-" + db + "-from-", "endkey": "couchq-" + db + "-from-\ufff0",
+	}))
+	defer rows.Close()
+	type entry struct{ id, rev string }
+	var docs []entry
+	for rows.Next() {
+		id, _ := rows.ID()
+		var v struct {
+			Rev string `json:"rev"`
+		}
+		if err := rows.ScanValue(&v); err != nil {
+			return 0, fmt.Errorf("reading _replicator/%s: %w", id, err)
+		}
+		docs = append(docs, entry{id, v.Rev})
+	}
+	if err := rows.Err(); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("listing the links of %s: %w", db, err)
+	}
+	for _, e := range docs {
+		if _, err := repl.Delete(ctx, e.id, e.rev); err != nil && !isStatus(err, http.StatusNotFound) {
+			return 0, fmt.Errorf("removing _replicator/%s: %w", e.id, err)
+		}
+	}
+	return len(docs), nil
+}
+
+// LinkState is one link as the replicator of the server holding it
+// reports it (_scheduler/docs).
+type LinkState struct {
+	DocID string `json:"doc_id"`
+	// From and To are the sites the link copies between.
+	From, To string
+	// State is the replicator's: running, pending, crashing, error,
+	// failed, completed.
+	State string `json:"state"`
+	// ChangesPending is how many changes of the source the link has yet
+	// to copy (-1 when the replicator does not say).
+	ChangesPending int64
+	// DocsWritten counts what the link has copied since it started, and
+	// DocWriteFailures what the target refused (its validation, say).
+	DocsWritten, DocWriteFailures int64
+	// Error is the replicator's last error, if any.
+	Error string
+	// LastUpdated is when the replicator last reported on the link.
+	LastUpdated time.Time
+}
+
+// Links lists the links this server holds for db.
+func (s *Server) Links(ctx context.Context, db string) ([]LinkState, error) {
+	var resp struct {
+		Docs []struct {
+			DocID       string         `json:"doc_id"`
+			State       string         `json:"state"`
+			Info        map[string]any `json:"info"`
+			LastUpdated string         `json:"last_updated"`
+		} `json:"docs"`
+	}
+	if err := s.raw.DoJSON(ctx, http.MethodGet, "/_scheduler/docs/_replicator", nil, &resp); err != nil {
+		if isStatus(err, http.StatusNotFound) {
+			return nil, nil // no replicator, or no _replicator database yet
+		}
+		return nil, fmt.Errorf("reading the replicator's state: %w", err)
+	}
+	prefix := "couchq-" + db + "-from-"
+	var links []LinkState
+	for _, d := range resp.Docs {
+		rest, ok := strings.CutPrefix(d.DocID, prefix)
+		if !ok {
+			continue
+		}
+		from, to, _ := strings.Cut(rest, "-to-")
+		l := LinkState{DocID: d.DocID, From: from, To: to, State: d.State, ChangesPending: -1}
+		if v, ok := d.Info["changes_pending"].(float64); ok {
+			l.ChangesPending = int64(v)
+		}
+		if v, ok := d.Info["docs_written"].(float64); ok {
+			l.DocsWritten = int64(v)
+		}
+		if v, ok := d.Info["doc_write_failures"].(float64); ok {
+			l.DocWriteFailures = int64(v)
+		}
+		if v, ok := d.Info["error"].(string); ok {
+			l.Error = v
+		}
+		l.LastUpdated, _ = time.Parse(time.RFC3339, d.LastUpdated)
+		links = append(links, l)
+	}
+	sort.Slice(links, func(i, j int) bool { return links[i].DocID < links[j].DocID })
+	return links, nil
+}
+
+// linkProducer has the producer's server replicate both ways with the
+// peer's database, continuously (POST /_replicate).
+func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server) error {
+	if srv == nil {
+		return fmt.Errorf("linking %s and %s: no connection to site %s, which drives the links", producer.Site, peer.Site, producer.Site)
+	}
+	remote, err := url.Parse(strings.TrimRight(peer.URL, "/") + "/" + url.PathEscape(peer.DB))
+	if err != nil {
+		return fmt.Errorf("linking %s and %s: site %s's URL: %w", producer.Site, peer.Site, peer.Site, err)
+	}
+	if peer.User != "" {
+		remote.User = url.UserPassword(peer.User, peer.Password)
+	}
+	for _, dir := range [][2]string{{producer.DB, remote.String()}, {remote.String(), producer.DB}} {
+		body, err := json.Marshal(map[string]any{"source": dir[0], "target": dir[1], "continuous": true})
+		if err != nil {
+			return fmt.Errorf("encoding a link: %w", err)
+		}
+		opts := &chttp.Options{NoGzip: true, GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }}
+		var resp map[string]any
+		if err := srv.raw.DoJSON(ctx, http.MethodPost, "/_replicate", opts, &resp); err != nil {
+			// Never the URL in the message: it carries the password.
+			return fmt.Errorf("linking %s and %s at %s: %w", producer.Site, peer.Site, producer.Site, err)
+		}
+	}
+	return nil
+}
