@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -224,7 +225,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (quote the --exec command as one argument)", rest[0])
+		return cli.Usagef("unexpected argument %q (quote the --exec command as one argument)", rest[0])
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
@@ -241,7 +242,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	if configFile != "" {
 		for _, name := range []string{"periodic", "periodic-tz", "catch-up"} {
 			if f.set[name] {
-				return usageErrorf("--%s with --config: put schedules in the file's [[periodic]] tables", name)
+				return cli.Usagef("--%s with --config: put schedules in the file's [[periodic]] tables", name)
 			}
 		}
 		wf, src, err := loadWorkerFile(configFile)
@@ -259,7 +260,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 		}
 	} else {
 		if checkOnly {
-			return usageErrorf("--check needs --config FILE")
+			return cli.Usagef("--check needs --config FILE")
 		}
 		if err := f.check(); err != nil {
 			return err
@@ -288,22 +289,18 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 			if len(specs) > 1 {
 				err = fmt.Errorf("type %s: %w", f.types, err)
 			}
-			return &usageError{err: err}
+			return &cli.UsageError{Err: err}
 		}
 		hs[i] = h
 	}
 
-	hc, err := m.httpClient(conn, log)
+	srv, err := conn.Connect(ctx, log)
 	if err != nil {
-		return err
-	}
-	srv, err := protocol.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
-	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	defer srv.Client.Close()
-	if _, err := protocol.Init(ctx, srv.Client, conn.db, log); err != nil {
-		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
+	if _, err := protocol.Init(ctx, srv.Client, conn.DB, log); err != nil {
+		return cli.ServerError(conn.URL, fmt.Errorf("preparing database %s: %w", conn.DB, err))
 	}
 	workers := make([]*worker.Worker, len(specs))
 	// One set of metrics for the process, whatever number of types it runs.
@@ -312,16 +309,16 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 		metrics = worker.NewMetrics()
 	}
 	for i, f := range specs {
-		q, err := srv.Open(ctx, conn.db, protocol.Config{Logger: log, MaxAttempts: f.maxAttempts})
+		q, err := srv.Open(ctx, conn.DB, protocol.Config{Logger: log, MaxAttempts: f.maxAttempts})
 		if err != nil {
-			return serverError(conn.url, err)
+			return cli.ServerError(conn.URL, err)
 		}
 		cfg := f.config(hs[i], log)
 		cfg.Metrics = metrics
 		if workers[i], err = worker.New(q, cfg); err != nil {
-			return &usageError{err: err} // check covers what New rejects; kept as a backstop
+			return &cli.UsageError{Err: err} // check covers what New rejects; kept as a backstop
 		}
-		log.Info().Str("url", conn.url).Str("db", conn.db).Str("types", f.types).Str("handler", f.handler).
+		log.Info().Str("url", conn.URL).Str("db", conn.DB).Str("types", f.types).Str("handler", f.handler).
 			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
 	}
 	if specs[0].healthAddr != "" {
@@ -363,7 +360,7 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 		}
 	}
 	if first != nil {
-		return serverError(conn.url, fmt.Errorf("running worker: %w", first))
+		return cli.ServerError(conn.URL, fmt.Errorf("running worker: %w", first))
 	}
 	return nil
 }
@@ -371,13 +368,13 @@ func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *con
 // check validates the flags before anything connects.
 func (f *workerFlags) check() error {
 	if f.types == "" {
-		return usageErrorf("--type is required: name the job types to run, e.g. --type email,sms")
+		return cli.Usagef("--type is required: name the job types to run, e.g. --type email,sms")
 	}
 	seen := map[string]bool{}
 	for _, t := range strings.Split(f.types, ",") {
 		t = strings.TrimSpace(t)
 		if t == "" {
-			return usageErrorf("invalid --type %q: empty job type", f.types)
+			return cli.Usagef("invalid --type %q: empty job type", f.types)
 		}
 		if !seen[t] {
 			seen[t] = true
@@ -385,47 +382,47 @@ func (f *workerFlags) check() error {
 		}
 	}
 	if f.handler == "" {
-		return usageErrorf("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
+		return cli.Usagef("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
 	}
 	if f.exec != "" {
 		if f.handler != handlers.NameExec {
-			return usageErrorf("--exec is only for --handler %s", handlers.NameExec)
+			return cli.Usagef("--exec is only for --handler %s", handlers.NameExec)
 		}
 		argv, err := splitWords(f.exec)
 		if err != nil {
-			return usageErrorf("invalid --exec %q: %v", f.exec, err)
+			return cli.Usagef("invalid --exec %q: %v", f.exec, err)
 		}
 		f.argv = argv
 	}
 	switch {
 	case f.concurrency < 1:
-		return usageErrorf("invalid --concurrency %d: must be at least 1", f.concurrency)
+		return cli.Usagef("invalid --concurrency %d: must be at least 1", f.concurrency)
 	case f.lease < minLease:
-		return usageErrorf("invalid --lease %s: must be at least %s", f.lease, minLease)
+		return cli.Usagef("invalid --lease %s: must be at least %s", f.lease, minLease)
 	case f.maxAttempts < 1:
-		return usageErrorf("invalid --max-attempts %d: must be at least 1", f.maxAttempts)
+		return cli.Usagef("invalid --max-attempts %d: must be at least 1", f.maxAttempts)
 	case f.shutdownTimeout <= 0:
-		return usageErrorf("invalid --shutdown-timeout %s: must be positive", f.shutdownTimeout)
+		return cli.Usagef("invalid --shutdown-timeout %s: must be positive", f.shutdownTimeout)
 	case f.httpTimeout <= 0:
-		return usageErrorf("invalid --http-timeout %s: must be positive", f.httpTimeout)
+		return cli.Usagef("invalid --http-timeout %s: must be positive", f.httpTimeout)
 	case f.feedTimeout <= 0:
-		return usageErrorf("invalid --feed-timeout %s: must be positive", f.feedTimeout)
+		return cli.Usagef("invalid --feed-timeout %s: must be positive", f.feedTimeout)
 	case f.queryTimeout <= 0:
-		return usageErrorf("invalid --query-timeout %s: must be positive", f.queryTimeout)
+		return cli.Usagef("invalid --query-timeout %s: must be positive", f.queryTimeout)
 	case f.fallbackPoll <= 0:
-		return usageErrorf("invalid --fallback-poll %s: must be positive", f.fallbackPoll)
+		return cli.Usagef("invalid --fallback-poll %s: must be positive", f.fallbackPoll)
 	case f.retryDelay < 0:
-		return usageErrorf("invalid --retry-delay %s: must not be negative", f.retryDelay)
+		return cli.Usagef("invalid --retry-delay %s: must not be negative", f.retryDelay)
 	case f.set["heartbeat"] && f.heartbeat <= 0:
-		return usageErrorf("invalid --heartbeat %s: must be positive", f.heartbeat)
+		return cli.Usagef("invalid --heartbeat %s: must be positive", f.heartbeat)
 	case f.set["sweep-interval"] && f.sweepInterval == 0:
-		return usageErrorf("invalid --sweep-interval 0: leave it out for lease/2, or make it negative to disable sweeping")
+		return cli.Usagef("invalid --sweep-interval 0: leave it out for lease/2, or make it negative to disable sweeping")
 	}
 	if hb := f.heartbeatInterval(); hb >= f.lease {
-		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
+		return cli.Usagef("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
 	}
 	if f.healthAddr != "" {
-		host, err := checkListenAddr("health-addr", f.healthAddr, "127.0.0.1:8081")
+		host, err := cli.CheckListenAddr("health-addr", f.healthAddr, "127.0.0.1:8081")
 		if err != nil {
 			return err
 		}
@@ -448,14 +445,14 @@ func (f *workerFlags) checkFleet() error {
 		n, err := strconv.Atoi(strings.TrimSpace(k))
 		switch {
 		case !ok || typ == "" || err != nil:
-			return usageErrorf("invalid --fleet-concurrency %q: want TYPE=K, e.g. 'webhook=10'", v)
+			return cli.Usagef("invalid --fleet-concurrency %q: want TYPE=K, e.g. 'webhook=10'", v)
 		case !slices.Contains(f.typeList, typ):
-			return usageErrorf("invalid --fleet-concurrency %q: %s is not one of --type %s", v, typ, f.types)
+			return cli.Usagef("invalid --fleet-concurrency %q: %s is not one of --type %s", v, typ, f.types)
 		case n < 1 || n > protocol.MaxRateSlots:
-			return usageErrorf("invalid --fleet-concurrency %q: K must be from 1 to %d", v, protocol.MaxRateSlots)
+			return cli.Usagef("invalid --fleet-concurrency %q: K must be from 1 to %d", v, protocol.MaxRateSlots)
 		}
 		if _, dup := f.fleetLimits[typ]; dup {
-			return usageErrorf("invalid --fleet-concurrency %q: a limit for %s is already given", v, typ)
+			return cli.Usagef("invalid --fleet-concurrency %q: a limit for %s is already given", v, typ)
 		}
 		if f.fleetLimits == nil {
 			f.fleetLimits = map[string]int{}
@@ -471,17 +468,17 @@ func (f *workerFlags) checkRates() error {
 		typ, spec, ok := strings.Cut(v, "=")
 		typ = strings.TrimSpace(typ)
 		if !ok || typ == "" {
-			return usageErrorf("invalid --rate %q: want TYPE=N/PER, e.g. 'webhook=10/s'", v)
+			return cli.Usagef("invalid --rate %q: want TYPE=N/PER, e.g. 'webhook=10/s'", v)
 		}
 		if !slices.Contains(f.typeList, typ) {
-			return usageErrorf("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
+			return cli.Usagef("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
 		}
 		rl, err := protocol.ParseRate(spec)
 		if err != nil {
-			return usageErrorf("invalid --rate %q: %v", v, err)
+			return cli.Usagef("invalid --rate %q: %v", v, err)
 		}
 		if _, dup := f.rateLimits[typ]; dup {
-			return usageErrorf("invalid --rate %q: a limit for %s is already given", v, typ)
+			return cli.Usagef("invalid --rate %q: a limit for %s is already given", v, typ)
 		}
 		if f.rateLimits == nil {
 			f.rateLimits = map[string]protocol.RateLimit{}
@@ -495,7 +492,7 @@ func (f *workerFlags) checkRates() error {
 func (f *workerFlags) checkPeriodic() error {
 	loc, err := time.LoadLocation(f.periodicTZ)
 	if err != nil {
-		return usageErrorf("invalid --periodic-tz %q: %v", f.periodicTZ, err)
+		return cli.Usagef("invalid --periodic-tz %q: %v", f.periodicTZ, err)
 	}
 	var catchUp protocol.CatchUp
 	switch f.catchUp {
@@ -504,22 +501,22 @@ func (f *workerFlags) checkPeriodic() error {
 	case "all":
 		catchUp = protocol.CatchUpAll
 	default:
-		return usageErrorf("invalid --catch-up %q: want once or all", f.catchUp)
+		return cli.Usagef("invalid --catch-up %q: want once or all", f.catchUp)
 	}
 	seen := map[string]bool{}
 	for _, v := range f.periodic {
 		typ, spec, ok := strings.Cut(v, "=")
 		typ, spec = strings.TrimSpace(typ), strings.TrimSpace(spec)
 		if !ok || typ == "" || spec == "" {
-			return usageErrorf("invalid --periodic %q: want TYPE=SPEC, e.g. 'report=0 7 * * *' or 'ping=@every 5m'", v)
+			return cli.Usagef("invalid --periodic %q: want TYPE=SPEC, e.g. 'report=0 7 * * *' or 'ping=@every 5m'", v)
 		}
 		if seen[typ] {
-			return usageErrorf("invalid --periodic %q: a schedule for %s is already given", v, typ)
+			return cli.Usagef("invalid --periodic %q: a schedule for %s is already given", v, typ)
 		}
 		seen[typ] = true
 		p := protocol.Periodic{Name: typ, Schedule: spec, Location: loc, Job: protocol.NewJob{Worker: typ}, CatchUp: catchUp}
 		if _, err := protocol.CheckPeriodic(p); err != nil {
-			return usageErrorf("invalid --periodic %q: %v", v, err)
+			return cli.Usagef("invalid --periodic %q: %v", v, err)
 		}
 		f.schedules = append(f.schedules, p)
 	}
@@ -593,14 +590,14 @@ func serveHealth(ctx context.Context, ws []*worker.Worker, f *workerFlags, log z
 		return nil, fmt.Errorf("listening on --health-addr %s: %w", f.healthAddr, err)
 	}
 	url := "http://" + ln.Addr().String()
-	if !isLoopback(f.healthHost) {
+	if !cli.IsLoopback(f.healthHost) {
 		log.Warn().Str("addr", ln.Addr().String()).
 			Msg("--health-addr is not loopback: there is no authentication; put a proxy or firewall in front")
 	}
 	log.Info().Str("url", url).Msg("health and metrics on " + url + ": /healthz, /readyz, /metrics")
 	// A scrape in flight when the stop signal comes is still answered.
 	reqCtx := context.WithoutCancel(ctx)
-	srv := newHTTPServer(reqCtx, worker.HealthHandler(ws...), healthWriteTimeout, log)
+	srv := cli.NewHTTPServer(reqCtx, worker.HealthHandler(ws...), healthWriteTimeout, log)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -611,7 +608,7 @@ func serveHealth(ctx context.Context, ws []*worker.Worker, f *workerFlags, log z
 		}
 	}()
 	return func() {
-		sctx, cancel := context.WithTimeout(reqCtx, serveShutdownTimeout)
+		sctx, cancel := context.WithTimeout(reqCtx, cli.ServeShutdownTimeout)
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {
 			_ = srv.Close()

@@ -15,6 +15,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -164,7 +165,7 @@ func (e *fileError) Error() string {
 func loadWorkerFile(path string) (*workerFile, []byte, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, usageErrorf("reading --config: %v", err)
+		return nil, nil, cli.Usagef("reading --config: %v", err)
 	}
 	var wf workerFile
 	dec := toml.NewDecoder(bytes.NewReader(src))
@@ -176,14 +177,14 @@ func loadWorkerFile(path string) (*workerFile, []byte, error) {
 		case errors.As(err, &se) && len(se.Errors) > 0:
 			first := se.Errors[0]
 			row, _ := first.Position()
-			return nil, nil, &usageError{err: &fileError{file: path, line: row, key: strings.Join(first.Key(), "."),
+			return nil, nil, &cli.UsageError{Err: &fileError{file: path, line: row, key: strings.Join(first.Key(), "."),
 				msg: "unknown key (see 'couchq help worker' for the file's keys)"}}
 		case errors.As(err, &de):
 			row, _ := de.Position()
 			msg := strings.TrimPrefix(de.Error(), "toml: ")
-			return nil, nil, &usageError{err: &fileError{file: path, line: row, key: strings.Join(de.Key(), "."), msg: msg}}
+			return nil, nil, &cli.UsageError{Err: &fileError{file: path, line: row, key: strings.Join(de.Key(), "."), msg: msg}}
 		}
-		return nil, nil, usageErrorf("reading --config %s: %v", path, err)
+		return nil, nil, cli.Usagef("reading --config %s: %v", path, err)
 	}
 	return &wf, src, nil
 }
@@ -211,23 +212,23 @@ func keyLine(src []byte, table, key string) int {
 
 // workerSpecs turns the file and the command line into one set of worker
 // flags per job type, each checked as the command line alone would be.
-// cli holds the flags given on the command line (cli.set says which).
-func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*workerFlags, error) {
+// flags holds the flags given on the command line (flags.set says which).
+func workerSpecs(path string, wf *workerFile, src []byte, flags *workerFlags) ([]*workerFlags, error) {
 	if len(wf.Types) == 0 {
-		return nil, &usageError{err: &fileError{file: path, msg: "no [types.NAME] tables: name at least one job type to run"}}
+		return nil, &cli.UsageError{Err: &fileError{file: path, msg: "no [types.NAME] tables: name at least one job type to run"}}
 	}
 	types := make([]string, 0, len(wf.Types))
 	for t := range wf.Types {
 		types = append(types, t)
 	}
 	slices.Sort(types)
-	if cli.types != "" {
+	if flags.types != "" {
 		// --type with --config runs only those of the file's types.
 		var only []string
-		for _, t := range strings.Split(cli.types, ",") {
+		for _, t := range strings.Split(flags.types, ",") {
 			t = strings.TrimSpace(t)
 			if _, ok := wf.Types[t]; !ok {
-				return nil, usageErrorf("--type %s: %s has no [types.%s] table", t, path, t)
+				return nil, cli.Usagef("--type %s: %s has no [types.%s] table", t, path, t)
 			}
 			only = append(only, t)
 		}
@@ -245,7 +246,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 			if line == 0 { // a key missing: the type's table
 				line = keyLine(src, table, "")
 			}
-			return &usageError{err: &fileError{file: path, line: line, key: table + "." + key, msg: fmt.Sprintf(format, args...)}}
+			return &cli.UsageError{Err: &fileError{file: path, line: line, key: table + "." + key, msg: fmt.Sprintf(format, args...)}}
 		}
 		f := &workerFlags{
 			types: t, handler: ft.Handler, exec: ft.Exec,
@@ -310,7 +311,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 		}
 		if wf.Worker.ShutdownTimeout != nil {
 			if wf.Worker.ShutdownTimeout.Duration <= 0 {
-				return nil, &usageError{err: &fileError{file: path, line: keyLine(src, "worker", "shutdown_timeout"),
+				return nil, &cli.UsageError{Err: &fileError{file: path, line: keyLine(src, "worker", "shutdown_timeout"),
 					key: "worker.shutdown_timeout", msg: "must be positive"}}
 			}
 			f.shutdownTimeout = wf.Worker.ShutdownTimeout.Duration
@@ -328,11 +329,11 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 			}
 			f.fleet = repeatedFlag{t + "=" + strconv.Itoa(*ft.FleetConcurrency)}
 		}
-		cli.overrideInto(f)
+		flags.overrideInto(f)
 		if err := f.check(); err != nil {
-			var ue *usageError
+			var ue *cli.UsageError
 			if errors.As(err, &ue) {
-				return nil, &usageError{err: &fileError{file: path, line: keyLine(src, table, ""), key: table,
+				return nil, &cli.UsageError{Err: &fileError{file: path, line: keyLine(src, table, ""), key: table,
 					msg: strings.ReplaceAll(ue.Error(), "--", "")}}
 			}
 			return nil, err
@@ -345,7 +346,7 @@ func workerSpecs(path string, wf *workerFile, src []byte, cli *workerFlags) ([]*
 	for i, p := range wf.Periodic {
 		key := fmt.Sprintf("periodic[%d]", i)
 		failP := func(format string, args ...any) error {
-			return &usageError{err: &fileError{file: path, line: periodicLine(src, i), key: key, msg: fmt.Sprintf(format, args...)}}
+			return &cli.UsageError{Err: &fileError{file: path, line: periodicLine(src, i), key: key, msg: fmt.Sprintf(format, args...)}}
 		}
 		if p.Type == "" || p.Schedule == "" {
 			return nil, failP("type and schedule are required")
@@ -434,46 +435,46 @@ func merge(def, t fileType) fileType {
 
 // overrideInto copies the flags given on the command line (other than
 // --type) over a file-made spec: flags win over the file.
-func (cli *workerFlags) overrideInto(f *workerFlags) {
-	for name := range cli.set {
+func (o *workerFlags) overrideInto(f *workerFlags) {
+	for name := range o.set {
 		f.set[name] = true
 		switch name {
 		case "handler":
-			f.handler = cli.handler
+			f.handler = o.handler
 		case "exec":
-			f.exec = cli.exec
+			f.exec = o.exec
 		case "http-timeout":
-			f.httpTimeout = cli.httpTimeout
+			f.httpTimeout = o.httpTimeout
 		case "concurrency":
-			f.concurrency = cli.concurrency
+			f.concurrency = o.concurrency
 		case "lease":
-			f.lease = cli.lease
+			f.lease = o.lease
 		case "drain":
-			f.drain = cli.drain
+			f.drain = o.drain
 		case "delete-done":
-			f.deleteDone = cli.deleteDone
+			f.deleteDone = o.deleteDone
 		case "max-attempts":
-			f.maxAttempts = cli.maxAttempts
+			f.maxAttempts = o.maxAttempts
 		case "shutdown-timeout":
-			f.shutdownTimeout = cli.shutdownTimeout
+			f.shutdownTimeout = o.shutdownTimeout
 		case "heartbeat":
-			f.heartbeat = cli.heartbeat
+			f.heartbeat = o.heartbeat
 		case "sweep-interval":
-			f.sweepInterval = cli.sweepInterval
+			f.sweepInterval = o.sweepInterval
 		case "feed-timeout":
-			f.feedTimeout = cli.feedTimeout
+			f.feedTimeout = o.feedTimeout
 		case "query-timeout":
-			f.queryTimeout = cli.queryTimeout
+			f.queryTimeout = o.queryTimeout
 		case "fallback-poll":
-			f.fallbackPoll = cli.fallbackPoll
+			f.fallbackPoll = o.fallbackPoll
 		case "retry-delay":
-			f.retryDelay = cli.retryDelay
+			f.retryDelay = o.retryDelay
 		case "health-addr":
-			f.healthAddr = cli.healthAddr
+			f.healthAddr = o.healthAddr
 		}
 	}
 	// --rate and --fleet-concurrency for this type replace the file's.
-	for _, list := range []struct{ dst, src *repeatedFlag }{{&f.rates, &cli.rates}, {&f.fleet, &cli.fleet}} {
+	for _, list := range []struct{ dst, src *repeatedFlag }{{&f.rates, &o.rates}, {&f.fleet, &o.fleet}} {
 		for _, v := range *list.src {
 			if typ, _, _ := strings.Cut(v, "="); strings.TrimSpace(typ) == f.types {
 				*list.dst = repeatedFlag{v}
@@ -487,37 +488,37 @@ func (cli *workerFlags) overrideInto(f *workerFlags) {
 func applyFileConn(m *Main, path string, src []byte, conn *connFlags, given map[string]bool, c fileConn) error {
 	urls, err := c.urls()
 	if err != nil {
-		return &usageError{err: &fileError{file: path, line: keyLine(src, "couchdb", "url"), key: "couchdb.url", msg: err.Error()}}
+		return &cli.UsageError{Err: &fileError{file: path, line: keyLine(src, "couchdb", "url"), key: "couchdb.url", msg: err.Error()}}
 	}
 	// Flags, then the environment, then the file: a deployment (a systemd
 	// credential, a compose secret) overrides the shared file without
 	// editing it.
 	env := func(name string) bool { return m.Getenv(name) != "" }
 	if !given["url"] && !env("COUCHDB_URL") && len(urls) > 0 {
-		conn.url = strings.Join(urls, ",")
+		conn.URL = strings.Join(urls, ",")
 	}
 	if !given["db"] && !env("COUCHQ_DB") && c.DB != "" {
-		conn.db = c.DB
+		conn.DB = c.DB
 	}
 	if !given["user"] && !env("COUCHDB_USER") && c.User != "" {
-		conn.user = c.User
+		conn.User = c.User
 	}
 	if !given["ca-file"] && c.CAFile != "" {
-		conn.caFile = c.CAFile
+		conn.CAFile = c.CAFile
 	}
 	if c.PasswordFile != "" && c.PasswordEnv != "" {
-		return usageErrorf("[couchdb] gives both password_file and password_env: keep one")
+		return cli.Usagef("[couchdb] gives both password_file and password_env: keep one")
 	}
 	if !given["password-file"] && !env("COUCHDB_PASSWORD_FILE") && !env("COUCHDB_PASSWORD") {
 		switch {
 		case c.PasswordFile != "":
-			conn.passwordFile = c.PasswordFile
+			conn.PasswordFile = c.PasswordFile
 		case c.PasswordEnv != "":
 			pw := m.Getenv(c.PasswordEnv)
 			if pw == "" {
-				return usageErrorf("[couchdb] password_env: $%s is empty or unset", c.PasswordEnv)
+				return cli.Usagef("[couchdb] password_env: $%s is empty or unset", c.PasswordEnv)
 			}
-			conn.fixedPassword = pw
+			conn.FixedPassword = pw
 			m.addSecret(pw)
 		}
 	}
@@ -529,16 +530,16 @@ func applyFileConn(m *Main, path string, src []byte, conn *connFlags, given map[
 func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerFlags) error {
 	pw := "none"
 	switch {
-	case conn.passwordFile != "":
-		pw = "from file " + conn.passwordFile
-	case conn.fixedPassword != "":
+	case conn.PasswordFile != "":
+		pw = "from file " + conn.PasswordFile
+	case conn.FixedPassword != "":
 		pw = "from the environment"
-	case conn.password != "":
+	case conn.Password != "":
 		pw = "from $COUCHDB_PASSWORD"
 	}
-	fmt.Fprintf(w, "couchdb: %s database %s user %s password %s", conn.url, conn.db, orDefault(conn.user, "(none)"), pw)
-	if conn.caFile != "" {
-		fmt.Fprintf(w, " ca_file %s", conn.caFile)
+	fmt.Fprintf(w, "couchdb: %s database %s user %s password %s", conn.URL, conn.DB, orDefault(conn.User, "(none)"), pw)
+	if conn.CAFile != "" {
+		fmt.Fprintf(w, " ca_file %s", conn.CAFile)
 	}
 	fmt.Fprintln(w)
 	for _, f := range specs {

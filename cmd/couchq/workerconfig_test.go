@@ -55,7 +55,7 @@ priority = 1
 func TestWorkerConfigCheck(t *testing.T) {
 	t.Parallel()
 	path := writeConfig(t, goodConfig)
-	c := cli{env: map[string]string{"WORKER_PW": "s3cret-pw"}}
+	c := cmdline{env: map[string]string{"WORKER_PW": "s3cret-pw"}}
 	r := c.run(t, "worker", "--config", path, "--check")
 	expect(t, r, exitOK)
 	for _, want := range []string{
@@ -87,7 +87,7 @@ func TestWorkerConfigCheck(t *testing.T) {
 	}
 	r = c.run(t, "worker", "--config", path, "--check", "--type", "sms")
 	expect(t, r, exitUsage, "has no [types.sms] table")
-	r = cli{}.run(t, "worker", "--config", path, "--check")
+	r = cmdline{}.run(t, "worker", "--config", path, "--check")
 	expect(t, r, exitUsage, "$WORKER_PW is empty or unset")
 }
 
