@@ -199,7 +199,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 		if !given["log-level"] && file.LogLevel() != "" {
 			conn.logLevel = file.LogLevel()
 		}
-		if specs, err = file.Specs(f); err != nil {
+		if specs, err = file.Specs(f, true); err != nil {
 			return err
 		}
 	} else {

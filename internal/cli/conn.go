@@ -73,7 +73,9 @@ func (c *Conn) ResolveCredentials(getenv func(string) string, addSecret func(str
 		file = getenv("COUCHDB_PASSWORD_FILE")
 	}
 	if file == "" {
-		c.Password = getenv("COUCHDB_PASSWORD")
+		if c.Password == "" {
+			c.Password = getenv("COUCHDB_PASSWORD")
+		}
 		if c.FixedPassword != "" {
 			c.Password = c.FixedPassword
 		}
@@ -241,6 +243,26 @@ func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() tim
 		return nil, nil, err
 	}
 	return q, client.Close, nil
+}
+
+// Open connects as Connect does and opens the queue database with cfg, as
+// OpenQueue does: a client that workers can run on (it follows the
+// changes feed with a _selector filter where the server has one).
+func (c *Conn) Open(ctx context.Context, cfg protocol.Config) (q *protocol.Client, close func() error, err error) {
+	srv, err := c.Connect(ctx, cfg.Logger)
+	if err != nil {
+		return nil, nil, ServerError(c.URL, err)
+	}
+	q, err = srv.Open(ctx, c.DB, cfg)
+	if err != nil {
+		_ = srv.Client.Close()
+		return nil, nil, c.openError(err)
+	}
+	if err := c.checkDesign(ctx, q); err != nil {
+		_ = srv.Client.Close()
+		return nil, nil, err
+	}
+	return q, srv.Client.Close, nil
 }
 
 // openError explains why the queue database could not be opened.

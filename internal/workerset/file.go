@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
+	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/cli"
@@ -142,7 +143,7 @@ type File struct {
 func LoadFile(path string) (*File, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
-		return nil, cli.Usagef("reading --config: %v", err)
+		return nil, cli.Usagef("reading --config: %w", err)
 	}
 	f := &File{path: path, src: src}
 	dec := toml.NewDecoder(bytes.NewReader(src))
@@ -196,9 +197,14 @@ func keyLine(src []byte, table, key string) int {
 
 // Specs turns the file and the command line into one spec per job type,
 // each checked as the command line alone would be. flags holds the flags
-// given on the command line (flags.Set says which).
-func (f *File) Specs(flags *Spec) ([]*Spec, error) {
+// given on the command line (flags.Set says which; nil for none). A type
+// whose table names no handler is an error when requireHandler, else one
+// for Go handlers (Spec.Handlers) to run.
+func (f *File) Specs(flags *Spec, requireHandler bool) ([]*Spec, error) {
 	wf, path := &f.wf, f.path
+	if flags == nil {
+		flags = &Spec{}
+	}
 	if len(wf.Types) == 0 {
 		return nil, f.fail(0, "", "no [types.NAME] tables: name at least one job type to run")
 	}
@@ -221,7 +227,7 @@ func (f *File) Specs(flags *Spec) ([]*Spec, error) {
 	}
 	var specs []*Spec
 	for _, t := range types {
-		s, err := f.spec(t, flags)
+		s, err := f.spec(t, flags, requireHandler)
 		if err != nil {
 			return nil, err
 		}
@@ -239,7 +245,7 @@ func (f *File) Specs(flags *Spec) ([]*Spec, error) {
 
 // spec is the spec of type t: its table over [defaults] over the built-in
 // defaults, with the command line's flags over all.
-func (f *File) spec(t string, flags *Spec) (*Spec, error) {
+func (f *File) spec(t string, flags *Spec, requireHandler bool) (*Spec, error) {
 	wf := &f.wf
 	table := "types." + t
 	ft := merge(wf.Defaults, wf.Types[t])
@@ -256,9 +262,9 @@ func (f *File) spec(t string, flags *Spec) (*Spec, error) {
 	s := NewSpec()
 	s.Types, s.Handler, s.Exec = t, ft.Handler, ft.Exec
 	switch {
-	case ft.Handler == "":
+	case ft.Handler == "" && requireHandler:
 		return nil, fail("handler", "required: one of %s", strings.Join(handlers.Names(), ", "))
-	case !slices.Contains(handlers.Names(), ft.Handler):
+	case ft.Handler != "" && !slices.Contains(handlers.Names(), ft.Handler):
 		return nil, fail("handler", "unknown handler %q: want one of %s", ft.Handler, strings.Join(handlers.Names(), ", "))
 	case ft.Exec != "" && ft.Handler != handlers.NameExec:
 		return nil, fail("exec", "only for handler %q", handlers.NameExec)
@@ -326,7 +332,7 @@ func (f *File) spec(t string, flags *Spec) (*Spec, error) {
 		s.Fleet = Repeated{t + "=" + strconv.Itoa(*ft.FleetConcurrency)}
 	}
 	flags.overrideInto(s)
-	if err := s.Check(); err != nil {
+	if err := s.check(requireHandler); err != nil {
 		var ue *cli.UsageError
 		if errors.As(err, &ue) {
 			return nil, f.fail(keyLine(f.src, table, ""), table, "%s", strings.ReplaceAll(ue.Error(), "--", ""))
@@ -523,6 +529,16 @@ func (f *File) ApplyConn(conn *cli.Conn, given map[string]bool, getenv func(stri
 				addSecret(pw)
 			}
 		}
+	}
+	return nil
+}
+
+// CheckLogLevel checks [worker] log_level, which couchq worker checks as
+// its --log-level.
+func (f *File) CheckLogLevel() error {
+	level := f.wf.Worker.LogLevel
+	if _, err := zerolog.ParseLevel(strings.ToLower(level)); err != nil {
+		return f.fail(keyLine(f.src, "worker", "log_level"), "worker.log_level", "invalid %q: want debug, info, warn, error or disabled", level)
 	}
 	return nil
 }

@@ -24,8 +24,12 @@ import (
 func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec) error {
 	// Handlers are built before connecting so that a command that cannot
 	// run (exec of a missing program) is a usage error, not a failed job.
-	hs := make([]worker.Handler, len(specs))
+	hs := make([]map[string]worker.Handler, len(specs))
 	for i, f := range specs {
+		if f.Handler == "" {
+			hs[i] = f.Handlers
+			continue
+		}
 		h, err := handlers.New(f.Handler, handlers.Options{HTTPTimeout: f.HTTPTimeout, Exec: f.argv})
 		if err != nil {
 			if len(specs) > 1 {
@@ -33,7 +37,10 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 			}
 			return &cli.UsageError{Err: err}
 		}
-		hs[i] = h
+		hs[i] = map[string]worker.Handler{}
+		for _, t := range f.typeList {
+			hs[i][t] = h
+		}
 	}
 
 	srv, err := conn.Connect(ctx, log)
@@ -60,7 +67,7 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 		if workers[i], err = worker.New(q, cfg); err != nil {
 			return &cli.UsageError{Err: err} // check covers what New rejects; kept as a backstop
 		}
-		log.Info().Str("url", conn.URL).Str("db", conn.DB).Str("types", f.Types).Str("handler", f.Handler).
+		log.Info().Str("url", conn.URL).Str("db", conn.DB).Str("types", f.Types).Str("handler", orDefault(f.Handler, "go")).
 			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
 	}
 	if specs[0].HealthAddr != "" {

@@ -34,7 +34,8 @@ const minLease = 100 * time.Millisecond
 type Spec struct {
 	// Types is the job types, comma-separated.
 	Types string
-	// Handler is the built-in handler's name (handlers.New).
+	// Handler is the built-in handler's name (handlers.New); empty when
+	// Handlers gives Go ones.
 	Handler string
 	// Exec is the exec handler's command line.
 	Exec            string
@@ -60,6 +61,10 @@ type Spec struct {
 	CatchUp    string
 	// HealthAddr is where the process serves its probes and metrics.
 	HealthAddr string
+	// Handlers are Go handlers by job type (package fleet), run instead of
+	// a built-in one.
+	Handlers map[string]worker.Handler
+
 	// Set records which flags were given, for those whose zero value is
 	// meaningful (--retry-delay 0 retries at once).
 	Set map[string]bool
@@ -93,7 +98,11 @@ func NewSpec() *Spec {
 
 // Check validates the settings before anything connects, and derives
 // FleetLimits, RateLimits and Schedules.
-func (f *Spec) Check() error {
+func (f *Spec) Check() error { return f.check(true) }
+
+// check is Check; a file's type table may leave the handler to Go
+// (package fleet) unless requireHandler.
+func (f *Spec) check(requireHandler bool) error {
 	if f.Types == "" {
 		return cli.Usagef("--type is required: name the job types to run, e.g. --type email,sms")
 	}
@@ -108,7 +117,7 @@ func (f *Spec) Check() error {
 			f.typeList = append(f.typeList, t)
 		}
 	}
-	if f.Handler == "" {
+	if f.Handler == "" && len(f.Handlers) == 0 && requireHandler {
 		return cli.Usagef("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
 	}
 	if f.Exec != "" {
@@ -270,10 +279,9 @@ func (f *Spec) HeartbeatInterval() time.Duration {
 	return f.Lease / worker.HeartbeatFractionDefault
 }
 
-// config is the worker configuration the settings describe; every type
-// runs the one handler h.
-func (f *Spec) config(h worker.Handler, log zerolog.Logger) worker.Config {
-	h = loggingHandler{next: h, log: log}
+// config is the worker configuration the settings describe, with hs
+// running its types.
+func (f *Spec) config(hs map[string]worker.Handler, log zerolog.Logger) worker.Config {
 	cfg := worker.Config{
 		Handlers:          map[string]worker.Handler{},
 		Concurrency:       f.Concurrency,
@@ -291,7 +299,7 @@ func (f *Spec) config(h worker.Handler, log zerolog.Logger) worker.Config {
 		Logger:            log,
 	}
 	for _, t := range f.typeList {
-		cfg.Handlers[t] = h
+		cfg.Handlers[t] = loggingHandler{next: hs[t], log: log}
 	}
 	if f.DeleteDone {
 		cfg.DeleteDone = map[string]bool{}
