@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -89,15 +90,15 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	switch {
 	case len(rest) > 0:
-		return usageErrorf("unexpected argument %q", rest[0])
+		return cli.Usagef("unexpected argument %q", rest[0])
 	case typ == "":
-		return usageErrorf("--type is required")
+		return cli.Usagef("--type is required")
 	case agent == "":
-		return usageErrorf("--as NAME is required: the agent the jobs are claimed for")
+		return cli.Usagef("--as NAME is required: the agent the jobs are claimed for")
 	case count < 1 || count > 1000:
-		return usageErrorf("invalid --count %d: from 1 to 1000", count)
+		return cli.Usagef("invalid --count %d: from 1 to 1000", count)
 	case lease <= 0:
-		return usageErrorf("invalid --lease %s: must be positive", lease)
+		return cli.Usagef("invalid --lease %s: must be positive", lease)
 	}
 	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -106,14 +107,14 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 	defer closeQueue()
 	got, err := q.ClaimForAgent(ctx, typ, count, agent, lease)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if got.Paused {
 		log.Warn().Str("type", typ).Msg("the type is paused: no new jobs claimed")
 	}
 	jobs := got.Jobs()
 	if conn.json {
-		return writeJSON(m.Stdout, jobs)
+		return cli.WriteJSON(m.Stdout, jobs)
 	}
 	for _, it := range jobs {
 		payload := string(it.Payload)
@@ -131,7 +132,7 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 // agentJob parses an agent command's flags and returns the job the agent
 // holds.
 func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage string, args []string,
-	extra func(fs *flag.FlagSet), check func() error) (q *protocol.Client, it *protocol.WorkItem, conn *connFlags, done func(), err error) {
+	extra func(fs *flag.FlagSet), check func() error) (q *protocol.Client, it *protocol.WorkItem, conn *connFlags, done func() error, err error) {
 	fs := m.newFlagSet(name, usage)
 	conn = addConnFlags(fs)
 	var agent string
@@ -145,11 +146,11 @@ func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage str
 	}
 	switch {
 	case len(rest) == 0:
-		return nil, nil, nil, nil, usageErrorf("missing job id")
+		return nil, nil, nil, nil, cli.Usagef("missing job id")
 	case len(rest) > 1:
-		return nil, nil, nil, nil, usageErrorf("unexpected argument %q (one job at a time)", rest[1])
+		return nil, nil, nil, nil, cli.Usagef("unexpected argument %q (one job at a time)", rest[1])
 	case agent == "":
-		return nil, nil, nil, nil, usageErrorf("--as NAME is required: the agent that holds the job")
+		return nil, nil, nil, nil, cli.Usagef("--as NAME is required: the agent that holds the job")
 	}
 	if check != nil {
 		if err := check(); err != nil {
@@ -163,7 +164,7 @@ func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage str
 	it, err = q.HeldJob(ctx, rest[0], agent)
 	if err != nil {
 		done()
-		return nil, nil, nil, nil, serverError(conn.url, err)
+		return nil, nil, nil, nil, cli.ServerError(conn.URL, err)
 	}
 	return q, it, conn, done, nil
 }
@@ -171,7 +172,7 @@ func (m *Main) agentJob(ctx context.Context, log zerolog.Logger, name, usage str
 // agentDone prints what an agent command did.
 func (m *Main) agentDone(conn *connFlags, it *protocol.WorkItem, what string) error {
 	if conn.json {
-		return writeJSON(m.Stdout, it)
+		return cli.WriteJSON(m.Stdout, it)
 	}
 	_, err := fmt.Fprintf(m.Stdout, "%s %s\n", what, it.ID)
 	return err
@@ -185,7 +186,7 @@ func (m *Main) runComplete(ctx context.Context, log zerolog.Logger, args []strin
 		},
 		func() error {
 			if result != "" && !json.Valid([]byte(result)) {
-				return usageErrorf("invalid --result: not JSON")
+				return cli.Usagef("invalid --result: not JSON")
 			}
 			return nil
 		})
@@ -198,7 +199,7 @@ func (m *Main) runComplete(ctx context.Context, log zerolog.Logger, args []strin
 		raw = json.RawMessage(result)
 	}
 	if err := q.Complete(ctx, it, raw); err != nil {
-		return serverError(conn.url, notHeldIfLost(err))
+		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
 	return m.agentDone(conn, it, "completed")
 }
@@ -213,7 +214,7 @@ func (m *Main) runFail(ctx context.Context, log zerolog.Logger, args []string) e
 		},
 		func() error {
 			if msg == "" {
-				return usageErrorf("--error MSG is required: say what went wrong")
+				return cli.Usagef("--error MSG is required: say what went wrong")
 			}
 			return nil
 		})
@@ -223,7 +224,7 @@ func (m *Main) runFail(ctx context.Context, log zerolog.Logger, args []string) e
 	defer done()
 	opts := protocol.FailOptions{Final: noRetry, RetryAfter: worker.DefaultRetry(it.Attempts)}
 	if err := q.Fail(ctx, it, msg, opts); err != nil {
-		return serverError(conn.url, notHeldIfLost(err))
+		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
 	what := "failed"
 	if it.Status == protocol.StatusQueued {
@@ -240,7 +241,7 @@ func (m *Main) runExtend(ctx context.Context, log zerolog.Logger, args []string)
 		},
 		func() error {
 			if lease <= 0 {
-				return usageErrorf("invalid --lease %s: must be positive", lease)
+				return cli.Usagef("invalid --lease %s: must be positive", lease)
 			}
 			return nil
 		})
@@ -249,7 +250,7 @@ func (m *Main) runExtend(ctx context.Context, log zerolog.Logger, args []string)
 	}
 	defer done()
 	if err := q.Extend(ctx, it, lease); err != nil {
-		return serverError(conn.url, notHeldIfLost(err))
+		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
 	return m.agentDone(conn, it, "extended to "+protocol.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339))
 }
@@ -261,7 +262,7 @@ func (m *Main) runRelease(ctx context.Context, log zerolog.Logger, args []string
 	}
 	defer done()
 	if err := q.Release(ctx, it, "released by agent "+it.ClaimedBy); err != nil {
-		return serverError(conn.url, notHeldIfLost(err))
+		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
 	return m.agentDone(conn, it, "released")
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -33,7 +34,7 @@ func (m *Main) runCancel(ctx context.Context, log zerolog.Logger, args []string)
 	defer closeQueue()
 	it, err := q.CancelJob(ctx, id, q.Config().Actor, reason)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if before != nil && before.Status == protocol.StatusRunning {
 		return printActed(m.Stdout, it, conn.json, "cancelled %s (it was running on %s, which stops it at its next lease renewal)", it.ID, before.ClaimedBy)

@@ -1,23 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
-	"io"
-	"net/http"
-	"os"
 	"strings"
-	"time"
 
-	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/internal/cli"
 )
 
 const enqueueUsage = `Usage:
@@ -53,40 +45,10 @@ schedules it.
 	                    for lines that do not set them. Jobs go in batches of 500.
 `
 
-// bulkBatch is how many jobs one _bulk_docs request carries.
-const bulkBatch = 500
-
-// maxLine bounds one line of a --file (CouchDB's default document limit is 8 MiB).
-const maxLine = 16 << 20
-
-// maxReported bounds how many bad lines or failed jobs are listed one by one.
-const maxReported = 10
-
-// jobSpec is one job as given on the command line or on a line of --file,
-// before its schedule is resolved.
-type jobSpec struct {
-	Type        string          `json:"type"`
-	Worker      string          `json:"worker"`
-	Payload     json.RawMessage `json:"payload"`
-	At          string          `json:"at"`
-	In          string          `json:"in"`
-	MaxAttempts *int            `json:"max_attempts"`
-	ID          string          `json:"id"`
-	UniqueKey   string          `json:"unique_key"`
-	UniqueFor   string          `json:"unique_for"`
-	Priority    *int            `json:"priority"`
-}
-
-// fileJob is a validated job of a --file and the line it came from.
-type fileJob struct {
-	line int
-	job  protocol.NewJob
-}
-
 func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("enqueue", enqueueUsage)
 	conn := addConnFlags(fs)
-	var spec jobSpec
+	var spec cli.JobSpec
 	var payload, file string
 	var maxAttempts int
 	fs.StringVar(&spec.Type, "type", "", "job type")
@@ -105,7 +67,7 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (a payload goes in --payload)", rest[0])
+		return cli.Usagef("unexpected argument %q (a payload goes in --payload)", rest[0])
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
@@ -116,7 +78,7 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	}
 	if flagSet(fs, "max-attempts") { // else lines of a --file keep their own
 		if maxAttempts < 0 {
-			return usageErrorf("invalid --max-attempts %d: must be >= 0 (0 means the workers' default)", maxAttempts)
+			return cli.Usagef("invalid --max-attempts %d: must be >= 0 (0 means the workers' default)", maxAttempts)
 		}
 		spec.MaxAttempts = &maxAttempts
 	}
@@ -124,422 +86,57 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 
 	if file != "" {
 		if payload != "" || spec.ID != "" || spec.UniqueKey != "" || spec.UniqueFor != "" {
-			return usageErrorf("--payload, --id and --unique-key name one job: with --file, put them on each line")
+			return cli.Usagef("--payload, --id and --unique-key name one job: with --file, put them on each line")
 		}
 		// Defaults are checked on their own so a bad flag is not blamed on a line.
-		if _, err := spec.schedule(now); err != nil {
-			return &usageError{err: errors.New(flagNames.Replace(err.Error()))}
+		if _, err := spec.Schedule(now); err != nil {
+			return &cli.UsageError{Err: errors.New(flagNames.Replace(err.Error()))}
 		}
-		jobs, err := m.readJobFile(file, spec, now)
+		jobs, err := cli.ReadJobFile(m.Stdin, m.Stderr, file, spec, now)
 		if err != nil {
 			return err
 		}
-		q, closeQueue, err := m.openQueue(ctx, conn, log)
+		q, closeQueue, err := conn.OpenQueue(ctx, log, m.Now)
 		if err != nil {
 			return err
 		}
 		defer closeQueue()
-		return m.enqueueFile(ctx, q, file, jobs, conn.json)
+		return cli.EnqueueFile(ctx, q, file, jobs, m.output(conn))
 	}
 
 	if payload != "" {
 		spec.Payload = json.RawMessage(payload)
-		if err := checkJSON(spec.Payload); err != nil {
-			return usageErrorf("invalid --payload: %v (want JSON, e.g. '{\"to\":\"ada@example.com\"}' or '\"text\"')", err)
+		if err := cli.CheckJSON(spec.Payload); err != nil {
+			return cli.Usagef("invalid --payload: %v (want JSON, e.g. '{\"to\":\"ada@example.com\"}' or '\"text\"')", err)
 		}
 	}
 	if spec.Type == "" {
-		return usageErrorf("--type is required (or --file)")
+		return cli.Usagef("--type is required (or --file)")
 	}
-	job, err := spec.newJob(now)
+	job, err := spec.NewJob(now)
 	if err != nil {
-		return &usageError{err: errors.New(flagNames.Replace(err.Error()))}
+		return &cli.UsageError{Err: errors.New(flagNames.Replace(err.Error()))}
 	}
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, closeQueue, err := conn.OpenQueue(ctx, log, m.Now)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
-	it, dup, err := enqueueOne(ctx, q, job)
+	it, dup, err := cli.EnqueueOne(ctx, q, job)
 	if err != nil {
 		return err
 	}
-	return printEnqueued(m.Stdout, it, dup, conn.json)
+	return cli.PrintEnqueued(m.Stdout, it, dup, conn.json)
 }
 
-// flagNames turns the JSON field names in a jobSpec error into the flags
+// flagNames turns the JSON field names in a JobSpec error into the flags
 // they came from.
 var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id",
 	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for", `"priority"`, "--priority")
-
-// enqueueOne stores job, explaining the failures a user can act on. dup
-// reports a unique job whose key was taken: it is the existing job.
-func enqueueOne(ctx context.Context, q *protocol.Client, job protocol.NewJob) (it *protocol.WorkItem, dup bool, err error) {
-	it, err = q.Enqueue(ctx, job)
-	switch {
-	case err == nil:
-		return it, false, nil
-	case errors.Is(err, protocol.ErrDuplicate):
-		return it, true, nil
-	case errors.Is(err, protocol.ErrInvalidJob):
-		return nil, false, &usageError{err: err}
-	case kivik.HTTPStatus(err) == http.StatusConflict && !isNetError(err):
-		return nil, false, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
-	}
-	return nil, false, err
-}
-
-// enqueued is a new job as printed with --json.
-type enqueued struct {
-	ID        string     `json:"id"`
-	Rev       string     `json:"rev"`
-	Type      string     `json:"type"`
-	DueAt     *time.Time `json:"due_at,omitempty"`
-	UniqueKey string     `json:"unique_key,omitempty"`
-	// Duplicate: the unique key was taken; this is the existing job.
-	Duplicate bool `json:"duplicate,omitempty"`
-}
-
-func newEnqueued(it *protocol.WorkItem, dup bool) enqueued {
-	e := enqueued{ID: it.ID, Rev: it.Rev, Type: it.Worker, UniqueKey: it.UniqueKey, Duplicate: dup}
-	if it.Date != 0 {
-		due := it.DueAt()
-		e.DueAt = &due
-	}
-	return e
-}
-
-func printEnqueued(w io.Writer, it *protocol.WorkItem, dup, asJSON bool) error {
-	switch {
-	case asJSON:
-		return writeJSON(w, newEnqueued(it, dup))
-	case dup:
-		_, err := fmt.Fprintf(w, "already queued: %s (%s)\n", it.ID, it.Status)
-		return err
-	}
-	_, err := fmt.Fprintln(w, it.ID)
-	return err
-}
-
-// newJob validates s and turns it into a protocol.NewJob; errors name the
-// JSON field at fault.
-func (s jobSpec) newJob(now time.Time) (protocol.NewJob, error) {
-	job := protocol.NewJob{Worker: s.Type, ID: s.ID, Unique: protocol.UniqueOpts{Key: s.UniqueKey}}
-	if s.Worker != "" {
-		if s.Type != "" && s.Type != s.Worker {
-			return job, fmt.Errorf(`"type" %q and "worker" %q disagree: give one of them`, s.Type, s.Worker)
-		}
-		job.Worker = s.Worker
-	}
-	if job.Worker == "" {
-		return job, errors.New(`"type" is required: the job type, e.g. "email"`)
-	}
-	if strings.HasPrefix(s.ID, "_") {
-		return job, fmt.Errorf(`invalid "id" %q: ids starting with _ are reserved by CouchDB`, s.ID)
-	}
-	if s.ID != "" && s.UniqueKey != "" {
-		return job, errors.New(`give "id" or "unique_key", not both: a unique job's id is derived from its key`)
-	}
-	if s.UniqueFor != "" {
-		d, err := time.ParseDuration(s.UniqueFor)
-		if err != nil || d < time.Second {
-			return job, fmt.Errorf(`invalid "unique_for" %q: want a duration of at least 1s, such as 1h or 24h`, s.UniqueFor)
-		}
-		if s.UniqueKey == "" {
-			return job, errors.New(`"unique_for" needs a "unique_key"`)
-		}
-		job.Unique.For = d
-	}
-	if len(s.UniqueKey) > protocol.MaxUniqueKeyLen {
-		return job, fmt.Errorf(`"unique_key" is %d bytes, at most %d`, len(s.UniqueKey), protocol.MaxUniqueKeyLen)
-	}
-	if s.UniqueKey != "" && strings.Contains(job.Worker, ":") {
-		return job, fmt.Errorf(`"type" %q cannot contain ':' in a unique job`, job.Worker)
-	}
-	if s.Priority != nil {
-		if *s.Priority < protocol.PriorityHighest || *s.Priority > protocol.PriorityLowest {
-			return job, fmt.Errorf(`invalid "priority" %d: want 1 (runs first) to 5 (last)`, *s.Priority)
-		}
-		job.Priority = *s.Priority
-	}
-	if s.MaxAttempts != nil {
-		if *s.MaxAttempts < 0 {
-			return job, fmt.Errorf("invalid max_attempts %d: must be >= 0", *s.MaxAttempts)
-		}
-		job.MaxAttempts = *s.MaxAttempts
-	}
-	if len(s.Payload) > 0 && string(s.Payload) != "null" {
-		job.Payload = s.Payload
-	}
-	at, err := s.schedule(now)
-	if err != nil {
-		return job, err
-	}
-	job.At = at
-	return job, nil
-}
-
-// schedule resolves "at" or "in" against now; the zero time means due now.
-func (s jobSpec) schedule(now time.Time) (time.Time, error) {
-	switch {
-	case s.At != "" && s.In != "":
-		return time.Time{}, errors.New(`give "at" or "in", not both`)
-	case s.At != "":
-		t, err := time.Parse(time.RFC3339, s.At)
-		if err != nil {
-			return time.Time{}, fmt.Errorf(`invalid "at" %q: want an RFC 3339 time such as 2030-01-02T15:04:05Z`, s.At)
-		}
-		return t, nil
-	case s.In != "":
-		d, err := time.ParseDuration(s.In)
-		if err != nil {
-			return time.Time{}, fmt.Errorf(`invalid "in" %q: want a duration such as 90s, 10m or 2h`, s.In)
-		}
-		if d < 0 {
-			return time.Time{}, fmt.Errorf(`invalid "in" %q: must not be negative (use "at" for a past time)`, s.In)
-		}
-		return now.Add(d), nil
-	}
-	return time.Time{}, nil
-}
-
-// checkJSON reports why b is not one JSON value.
-func checkJSON(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("more than one JSON value")
-	}
-	return nil
-}
-
-// readJobFile reads and validates every line of the --file before anything
-// is written, so a bad line never leaves half a file enqueued. Bad lines are
-// listed on stderr and make a usage error.
-func (m *Main) readJobFile(name string, defaults jobSpec, now time.Time) ([]fileJob, error) {
-	var r io.Reader = m.Stdin
-	label := "stdin"
-	if name != "-" {
-		f, err := os.Open(name)
-		if err != nil {
-			return nil, &usageError{err: fmt.Errorf("reading --file: %w", err)}
-		}
-		defer f.Close()
-		r, label = f, name
-	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
-	var jobs []fileJob
-	bad := 0
-	ids := map[string]int{}
-	for line := 1; sc.Scan(); line++ {
-		text := bytes.TrimSpace(sc.Bytes())
-		if line == 1 {
-			text = bytes.TrimPrefix(text, []byte("\uFEFF"))
-		}
-		if len(text) == 0 {
-			continue
-		}
-		job, err := parseJobLine(text, defaults, now)
-		if err == nil && job.ID != "" {
-			if first, dup := ids[job.ID]; dup {
-				err = fmt.Errorf("id %q is already used on line %d", job.ID, first)
-			}
-			ids[job.ID] = line
-		}
-		if err != nil {
-			bad++
-			if bad <= maxReported {
-				fmt.Fprintf(m.Stderr, "%s:%d: %v\n", label, line, err)
-			}
-			continue
-		}
-		jobs = append(jobs, fileJob{line: line, job: job})
-	}
-	if err := sc.Err(); err != nil {
-		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, usageErrorf("%s:%d: line longer than %d MiB; nothing was enqueued", label, len(jobs)+bad+1, maxLine>>20)
-		}
-		return nil, &usageError{err: fmt.Errorf("reading %s: %w; nothing was enqueued", label, err)}
-	}
-	if bad > maxReported {
-		fmt.Fprintf(m.Stderr, "%s: ... and %d more bad lines\n", label, bad-maxReported)
-	}
-	if bad > 0 {
-		return nil, usageErrorf("%d bad %s in %s; nothing was enqueued", bad, plural(bad, "line", "lines"), label)
-	}
-	return jobs, nil
-}
-
-// parseJobLine decodes one line strictly: an unknown field is an error,
-// since a misspelt "paylaod" would otherwise silently enqueue no payload.
-func parseJobLine(text []byte, defaults jobSpec, now time.Time) (protocol.NewJob, error) {
-	var s jobSpec
-	dec := json.NewDecoder(bytes.NewReader(text))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return protocol.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
-		}
-		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for)", field)
-		}
-		if text[0] != '{' {
-			return protocol.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
-		}
-		return protocol.NewJob{}, fmt.Errorf("invalid JSON: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return protocol.NewJob{}, errors.New("more than one JSON value on the line")
-	}
-	if s.Type == "" && s.Worker == "" {
-		s.Type = defaults.Type
-	}
-	if s.At == "" && s.In == "" {
-		s.At, s.In = defaults.At, defaults.In
-	}
-	if s.MaxAttempts == nil {
-		s.MaxAttempts = defaults.MaxAttempts
-	}
-	if s.Priority == nil {
-		s.Priority = defaults.Priority
-	}
-	return s.newJob(now)
-}
-
-func jsonKind(field string) string {
-	switch field {
-	case "max_attempts", "priority":
-		return "a whole number"
-	default:
-		return "a string"
-	}
-}
-
-// enqueueFile stores jobs in batches. Once validated, the jobs are written
-// batch by batch: a failure part way leaves earlier batches enqueued, which
-// the summary says.
-func (m *Main) enqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []fileJob, asJSON bool) error {
-	if label == "-" {
-		label = "stdin"
-	}
-	bar := newProgress(m.Stderr, m.stderrTTY, len(jobs))
-	type failure struct {
-		Line  int    `json:"line"`
-		ID    string `json:"id,omitempty"`
-		Error string `json:"error"`
-	}
-	var ids, dups []string
-	var failed []failure
-	for start := 0; start < len(jobs); start += bulkBatch {
-		batch := jobs[start:min(start+bulkBatch, len(jobs))]
-		newJobs := make([]protocol.NewJob, len(batch))
-		for i, fj := range batch {
-			newJobs[i] = fj.job
-		}
-		results, err := q.EnqueueMany(ctx, newJobs)
-		if err != nil {
-			bar.done()
-			return fmt.Errorf("%s: lines %d-%d: %w (%d jobs from earlier lines were enqueued)",
-				label, batch[0].line, batch[len(batch)-1].line, err, len(ids))
-		}
-		for i, r := range results {
-			if r.Err != nil {
-				msg := describeError(r.Err)
-				if kivik.HTTPStatus(r.Err) == http.StatusConflict {
-					msg = fmt.Sprintf("a document with id %s already exists", batch[i].job.ID)
-				}
-				failed = append(failed, failure{Line: batch[i].line, ID: batch[i].job.ID, Error: msg})
-				continue
-			}
-			if r.Duplicate {
-				dups = append(dups, r.Item.ID)
-				continue
-			}
-			ids = append(ids, r.Item.ID)
-		}
-		bar.set(start + len(batch))
-	}
-	bar.done()
-	for i, f := range failed {
-		if i == maxReported {
-			fmt.Fprintf(m.Stderr, "%s: ... and %d more failed jobs\n", label, len(failed)-maxReported)
-			break
-		}
-		fmt.Fprintf(m.Stderr, "%s:%d: %s\n", label, f.Line, f.Error)
-	}
-	if asJSON {
-		if ids == nil {
-			ids = []string{}
-		}
-		if failed == nil {
-			failed = []failure{}
-		}
-		if dups == nil {
-			dups = []string{}
-		}
-		if err := writeJSON(m.Stdout, map[string]any{"enqueued": len(ids), "failed": failed, "ids": ids,
-			"already_queued": dups}); err != nil {
-			return err
-		}
-	} else {
-		line := fmt.Sprintf("%d enqueued", len(ids))
-		if len(dups) > 0 {
-			line += fmt.Sprintf(", %d already queued (unique keys)", len(dups))
-		}
-		if len(failed) > 0 {
-			line += fmt.Sprintf(", %d failed", len(failed))
-		}
-		fmt.Fprintln(m.Stdout, line)
-	}
-	if len(failed) > 0 {
-		return fmt.Errorf("%d of %d jobs from %s failed", len(failed), len(jobs), label)
-	}
-	return nil
-}
 
 // flagSet reports whether the flag name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
-}
-
-// progress draws a one-line bar on a terminal's stderr; elsewhere it is
-// silent, so logs and pipes stay clean.
-type progress struct {
-	w     io.Writer
-	on    bool
-	total int
-}
-
-func newProgress(w io.Writer, terminal bool, total int) *progress {
-	return &progress{w: w, on: terminal && total > bulkBatch, total: total}
-}
-
-func (p *progress) set(n int) {
-	if !p.on {
-		return
-	}
-	const width = 30
-	filled := width * n / p.total
-	fmt.Fprintf(p.w, "\r[%s%s] %d/%d", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), n, p.total)
-}
-
-// done erases the bar.
-func (p *progress) done() {
-	if p.on {
-		fmt.Fprint(p.w, "\r\033[K")
-	}
 }

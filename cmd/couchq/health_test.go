@@ -30,7 +30,7 @@ var healthLine = regexp.MustCompile(`health and metrics on (http://\S+): /health
 
 // startWorker runs couchq worker with --health-addr 127.0.0.1:0 and args
 // (a later --health-addr wins) in-process and waits until it says where its health server listens.
-func startWorker(t *testing.T, c cli, args ...string) *workerRun {
+func startWorker(t *testing.T, c cmdline, args ...string) *workerRun {
 	t.Helper()
 	w := &workerRun{stderr: &couchtest.SyncBuffer{}, done: make(chan int, 1)}
 	m := NewMain(strings.NewReader(""), &couchtest.SyncBuffer{}, w.stderr)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -20,11 +21,11 @@ import (
 func oneJobID(rest []string) (string, error) {
 	switch {
 	case len(rest) == 0:
-		return "", usageErrorf("missing job ID")
+		return "", cli.Usagef("missing job ID")
 	case len(rest) > 1:
-		return "", usageErrorf("want one job ID, got %d arguments", len(rest))
+		return "", cli.Usagef("want one job ID, got %d arguments", len(rest))
 	case rest[0] == "":
-		return "", usageErrorf("empty job ID")
+		return "", cli.Usagef("empty job ID")
 	}
 	return rest[0], nil
 }
@@ -34,7 +35,7 @@ func oneJobID(rest []string) (string, error) {
 // found". The job is nil when the document is not a valid WorkItem: the
 // action then reports why, naming the field.
 func findJob(ctx context.Context, q *protocol.Client, id string) (string, *protocol.WorkItem, error) {
-	raw, id, err := readDoc(ctx, q.DB(), id)
+	raw, id, err := cli.ReadDoc(ctx, q.DB(), id)
 	if err != nil {
 		return id, nil, err
 	}
@@ -49,7 +50,7 @@ func findJob(ctx context.Context, q *protocol.Client, id string) (string, *proto
 // with --json (as show --json prints it), else the sentence given.
 func printActed(w io.Writer, it *protocol.WorkItem, asJSON bool, format string, args ...any) error {
 	if asJSON {
-		return writeJSON(w, it)
+		return cli.WriteJSON(w, it)
 	}
 	_, err := fmt.Fprintf(w, format+"\n", args...)
 	return err
@@ -75,7 +76,7 @@ func claimantAlive(ctx context.Context, q *protocol.Client, claimant string, now
 // openJob is how every one-job command (cancel, requeue) starts: parse the
 // flags, take the job ID, connect, and read the job as it is now.
 func (m *Main) openJob(ctx context.Context, fs *flag.FlagSet, conn *connFlags, args []string, log zerolog.Logger) (
-	q *protocol.Client, id string, before *protocol.WorkItem, closeQueue func(), err error) {
+	q *protocol.Client, id string, before *protocol.WorkItem, closeQueue func() error, err error) {
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return nil, "", nil, nil, err
@@ -89,7 +90,7 @@ func (m *Main) openJob(ctx context.Context, fs *flag.FlagSet, conn *connFlags, a
 	}
 	if id, before, err = findJob(ctx, q, id); err != nil {
 		closeQueue()
-		return nil, "", nil, nil, serverError(conn.url, err)
+		return nil, "", nil, nil, cli.ServerError(conn.URL, err)
 	}
 	return q, id, before, closeQueue, nil
 }

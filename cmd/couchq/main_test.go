@@ -25,15 +25,15 @@ type result struct {
 	stdout, stderr string
 }
 
-// cli runs one command in-process.
-type cli struct {
+// cmdline runs one command in-process.
+type cmdline struct {
 	env      map[string]string
 	stdin    string
 	terminal bool
 	now      func() time.Time
 }
 
-func (c cli) run(t *testing.T, args ...string) result {
+func (c cmdline) run(t *testing.T, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -42,7 +42,7 @@ func (c cli) run(t *testing.T, args ...string) result {
 
 // runContext is run until ctx ends: a long-running command (worker) stops
 // then, as on a signal.
-func (c cli) runContext(t *testing.T, ctx context.Context, args ...string) result {
+func (c cmdline) runContext(t *testing.T, ctx context.Context, args ...string) result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	m := NewMain(strings.NewReader(c.stdin), &stdout, &stderr)
@@ -56,17 +56,17 @@ func (c cli) runContext(t *testing.T, ctx context.Context, args ...string) resul
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 
-// offline is a cli whose server does not exist.
-func offline() cli {
-	return cli{env: map[string]string{"COUCHDB_URL": unreachable}}
+// offline is a cmdline whose server does not exist.
+func offline() cmdline {
+	return cmdline{env: map[string]string{"COUCHDB_URL": unreachable}}
 }
 
-// online is a cli for the test server and a database of the test's own
+// online is a cmdline for the test server and a database of the test's own
 // (dropped when the test ends; not created: see mustInit).
-func online(t *testing.T) cli {
+func online(t *testing.T) cmdline {
 	t.Helper()
 	user, password := srv.Credentials()
-	return cli{env: map[string]string{
+	return cmdline{env: map[string]string{
 		"COUCHDB_URL":      srv.URL(),
 		"COUCHDB_USER":     user,
 		"COUCHDB_PASSWORD": password,
@@ -74,7 +74,7 @@ func online(t *testing.T) cli {
 	}}
 }
 
-func (c cli) mustInit(t *testing.T) cli {
+func (c cmdline) mustInit(t *testing.T) cmdline {
 	t.Helper()
 	if r := c.run(t, "init"); r.code != 0 {
 		t.Fatalf("couchq init: exit %d: %s", r.code, r.stderr)
@@ -82,12 +82,12 @@ func (c cli) mustInit(t *testing.T) cli {
 	return c
 }
 
-func (c cli) withStdin(s string) cli {
+func (c cmdline) withStdin(s string) cmdline {
 	c.stdin = s
 	return c
 }
 
-func (c cli) withEnv(k, v string) cli {
+func (c cmdline) withEnv(k, v string) cmdline {
 	env := make(map[string]string, len(c.env)+1)
 	for key, val := range c.env {
 		env[key] = val

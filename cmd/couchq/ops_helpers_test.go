@@ -18,10 +18,10 @@ import (
 )
 
 // opsRun is opstest's known script of jobs, played in a database of the
-// test's own that couchq init prepared, with the cli on the script's clock.
+// test's own that couchq init prepared, with the cmdline on the script's clock.
 type opsRun struct {
 	*opstest.Run
-	c cli // online, database initialized, clock set
+	c cmdline // online, database initialized, clock set
 }
 
 func runOpsScript(t *testing.T) *opsRun {
@@ -46,7 +46,7 @@ type serving struct {
 
 // startServe runs couchq serve --json with args in-process and waits
 // until it listens.
-func startServe(t *testing.T, c cli, args ...string) *serving {
+func startServe(t *testing.T, c cmdline, args ...string) *serving {
 	t.Helper()
 	pr, pw := io.Pipe()
 	s := &serving{stderr: &couchtest.SyncBuffer{}, done: make(chan int, 1)}

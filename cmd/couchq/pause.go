@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/internal/cli"
 )
 
 const pauseUsage = `Usage: couchq pause TYPE [--reason TEXT] [flags]
@@ -56,11 +58,11 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 	}
 	switch {
 	case len(rest) == 0:
-		return usageErrorf("missing job TYPE")
+		return cli.Usagef("missing job TYPE")
 	case len(rest) > 1:
-		return usageErrorf("want one job TYPE, got %d", len(rest))
+		return cli.Usagef("want one job TYPE, got %d", len(rest))
 	case rest[0] == "":
-		return usageErrorf("the job TYPE must not be empty")
+		return cli.Usagef("the job TYPE must not be empty")
 	}
 	typ := rest[0]
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
@@ -74,10 +76,10 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 		err = q.Resume(ctx, typ, q.Config().Actor)
 	}
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
-		return writeJSON(m.Stdout, pauseResult{Type: typ, Paused: paused})
+		return cli.WriteJSON(m.Stdout, pauseResult{Type: typ, Paused: paused})
 	}
 	if paused {
 		_, err = fmt.Fprintf(m.Stdout, "paused %s: its workers stop claiming it; the jobs they hold finish\n", typ)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -26,11 +27,11 @@ func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []strin
 	}
 	switch {
 	case len(rest) == 0:
-		return usageErrorf("missing subcommand: want 'couchq periodic ls'")
+		return cli.Usagef("missing subcommand: want 'couchq periodic ls'")
 	case rest[0] != "ls":
-		return usageErrorf("unknown subcommand %q: want 'couchq periodic ls'", rest[0])
+		return cli.Usagef("unknown subcommand %q: want 'couchq periodic ls'", rest[0])
 	case len(rest) > 1:
-		return usageErrorf("unexpected argument %q", rest[1])
+		return cli.Usagef("unexpected argument %q", rest[1])
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -39,20 +40,20 @@ func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []strin
 	defer closeQueue()
 	states, err := q.PeriodicStates(ctx)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
 		if states == nil {
 			states = []protocol.PeriodicState{}
 		}
-		return writeJSON(m.Stdout, states)
+		return cli.WriteJSON(m.Stdout, states)
 	}
 	if len(states) == 0 {
 		_, err := fmt.Fprintln(m.Stdout, "no periodic schedules")
 		return err
 	}
 	now := m.Now()
-	tw := newTable(m.Stdout)
+	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintln(tw, "NAME\tTYPE\tSCHEDULE\tLAST TICK\tNEXT TICK\tLAST JOB")
 	for _, st := range states {
 		lastJob := st.LastJob
@@ -60,7 +61,7 @@ func (m *Main) runPeriodic(ctx context.Context, log zerolog.Logger, args []strin
 			lastJob = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", st.Name, st.Worker, st.Schedule,
-			timeAndAgo(protocol.FromUnix(st.LastTick), now), timeAndAgo(protocol.FromUnix(st.NextTick), now), lastJob)
+			cli.TimeAndAgo(protocol.FromUnix(st.LastTick), now), cli.TimeAndAgo(protocol.FromUnix(st.NextTick), now), lastJob)
 	}
 	return tw.Flush()
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -42,20 +43,20 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (choose jobs with --status, --older-than and --type)", rest[0])
+		return cli.Usagef("unexpected argument %q (choose jobs with --status, --older-than and --type)", rest[0])
 	}
 	st := protocol.Status(status)
 	switch {
 	case status == "":
-		return usageErrorf("--status is required: done, failed or cancelled")
+		return cli.Usagef("--status is required: done, failed or cancelled")
 	case !st.Terminal():
-		return usageErrorf("invalid --status %q: only finished jobs are purged (done, failed or cancelled); cancel queued or running jobs first", status)
+		return cli.Usagef("invalid --status %q: only finished jobs are purged (done, failed or cancelled); cancel queued or running jobs first", status)
 	case olderThan == "":
-		return usageErrorf("--older-than is required, e.g. 7d (0s purges every %s job)", status)
+		return cli.Usagef("--older-than is required, e.g. 7d (0s purges every %s job)", status)
 	}
 	age, err := protocol.ParseAge(olderThan)
 	if err != nil {
-		return usageErrorf("invalid --older-than %q: %v", olderThan, err)
+		return cli.Usagef("invalid --older-than %q: %v", olderThan, err)
 	}
 	q, log, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -73,7 +74,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 		// query, where an exact count of the old ones would read them all.
 		// The bar may end short when newer jobs are left alone.
 		if bar.total, err = countStatus(ctx, q, st, typ); err != nil {
-			return serverError(conn.url, err)
+			return cli.ServerError(conn.URL, err)
 		}
 		bar.on = bar.total > 0
 	}
@@ -81,7 +82,7 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 	deleted, err := q.Purge(ctx, protocol.PurgeOptions{Status: st, OlderThan: age, Worker: typ, Progress: bar.set})
 	bar.done()
 	if err != nil {
-		return fmt.Errorf("purging %s jobs (%d deleted before this): %w", what, deleted, serverError(conn.url, err))
+		return fmt.Errorf("purging %s jobs (%d deleted before this): %w", what, deleted, cli.ServerError(conn.URL, err))
 	}
 	delCount, known, err := q.Tombstones(ctx)
 	if err != nil {
@@ -95,20 +96,20 @@ func (m *Main) runPurge(ctx context.Context, log zerolog.Logger, args []string) 
 		if known {
 			out["doc_del_count"] = delCount
 		}
-		return writeJSON(m.Stdout, out)
+		return cli.WriteJSON(m.Stdout, out)
 	}
-	jobs := plural(deleted, "job", "jobs")
+	jobs := cli.Plural(deleted, "job", "jobs")
 	fmt.Fprintf(m.Stdout, "deleted %d %s %s that finished before %s (older than %s)\n",
 		deleted, what, jobs, cutoff.UTC().Format("2006-01-02 15:04:05Z"), olderThan)
 	if deleted == 0 {
 		return nil
 	}
-	tomb := fmt.Sprintf("left %d %s behind", deleted, plural(deleted, "tombstone", "tombstones"))
+	tomb := fmt.Sprintf("left %d %s behind", deleted, cli.Plural(deleted, "tombstone", "tombstones"))
 	if known {
-		tomb += fmt.Sprintf("; database %s now holds %d deleted documents (doc_del_count)", conn.db, delCount)
+		tomb += fmt.Sprintf("; database %s now holds %d deleted documents (doc_del_count)", conn.DB, delCount)
 	}
 	fmt.Fprintln(m.Stdout, tomb)
-	_, err = fmt.Fprintf(m.Stdout, "hint: compact %s to reclaim their space (POST /%s/_compact); tombstones stay until the database is dropped, so rotating a busy queue to a fresh database beats purging it\n", conn.db, conn.db)
+	_, err = fmt.Fprintf(m.Stdout, "hint: compact %s to reclaim their space (POST /%s/_compact); tombstones stay until the database is dropped, so rotating a busy queue to a fresh database beats purging it\n", conn.DB, conn.DB)
 	return err
 }
 

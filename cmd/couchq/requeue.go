@@ -6,6 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -38,7 +39,7 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 	if before != nil && before.Status == protocol.StatusRunning && before.ClaimedBy != "" && !force {
 		alive, _, age, err := claimantAlive(ctx, q, before.ClaimedBy, m.Now())
 		if err != nil {
-			return serverError(conn.url, fmt.Errorf("requeueing job %s: checking its worker: %w", id, err))
+			return cli.ServerError(conn.URL, fmt.Errorf("requeueing job %s: checking its worker: %w", id, err))
 		}
 		if alive {
 			return fmt.Errorf("requeueing job %s: %w: its worker %s is alive (last heartbeat %s ago); requeueing would run it twice at once (--force to do it anyway)",
@@ -47,7 +48,7 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 	}
 	it, err := q.Requeue(ctx, id, q.Config().Actor)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if before != nil && before.ClaimedBy != "" {
 		return printActed(m.Stdout, it, conn.json, "requeued %s (it was claimed by %s; attempt %d stays counted)", it.ID, before.ClaimedBy, it.Attempts)

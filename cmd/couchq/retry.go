@@ -6,6 +6,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -38,11 +39,11 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 	var id string
 	switch {
 	case failed && len(rest) > 0:
-		return usageErrorf("give either a job ID or --failed --type TYPE, not both")
+		return cli.Usagef("give either a job ID or --failed --type TYPE, not both")
 	case failed && typ == "":
-		return usageErrorf("--failed needs --type: failed jobs are retried one type at a time")
+		return cli.Usagef("--failed needs --type: failed jobs are retried one type at a time")
 	case !failed && typ != "":
-		return usageErrorf("--type goes with --failed (to retry one job, give its ID)")
+		return cli.Usagef("--type goes with --failed (to retry one job, give its ID)")
 	case !failed:
 		if id, err = oneJobID(rest); err != nil {
 			return err
@@ -57,22 +58,22 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 	if failed {
 		n, err := q.RetryFailed(ctx, typ, q.Config().Actor, nil)
 		if err != nil {
-			return fmt.Errorf("retrying failed %s jobs (%d retried before this): %w", typ, n, serverError(conn.url, err))
+			return fmt.Errorf("retrying failed %s jobs (%d retried before this): %w", typ, n, cli.ServerError(conn.URL, err))
 		}
 		if conn.json {
-			return writeJSON(m.Stdout, map[string]any{"type": typ, "retried": n})
+			return cli.WriteJSON(m.Stdout, map[string]any{"type": typ, "retried": n})
 		}
-		_, err = fmt.Fprintf(m.Stdout, "retried %d failed %s %s\n", n, typ, plural(n, "job", "jobs"))
+		_, err = fmt.Fprintf(m.Stdout, "retried %d failed %s %s\n", n, typ, cli.Plural(n, "job", "jobs"))
 		return err
 	}
 
 	id, _, err = findJob(ctx, q, id)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	it, err := q.Retry(ctx, id, q.Config().Actor)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	return printActed(m.Stdout, it, conn.json, "retried %s: %s, due now, attempts reset (max %d)", it.ID, protocol.StatusQueued, q.MaxAttempts(it))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -158,30 +159,20 @@ func (m *Main) fillDefaults() {
 // exit prints err, if any, as one line prefixed with the command, and maps
 // it to an exit code.
 func (m *Main) exit(name string, err error) int {
-	var ue *usageError
+	var ue *cli.UsageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(m.Stderr, "couchq %s: %v (run 'couchq help %s' for usage)\n", name, ue.err, name)
+		fmt.Fprintf(m.Stderr, "couchq %s: %v (run 'couchq help %s' for usage)\n", name, ue.Err, name)
 		return exitUsage
 	case errors.Is(err, protocol.ErrNotHeld):
-		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
+		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, cli.DescribeError(err))
 		return exitNotHeld
 	default:
-		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, describeError(err))
+		fmt.Fprintf(m.Stderr, "couchq %s: %s\n", name, cli.DescribeError(err))
 		return exitFailure
 	}
-}
-
-// usageError marks a mistake on the command line or in its input: exit 2.
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-func usageErrorf(format string, args ...any) error {
-	return &usageError{err: fmt.Errorf(format, args...)}
 }
 
 func (m *Main) runHelp(args []string) int {

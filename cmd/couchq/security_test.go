@@ -48,7 +48,7 @@ func writePassword(t *testing.T, password string) string {
 }
 
 // as is c connecting as another user, the password in a file.
-func (c cli) as(t *testing.T, name, password string) cli {
+func (c cmdline) as(t *testing.T, name, password string) cmdline {
 	t.Helper()
 	return c.withEnv("COUCHDB_USER", name).withEnv("COUCHDB_PASSWORD", "").withEnv("COUCHDB_PASSWORD_FILE", writePassword(t, password))
 }
@@ -119,7 +119,7 @@ func TestMemberWithoutDesignDocument(t *testing.T) {
 }
 
 // put writes a raw document (or _security) as the admin.
-func (c cli) put(t *testing.T, db, id, body string) {
+func (c cmdline) put(t *testing.T, db, id, body string) {
 	t.Helper()
 	u := c.env["COUCHDB_URL"] + "/" + url.PathEscape(db) + "/" + id
 	req, err := http.NewRequest(http.MethodPut, u, strings.NewReader(body))

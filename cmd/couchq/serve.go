@@ -5,16 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	stdlog "log"
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/opshttp"
 )
@@ -63,16 +62,10 @@ A Go service can serve the same endpoints on its own mux: they are the
 package github.com/couchq/couchq/opshttp.
 `
 
-// HTTP server limits: reading a request is quick or hostile; writing may
-// wait for one refresh from CouchDB (opshttp.Config.RefreshTimeout, which
-// serve leaves at its default).
-const (
-	serveReadHeaderTimeout = 5 * time.Second
-	serveReadTimeout       = 10 * time.Second
-	serveWriteTimeout      = opshttp.RefreshTimeoutDefault + 15*time.Second
-	serveIdleTimeout       = 2 * time.Minute
-	serveShutdownTimeout   = 10 * time.Second
-)
+// serveWriteTimeout bounds writing an answer: it may wait for one refresh
+// from CouchDB (opshttp.Config.RefreshTimeout, which serve leaves at its
+// default).
+const serveWriteTimeout = opshttp.RefreshTimeoutDefault + 15*time.Second
 
 func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("serve", serveUsage)
@@ -87,21 +80,21 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (the address goes in --addr)", rest[0])
+		return cli.Usagef("unexpected argument %q (the address goes in --addr)", rest[0])
 	}
-	host, err := checkListenAddr("addr", addr, "127.0.0.1:9090")
+	host, err := cli.CheckListenAddr("addr", addr, "127.0.0.1:9090")
 	if err != nil {
 		return err
 	}
 	if cache < 0 || settle < 0 {
-		return usageErrorf("--cache and --settle must not be negative")
+		return cli.Usagef("--cache and --settle must not be negative")
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
 	}
 	log = log.Level(conn.level)
 
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, closeQueue, err := conn.OpenQueue(ctx, log, m.Now)
 	if err != nil {
 		return err
 	}
@@ -114,17 +107,17 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// The actions check the credentials a request carries against the
 	// server's /_session, reached as serve reaches it but without serve's
 	// own credentials.
-	hc, err := m.httpClient(conn, log)
+	hc, err := conn.HTTPClient(log)
 	if err != nil {
 		return err
 	}
-	couchURL, err := url.Parse(protocol.SplitNodeURLs(conn.rawURL)[0])
+	couchURL, err := url.Parse(protocol.SplitNodeURLs(conn.RawURL)[0])
 	if err != nil {
-		return usageErrorf("invalid --url %q", conn.url)
+		return cli.Usagef("invalid --url %q", conn.URL)
 	}
 	couchURL.User = nil
 
-	if !isLoopback(host) {
+	if !cli.IsLoopback(host) {
 		log.Warn().Str("addr", ln.Addr().String()).
 			Msg("listening on an address that is not loopback: only the dashboard's actions authenticate, and /api/jobs shows job payloads; put a proxy or firewall in front")
 	}
@@ -132,23 +125,23 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
 	// period ends: a scrape in flight is answered, not cut off.
 	reqCtx := context.WithoutCancel(ctx)
-	srv := newHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, (*couchq.Client)(q), opshttp.Config{
+	srv := cli.NewHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, (*couchq.Client)(q), opshttp.Config{
 		CacheTTL: zeroIsNone(cache),
 		Settle:   zeroIsNone(settle),
 		Now:      m.Now,
 		Logger:   log,
 		// Say where the server is when it cannot be reached, as
 		// every command does.
-		ErrorMessage: func(err error) string { return describeError(serverError(conn.url, err)) },
+		ErrorMessage: func(err error) string { return cli.DescribeError(cli.ServerError(conn.URL, err)) },
 		CouchURL:     couchURL.String(),
 		HTTPClient:   hc,
 	}), serveWriteTimeout, log)
 	base := "http://" + ln.Addr().String()
 	if conn.json {
 		// One line, so that whatever started serve can read it as it comes.
-		err = json.NewEncoder(m.Stdout).Encode(map[string]string{"listening": base, "metrics": base + "/metrics", "database": conn.db})
+		err = json.NewEncoder(m.Stdout).Encode(map[string]string{"listening": base, "metrics": base + "/metrics", "database": conn.DB})
 	} else {
-		_, err = fmt.Fprintf(m.Stdout, "serving %s: the dashboard at %s/, metrics at %s/metrics\n", conn.db, base, base)
+		_, err = fmt.Fprintf(m.Stdout, "serving %s: the dashboard at %s/, metrics at %s/metrics\n", conn.DB, base, base)
 	}
 	if err != nil {
 		_ = ln.Close()
@@ -162,7 +155,7 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		return fmt.Errorf("serving on %s: %w", base, err)
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(reqCtx, serveShutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(reqCtx, cli.ServeShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		_ = srv.Close()
@@ -172,45 +165,6 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		return fmt.Errorf("serving on %s: %w", base, err)
 	}
 	return nil
-}
-
-// checkListenAddr validates a HOST:PORT flag before anything listens and
-// returns its host.
-func checkListenAddr(flagName, addr, example string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", usageErrorf("invalid --%s %q: want HOST:PORT, e.g. %s", flagName, addr, example)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		return "", usageErrorf("invalid --%s %q: port %q is not a number from 0 to 65535", flagName, addr, port)
-	}
-	return host, nil
-}
-
-// newHTTPServer is the HTTP server of serve and of worker --health-addr:
-// reading a request is quick or hostile, writing takes up to writeTimeout,
-// and requests run on ctx, which outlives an interrupt until Shutdown's
-// grace period ends, so that a scrape in flight is answered.
-func newHTTPServer(ctx context.Context, h http.Handler, writeTimeout time.Duration, log zerolog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: serveReadHeaderTimeout,
-		ReadTimeout:       serveReadTimeout,
-		WriteTimeout:      writeTimeout,
-		IdleTimeout:       serveIdleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger(), "", 0),
-	}
-}
-
-// isLoopback reports whether a listen host reaches only this machine. An
-// empty host listens on every interface.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // zeroIsNone maps a flag's 0s, which means none, to opshttp.Config's

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -32,7 +33,7 @@ func TestInitIsIdempotent(t *testing.T) {
 	}
 	r = c.run(t, "init", "--json")
 	expect(t, r, exitOK)
-	var res initResult
+	var res cli.InitResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 		t.Fatalf("init --json: %v: %q", err, r.stdout)
 	}
@@ -54,7 +55,7 @@ func TestInitValidationSwitch(t *testing.T) {
 	}
 	r = c.run(t, "init", "--json")
 	expect(t, r, exitOK)
-	var res initResult
+	var res cli.InitResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "off" || res.DesignDoc != "unchanged" {
 		t.Errorf("init after --validation off: %v %+v", err, res)
 	}
@@ -78,7 +79,7 @@ func TestInitLanguage(t *testing.T) {
 	expect(t, c.run(t, "init", "--language", "quickjs"), exitUsage, `language must be javascript or javascript_quickjs, not "quickjs"`)
 	r := c.run(t, "init", "--language", "javascript", "--json")
 	expect(t, r, exitOK)
-	var res initResult
+	var res cli.InitResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Language != "javascript" || res.DesignDoc != "created" {
 		t.Errorf("init --language javascript: %v %+v", err, res)
 	}
@@ -110,7 +111,7 @@ func TestEnqueueListShow(t *testing.T) {
 
 	r = c.run(t, "enqueue", "--type", "report", "--in", "1h", "--max-attempts", "3", "--id", "report-1", "--json")
 	expect(t, r, exitOK)
-	var e enqueued
+	var e cli.Enqueued
 	if err := json.Unmarshal([]byte(r.stdout), &e); err != nil {
 		t.Fatalf("enqueue --json: %v: %q", err, r.stdout)
 	}
@@ -385,7 +386,7 @@ func TestDemoLocalServer(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed: the demo cannot start PouchDB Server")
 	}
-	r := cli{env: map[string]string{}}.run(t, "demo")
+	r := cmdline{env: map[string]string{}}.run(t, "demo")
 	expect(t, r, exitOK)
 	for _, want := range []string{"==> Starting PouchDB Server", "listening on http://127.0.0.1:", "==> couchq ls", "Stopped PouchDB Server"} {
 		if !strings.Contains(r.stdout, want) {
@@ -458,7 +459,7 @@ func TestEnqueueUniqueKey(t *testing.T) {
 	}
 	r = c.run(t, "enqueue", "--type", "digest", "--unique-key", "user-42", "--json")
 	expect(t, r, exitOK)
-	var e enqueued
+	var e cli.Enqueued
 	if err := json.Unmarshal([]byte(r.stdout), &e); err != nil || !e.Duplicate || e.UniqueKey != "user-42" || e.ID != "job:unique:digest:user-42" {
 		t.Fatalf("unique enqueue --json: %+v %v: %q", e, err, r.stdout)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -59,11 +60,11 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	if len(rest) < 2 {
-		return usageErrorf("want 'couchq slots ls|reserve|release SEQ ...'")
+		return cli.Usagef("want 'couchq slots ls|reserve|release SEQ ...'")
 	}
 	sub, seqName := rest[0], rest[1]
 	if seqName == "" || strings.ContainsAny(seqName, ":") {
-		return usageErrorf("invalid sequence name %q: non-empty, without ':'", seqName)
+		return cli.Usagef("invalid sequence name %q: non-empty, without ':'", seqName)
 	}
 	if holder == "" {
 		holder = "cli:" + m.Getenv("USER")
@@ -71,20 +72,20 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	switch sub {
 	case "ls", "reserve":
 		if len(rest) > 2 {
-			return usageErrorf("unexpected argument %q", rest[2])
+			return cli.Usagef("unexpected argument %q", rest[2])
 		}
 	case "release":
 		if len(rest) != 3 {
-			return usageErrorf("want 'couchq slots release SEQ SLOT'")
+			return cli.Usagef("want 'couchq slots release SEQ SLOT'")
 		}
 	default:
-		return usageErrorf("unknown subcommand %q: want ls, reserve or release", sub)
+		return cli.Usagef("unknown subcommand %q: want ls, reserve or release", sub)
 	}
 	if ttl <= 0 || limit < 1 {
-		return usageErrorf("--ttl must be positive and --limit at least 1")
+		return cli.Usagef("--ttl must be positive and --limit at least 1")
 	}
 	if strings.Count(format, "%") != 1 || !strings.Contains(format, "d") {
-		return usageErrorf("invalid --format %q: want one number verb, e.g. %%d or AAAA-%%04d", format)
+		return cli.Usagef("invalid --format %q: want one number verb, e.g. %%d or AAAA-%%04d", format)
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -95,10 +96,10 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	case "reserve":
 		r, err := q.Reserve(ctx, protocol.NumberedSequence(seqName, format, start, ttl), holder)
 		if err != nil {
-			return serverError(conn.url, err)
+			return cli.ServerError(conn.URL, err)
 		}
 		if conn.json {
-			return writeJSON(m.Stdout, r)
+			return cli.WriteJSON(m.Stdout, r)
 		}
 		_, err = fmt.Fprintln(m.Stdout, r.Slot)
 		return err
@@ -108,7 +109,7 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 			if errors.Is(err, protocol.ErrNotFound) {
 				return fmt.Errorf("slot %s of %s was never reserved", rest[2], seqName)
 			}
-			return serverError(conn.url, err)
+			return cli.ServerError(conn.URL, err)
 		}
 		if r.State != protocol.SlotReserved {
 			return fmt.Errorf("slot %s of %s is %s, not reserved", r.Slot, seqName, r.State)
@@ -127,27 +128,27 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 			err = q.ReleaseSlot(ctx, r)
 		}
 		if err != nil {
-			return serverError(conn.url, err)
+			return cli.ServerError(conn.URL, err)
 		}
 		if conn.json {
-			return writeJSON(m.Stdout, r)
+			return cli.WriteJSON(m.Stdout, r)
 		}
 		_, err = fmt.Fprintf(m.Stdout, "%s %s\n", what, r.Slot)
 		return err
 	}
 	list, err := q.Reservations(ctx, seqName, limit)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	last, err := q.LastUsed(ctx, seqName)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
 		if list == nil {
 			list = []protocol.Reservation{}
 		}
-		return writeJSON(m.Stdout, map[string]any{"sequence": seqName, "last_used": last, "slots": list})
+		return cli.WriteJSON(m.Stdout, map[string]any{"sequence": seqName, "last_used": last, "slots": list})
 	}
 	now := m.Now()
 	if last == "" {
@@ -157,12 +158,12 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	if len(list) == 0 {
 		return nil
 	}
-	tw := newTable(m.Stdout)
+	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintln(tw, "SLOT\tSTATE\tHOLDER\tUNTIL")
 	for _, r := range list {
 		state, until := r.State, "-"
 		if r.State == protocol.SlotReserved {
-			until = timeAndAgo(protocol.FromUnix(r.ExpiresAt), now)
+			until = cli.TimeAndAgo(protocol.FromUnix(r.ExpiresAt), now)
 			if r.Expired(now) {
 				state = "expired"
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -45,7 +46,7 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (choose a type with --type)", rest[0])
+		return cli.Usagef("unexpected argument %q (choose a type with --type)", rest[0])
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
@@ -55,17 +56,17 @@ func (m *Main) runStats(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return flagError(err)
 	}
-	q, closeQueue, err := m.openQueue(ctx, conn, log)
+	q, closeQueue, err := conn.OpenQueue(ctx, log, m.Now)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
 	st, err := forms.Stats(ctx, q, opts)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
-		return writeJSON(m.Stdout, st)
+		return cli.WriteJSON(m.Stdout, st)
 	}
 	return printStats(m.Stdout, st)
 }
@@ -77,12 +78,12 @@ func flagError(err error) error {
 	var we *forms.WindowError
 	switch {
 	case errors.As(err, &pe):
-		return usageErrorf("invalid --%s %q: %v", pe.Param, pe.Value, pe.Err)
+		return cli.Usagef("invalid --%s %q: %v", pe.Param, pe.Value, pe.Err)
 	case errors.As(err, &we):
-		return usageErrorf("--since %s is not before --until %s",
+		return cli.Usagef("--since %s is not before --until %s",
 			we.Since.UTC().Format(time.RFC3339), we.Until.UTC().Format(time.RFC3339))
 	}
-	return &usageError{err: err}
+	return &cli.UsageError{Err: err}
 }
 
 // printStats writes the report as tables.
@@ -93,7 +94,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 	if len(st.Types) == 0 {
 		fmt.Fprintln(w, "no jobs")
 	} else {
-		tw := newTable(w)
+		tw := cli.NewTable(w)
 		fmt.Fprintln(tw, "TYPE\tADDED\tSTARTED\tFINISHED\tFAILED\tRETRIED\tTHROUGHPUT")
 		for _, t := range st.Types {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", t.Type, t.Added, t.Started, t.Finished, t.Failed, t.Retried, fmtRate(t.Throughput))
@@ -102,7 +103,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 			return err
 		}
 		fmt.Fprintln(w)
-		tw = newTable(w)
+		tw = cli.NewTable(w)
 		fmt.Fprintln(tw, "TYPE\tTIME\tCOUNT\tMIN\tMEAN\tP50\tP95\tMAX")
 		for _, t := range st.Types {
 			for i, s := range []struct {
@@ -120,7 +121,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 			return err
 		}
 		fmt.Fprintln(w)
-		tw = newTable(w)
+		tw = cli.NewTable(w)
 		anyPaused := false
 		for _, t := range st.Types {
 			anyPaused = anyPaused || t.Queue.Paused
@@ -147,11 +148,11 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 	}
 	fmt.Fprintln(w)
 	if len(st.Periodic) > 0 {
-		tw := newTable(w)
+		tw := cli.NewTable(w)
 		fmt.Fprintln(tw, "PERIODIC\tTYPE\tSCHEDULE\tLAST TICK\tNEXT TICK")
 		for _, p := range st.Periodic {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Worker, p.Schedule,
-				timeAndAgo(protocol.FromUnix(p.LastTick), st.Until), timeAndAgo(protocol.FromUnix(p.NextTick), st.Until))
+				cli.TimeAndAgo(protocol.FromUnix(p.LastTick), st.Until), cli.TimeAndAgo(protocol.FromUnix(p.NextTick), st.Until))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -162,7 +163,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 		_, err := fmt.Fprintln(w, "no workers registered")
 		return err
 	}
-	tw := newTable(w)
+	tw := cli.NewTable(w)
 	fmt.Fprintln(tw, "WORKER\tTYPES\tRUNNING\tTHROUGHPUT\tUTILIZATION\tALIVE")
 	for _, wk := range st.Workers {
 		alive := "yes"

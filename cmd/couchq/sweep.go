@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/internal/cli"
 )
 
 const sweepUsage = `Usage: couchq sweep [--limit N] [flags]
@@ -43,10 +45,10 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q", rest[0])
+		return cli.Usagef("unexpected argument %q", rest[0])
 	}
 	if limit < 1 {
-		return usageErrorf("invalid --limit %d: must be at least 1", limit)
+		return cli.Usagef("invalid --limit %d: must be at least 1", limit)
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -55,14 +57,14 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	defer closeQueue()
 	res, err := q.Sweep(ctx, q.Config().Actor, limit)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	out := sweepResult{
 		Requeued: res.Requeued, Failed: res.Failed, Lost: res.Lost, Malformed: res.Malformed,
 		More: res.Requeued+res.Failed+res.Lost+res.Malformed >= limit,
 	}
 	if conn.json {
-		return writeJSON(m.Stdout, out)
+		return cli.WriteJSON(m.Stdout, out)
 	}
 	line := fmt.Sprintf("requeued %d, failed %d, lost %d", out.Requeued, out.Failed, out.Lost)
 	if out.Malformed > 0 {

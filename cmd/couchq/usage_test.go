@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 )
 
 // Usage errors are caught before any request: every case runs against a
@@ -154,54 +153,6 @@ func TestScrubbing(t *testing.T) {
 		if strings.Contains(buf.String(), leak) {
 			t.Errorf("scrubbed output %q still contains %q", buf.String(), leak)
 		}
-	}
-}
-
-func TestRelTime(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, tc := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{0, "now"},
-		{400 * time.Millisecond, "now"},
-		{2 * time.Second, "in 2s"},
-		{-90 * time.Second, "1m30s ago"},
-		{48 * time.Hour, "2030-01-04 03:04Z"},
-	} {
-		if got := relTime(now.Add(tc.d), now); got != tc.want {
-			t.Errorf("relTime(now%+v) = %q, want %q", tc.d, got, tc.want)
-		}
-	}
-}
-
-func TestOneLine(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"boom":                    "boom",
-		"  boom\nstack trace\n":   "boom …",
-		strings.Repeat("é", 60):   strings.Repeat("é", 9) + "…",
-		"":                        "",
-		"exactly ten":             "exactly t…",
-		strings.Repeat("x", 10):   strings.Repeat("x", 10),
-		"short\n" + "second line": "short …",
-	} {
-		if got := oneLine(in, 10); got != want {
-			t.Errorf("oneLine(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestIndentWriter(t *testing.T) {
-	t.Parallel()
-	var buf bytes.Buffer
-	w := &indentWriter{w: &buf, prefix: "  "}
-	for _, part := range []string{"a\nb", "c\n\n", "d\n"} {
-		_, _ = w.Write([]byte(part))
-	}
-	if got, want := buf.String(), "  a\n  bc\n\n  d\n"; got != want {
-		t.Errorf("got %q, want %q", got, want)
 	}
 }
 

@@ -2,23 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
-	"unicode"
+	"io"
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchq/couchq/couchq"
-	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
-	"github.com/couchq/couchq/worker"
+	"github.com/couchq/couchq/internal/workerset"
 )
 
 const workerUsage = `Usage: couchq worker --type T[,T2...] --handler NAME [flags]
@@ -141,131 +133,83 @@ Timings, mostly for tests and demos:
 	                       attempt^4 seconds plus jitter
 `
 
-// minLease is the shortest --lease: below it the heartbeat (lease/3) and
-// the sweep (lease/2) would round to nothing, and no server answers fast
-// enough to renew such a lease anyway.
-const minLease = 100 * time.Millisecond
-
-// workerFlags are couchq worker's own flags, validated by check.
-type workerFlags struct {
-	types           string
-	handler         string
-	exec            string
-	httpTimeout     time.Duration
-	concurrency     int
-	lease           time.Duration
-	drain           bool
-	deleteDone      bool
-	maxAttempts     int
-	shutdownTimeout time.Duration
-	heartbeat       time.Duration
-	sweepInterval   time.Duration
-	feedTimeout     time.Duration
-	queryTimeout    time.Duration
-	fallbackPoll    time.Duration
-	retryDelay      time.Duration
-	periodic        repeatedFlag
-	rates           repeatedFlag
-	fleet           repeatedFlag
-	// fleetLimits is --fleet-concurrency parsed.
-	fleetLimits map[string]int
-	// rateLimits is --rate parsed.
-	rateLimits map[string]protocol.RateLimit
-	periodicTZ string
-	catchUp    string
-	// healthAddr is --health-addr; healthHost its host, checked.
-	healthAddr string
-	healthHost string
-	// schedules is --periodic parsed.
-	schedules []protocol.Periodic
-
-	// set records which flags were given, for those whose zero value is
-	// meaningful (--retry-delay 0 retries at once).
-	set map[string]bool
-	// typeList is --type split and checked.
-	typeList []string
-	// argv is --exec split into words.
-	argv []string
-}
-
 func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("worker", workerUsage)
 	conn := addConnFlags(fs)
 	// Operators watching a worker want to see its claims and failures.
 	conn.logLevel = "info"
-	f := &workerFlags{}
-	fs.StringVar(&f.types, "type", "", "job types")
-	fs.StringVar(&f.handler, "handler", "", "built-in handler")
-	fs.StringVar(&f.exec, "exec", "", "command for the exec handler")
-	fs.DurationVar(&f.httpTimeout, "http-timeout", handlers.DefaultHTTPTimeout, "HTTP request timeout")
-	fs.IntVar(&f.concurrency, "concurrency", worker.ConcurrencyDefault, "jobs of each type at once")
-	fs.DurationVar(&f.lease, "lease", worker.LeaseDurationDefault, "lease duration")
-	fs.BoolVar(&f.drain, "drain", false, "exit when no due work remains")
-	fs.BoolVar(&f.deleteDone, "delete-done", false, "delete finished jobs")
-	fs.IntVar(&f.maxAttempts, "max-attempts", protocol.MaxAttemptsDefault, "default attempts per job")
-	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", worker.ShutdownTimeoutDefault, "grace for running jobs")
-	fs.DurationVar(&f.heartbeat, "heartbeat", 0, "heartbeat interval")
-	fs.DurationVar(&f.sweepInterval, "sweep-interval", 0, "sweep interval")
-	fs.DurationVar(&f.feedTimeout, "feed-timeout", worker.FeedTimeoutDefault, "changes long-poll timeout")
-	fs.DurationVar(&f.queryTimeout, "query-timeout", worker.QueryTimeoutDefault, "due query and sweep timeout")
-	fs.DurationVar(&f.fallbackPoll, "fallback-poll", worker.FallbackPollDefault, "fallback poll interval")
-	fs.DurationVar(&f.retryDelay, "retry-delay", 0, "fixed retry delay")
-	fs.Var(&f.periodic, "periodic", "periodic schedule TYPE=SPEC")
-	fs.Var(&f.rates, "rate", "rate limit TYPE=N/PER")
-	fs.Var(&f.fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
-	fs.StringVar(&f.periodicTZ, "periodic-tz", "UTC", "time zone of cron schedules")
-	fs.StringVar(&f.catchUp, "catch-up", "once", "missed ticks: once or all")
+	f := workerset.NewSpec()
+	fs.StringVar(&f.Types, "type", "", "job types")
+	fs.StringVar(&f.Handler, "handler", "", "built-in handler")
+	fs.StringVar(&f.Exec, "exec", "", "command for the exec handler")
+	fs.DurationVar(&f.HTTPTimeout, "http-timeout", f.HTTPTimeout, "HTTP request timeout")
+	fs.IntVar(&f.Concurrency, "concurrency", f.Concurrency, "jobs of each type at once")
+	fs.DurationVar(&f.Lease, "lease", f.Lease, "lease duration")
+	fs.BoolVar(&f.Drain, "drain", false, "exit when no due work remains")
+	fs.BoolVar(&f.DeleteDone, "delete-done", false, "delete finished jobs")
+	fs.IntVar(&f.MaxAttempts, "max-attempts", f.MaxAttempts, "default attempts per job")
+	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", f.ShutdownTimeout, "grace for running jobs")
+	fs.DurationVar(&f.Heartbeat, "heartbeat", 0, "heartbeat interval")
+	fs.DurationVar(&f.SweepInterval, "sweep-interval", 0, "sweep interval")
+	fs.DurationVar(&f.FeedTimeout, "feed-timeout", f.FeedTimeout, "changes long-poll timeout")
+	fs.DurationVar(&f.QueryTimeout, "query-timeout", f.QueryTimeout, "due query and sweep timeout")
+	fs.DurationVar(&f.FallbackPoll, "fallback-poll", f.FallbackPoll, "fallback poll interval")
+	fs.DurationVar(&f.RetryDelay, "retry-delay", 0, "fixed retry delay")
+	fs.Var(&f.Periodic, "periodic", "periodic schedule TYPE=SPEC")
+	fs.Var(&f.Rates, "rate", "rate limit TYPE=N/PER")
+	fs.Var(&f.Fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
+	fs.StringVar(&f.PeriodicTZ, "periodic-tz", f.PeriodicTZ, "time zone of cron schedules")
+	fs.StringVar(&f.CatchUp, "catch-up", f.CatchUp, "missed ticks: once or all")
 	var configFile string
 	var checkOnly bool
 	fs.StringVar(&configFile, "config", "", "worker configuration file (TOML)")
 	fs.BoolVar(&checkOnly, "check", false, "validate --config, print the effective settings and exit")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "where to serve /healthz, /readyz and /metrics")
+	fs.StringVar(&f.HealthAddr, "health-addr", "", "where to serve /healthz, /readyz and /metrics")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q (quote the --exec command as one argument)", rest[0])
+		return cli.Usagef("unexpected argument %q (quote the --exec command as one argument)", rest[0])
 	}
-	f.set = map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	given := map[string]bool{}
-	for name := range f.set {
-		given[name] = true
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	for name := range given {
+		switch name {
+		case "config", "check", "url", "db", "user", "password-file", "ca-file", "json", "log-level":
+			// not the worker's: the connection's, or the file's
+		default:
+			f.Set[name] = true
+		}
 	}
-	delete(f.set, "config")
-	delete(f.set, "check")
-	for _, name := range []string{"url", "db", "user", "password-file", "ca-file", "json", "log-level"} {
-		delete(f.set, name) // connection flags, not the worker's
-	}
-	var specs []*workerFlags
+	var specs []*workerset.Spec
 	if configFile != "" {
 		for _, name := range []string{"periodic", "periodic-tz", "catch-up"} {
-			if f.set[name] {
-				return usageErrorf("--%s with --config: put schedules in the file's [[periodic]] tables", name)
+			if f.Set[name] {
+				return cli.Usagef("--%s with --config: put schedules in the file's [[periodic]] tables", name)
 			}
 		}
-		wf, src, err := loadWorkerFile(configFile)
+		file, err := workerset.LoadFile(configFile)
 		if err != nil {
 			return err
 		}
-		if err := applyFileConn(m, configFile, src, conn, given, wf.CouchDB); err != nil {
+		if err := file.ApplyConn(&conn.Conn, given, m.Getenv, m.addSecret); err != nil {
 			return err
 		}
-		if !given["log-level"] && wf.Worker.LogLevel != "" {
-			conn.logLevel = wf.Worker.LogLevel
+		if !given["log-level"] && file.LogLevel() != "" {
+			conn.logLevel = file.LogLevel()
 		}
-		if specs, err = workerSpecs(configFile, wf, src, f); err != nil {
+		if specs, err = file.Specs(f, true); err != nil {
 			return err
 		}
 	} else {
 		if checkOnly {
-			return usageErrorf("--check needs --config FILE")
+			return cli.Usagef("--check needs --config FILE")
 		}
-		if err := f.check(); err != nil {
+		if err := f.Check(); err != nil {
 			return err
 		}
-		specs = []*workerFlags{f}
+		specs = []*workerset.Spec{f}
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
@@ -273,445 +217,53 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	if checkOnly {
 		return printWorkerCheck(m.Stdout, conn, specs)
 	}
-	log = log.Level(conn.level)
-	return m.runWorkerSpecs(ctx, log, conn, specs)
+	return workerset.Run(ctx, log.Level(conn.level), &conn.Conn, specs)
 }
 
-// runWorkerSpecs runs one worker per spec (one spec without a config file,
-// one per job type with one) in this process until ctx ends or one fails.
-func (m *Main) runWorkerSpecs(ctx context.Context, log zerolog.Logger, conn *connFlags, specs []*workerFlags) error {
-	// Handlers are built before connecting so that a command that cannot
-	// run (exec of a missing program) is a usage error, not a failed job.
-	hs := make([]worker.Handler, len(specs))
-	for i, f := range specs {
-		h, err := handlers.New(f.handler, handlers.Options{HTTPTimeout: f.httpTimeout, Exec: f.argv})
-		if err != nil {
-			if len(specs) > 1 {
-				err = fmt.Errorf("type %s: %w", f.types, err)
-			}
-			return &usageError{err: err}
-		}
-		hs[i] = h
-	}
-
-	hc, err := m.httpClient(conn, log)
-	if err != nil {
-		return err
-	}
-	srv, err := protocol.ConnectHTTP(ctx, conn.rawURL, conn.user, conn.password, hc)
-	if err != nil {
-		return serverError(conn.url, err)
-	}
-	defer srv.Client.Close()
-	if _, err := protocol.Init(ctx, srv.Client, conn.db, log); err != nil {
-		return serverError(conn.url, fmt.Errorf("preparing database %s: %w", conn.db, err))
-	}
-	workers := make([]*worker.Worker, len(specs))
-	// One set of metrics for the process, whatever number of types it runs.
-	var metrics *worker.Metrics
-	if specs[0].healthAddr != "" {
-		metrics = worker.NewMetrics()
-	}
-	for i, f := range specs {
-		q, err := srv.Open(ctx, conn.db, protocol.Config{Logger: log, MaxAttempts: f.maxAttempts})
-		if err != nil {
-			return serverError(conn.url, err)
-		}
-		cfg := f.config(hs[i], log)
-		cfg.Metrics = metrics
-		if workers[i], err = worker.New((*couchq.Client)(q), cfg); err != nil {
-			return &usageError{err: err} // check covers what New rejects; kept as a backstop
-		}
-		log.Info().Str("url", conn.url).Str("db", conn.db).Str("types", f.types).Str("handler", f.handler).
-			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
-	}
-	if specs[0].healthAddr != "" {
-		stopHealth, err := serveHealth(ctx, workers, specs[0], log)
-		if err != nil {
-			return err
-		}
-		defer stopHealth()
-	}
-
-	runDone := make(chan struct{})
-	defer close(runDone)
-	go func() {
-		select {
-		case <-ctx.Done():
-			log.Info().Dur("shutdown_timeout", specs[0].shutdownTimeout).
-				Msg("stopping: no new claims; running jobs may finish, then are released (signal again to exit at once)")
-		case <-runDone:
-		}
-	}()
-	// One failing worker stops the others: the process is one unit for
-	// its supervisor, which restarts it whole.
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(workers))
-	for _, w := range workers {
-		go func() {
-			err := w.Run(runCtx)
-			if err != nil {
-				cancel()
-			}
-			errs <- err
-		}()
-	}
-	var first error
-	for range workers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	if first != nil {
-		return serverError(conn.url, fmt.Errorf("running worker: %w", first))
-	}
-	return nil
-}
-
-// check validates the flags before anything connects.
-func (f *workerFlags) check() error {
-	if f.types == "" {
-		return usageErrorf("--type is required: name the job types to run, e.g. --type email,sms")
-	}
-	seen := map[string]bool{}
-	for _, t := range strings.Split(f.types, ",") {
-		t = strings.TrimSpace(t)
-		if t == "" {
-			return usageErrorf("invalid --type %q: empty job type", f.types)
-		}
-		if !seen[t] {
-			seen[t] = true
-			f.typeList = append(f.typeList, t)
-		}
-	}
-	if f.handler == "" {
-		return usageErrorf("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
-	}
-	if f.exec != "" {
-		if f.handler != handlers.NameExec {
-			return usageErrorf("--exec is only for --handler %s", handlers.NameExec)
-		}
-		argv, err := splitWords(f.exec)
-		if err != nil {
-			return usageErrorf("invalid --exec %q: %v", f.exec, err)
-		}
-		f.argv = argv
-	}
+// printWorkerCheck prints the effective settings of every type (no
+// secrets: the password's source, never the password).
+func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerset.Spec) error {
+	pw := "none"
 	switch {
-	case f.concurrency < 1:
-		return usageErrorf("invalid --concurrency %d: must be at least 1", f.concurrency)
-	case f.lease < minLease:
-		return usageErrorf("invalid --lease %s: must be at least %s", f.lease, minLease)
-	case f.maxAttempts < 1:
-		return usageErrorf("invalid --max-attempts %d: must be at least 1", f.maxAttempts)
-	case f.shutdownTimeout <= 0:
-		return usageErrorf("invalid --shutdown-timeout %s: must be positive", f.shutdownTimeout)
-	case f.httpTimeout <= 0:
-		return usageErrorf("invalid --http-timeout %s: must be positive", f.httpTimeout)
-	case f.feedTimeout <= 0:
-		return usageErrorf("invalid --feed-timeout %s: must be positive", f.feedTimeout)
-	case f.queryTimeout <= 0:
-		return usageErrorf("invalid --query-timeout %s: must be positive", f.queryTimeout)
-	case f.fallbackPoll <= 0:
-		return usageErrorf("invalid --fallback-poll %s: must be positive", f.fallbackPoll)
-	case f.retryDelay < 0:
-		return usageErrorf("invalid --retry-delay %s: must not be negative", f.retryDelay)
-	case f.set["heartbeat"] && f.heartbeat <= 0:
-		return usageErrorf("invalid --heartbeat %s: must be positive", f.heartbeat)
-	case f.set["sweep-interval"] && f.sweepInterval == 0:
-		return usageErrorf("invalid --sweep-interval 0: leave it out for lease/2, or make it negative to disable sweeping")
+	case conn.PasswordFile != "":
+		pw = "from file " + conn.PasswordFile
+	case conn.FixedPassword != "":
+		pw = "from the environment"
+	case conn.Password != "":
+		pw = "from $COUCHDB_PASSWORD"
 	}
-	if hb := f.heartbeatInterval(); hb >= f.lease {
-		return usageErrorf("invalid --heartbeat %s: must be shorter than the lease %s, which it renews", hb, f.lease)
+	user := conn.User
+	if user == "" {
+		user = "(none)"
 	}
-	if f.healthAddr != "" {
-		host, err := checkListenAddr("health-addr", f.healthAddr, "127.0.0.1:8081")
-		if err != nil {
-			return err
+	fmt.Fprintf(w, "couchdb: %s database %s user %s password %s", conn.URL, conn.DB, user, pw)
+	if conn.CAFile != "" {
+		fmt.Fprintf(w, " ca_file %s", conn.CAFile)
+	}
+	fmt.Fprintln(w)
+	for _, f := range specs {
+		retry := "backoff attempt^4 s"
+		if f.Set["retry-delay"] {
+			retry = "fixed " + f.RetryDelay.String()
 		}
-		f.healthHost = host
-	}
-	if err := f.checkRates(); err != nil {
-		return err
-	}
-	if err := f.checkFleet(); err != nil {
-		return err
-	}
-	return f.checkPeriodic()
-}
-
-// checkFleet parses --fleet-concurrency.
-func (f *workerFlags) checkFleet() error {
-	for _, v := range f.fleet {
-		typ, k, ok := strings.Cut(v, "=")
-		typ = strings.TrimSpace(typ)
-		n, err := strconv.Atoi(strings.TrimSpace(k))
-		switch {
-		case !ok || typ == "" || err != nil:
-			return usageErrorf("invalid --fleet-concurrency %q: want TYPE=K, e.g. 'webhook=10'", v)
-		case !slices.Contains(f.typeList, typ):
-			return usageErrorf("invalid --fleet-concurrency %q: %s is not one of --type %s", v, typ, f.types)
-		case n < 1 || n > protocol.MaxRateSlots:
-			return usageErrorf("invalid --fleet-concurrency %q: K must be from 1 to %d", v, protocol.MaxRateSlots)
+		fmt.Fprintf(w, "type %s: handler %s", f.Types, f.Handler)
+		if f.Exec != "" {
+			fmt.Fprintf(w, " exec %q", f.Exec)
 		}
-		if _, dup := f.fleetLimits[typ]; dup {
-			return usageErrorf("invalid --fleet-concurrency %q: a limit for %s is already given", v, typ)
+		fmt.Fprintf(w, ", concurrency %d, lease %s, heartbeat %s, max_attempts %d, retry %s, delete_done %v, http_timeout %s",
+			f.Concurrency, f.Lease, f.HeartbeatInterval(), f.MaxAttempts, retry, f.DeleteDone, f.HTTPTimeout)
+		if rl, ok := f.RateLimits[f.Types]; ok {
+			fmt.Fprintf(w, ", rate %d/%s", rl.N, rl.Per)
 		}
-		if f.fleetLimits == nil {
-			f.fleetLimits = map[string]int{}
+		if k, ok := f.FleetLimits[f.Types]; ok {
+			fmt.Fprintf(w, ", fleet_concurrency %d", k)
 		}
-		f.fleetLimits[typ] = n
-	}
-	return nil
-}
-
-// checkRates parses --rate.
-func (f *workerFlags) checkRates() error {
-	for _, v := range f.rates {
-		typ, spec, ok := strings.Cut(v, "=")
-		typ = strings.TrimSpace(typ)
-		if !ok || typ == "" {
-			return usageErrorf("invalid --rate %q: want TYPE=N/PER, e.g. 'webhook=10/s'", v)
-		}
-		if !slices.Contains(f.typeList, typ) {
-			return usageErrorf("invalid --rate %q: %s is not one of --type %s", v, typ, f.types)
-		}
-		rl, err := protocol.ParseRate(spec)
-		if err != nil {
-			return usageErrorf("invalid --rate %q: %v", v, err)
-		}
-		if _, dup := f.rateLimits[typ]; dup {
-			return usageErrorf("invalid --rate %q: a limit for %s is already given", v, typ)
-		}
-		if f.rateLimits == nil {
-			f.rateLimits = map[string]protocol.RateLimit{}
-		}
-		f.rateLimits[typ] = rl
-	}
-	return nil
-}
-
-// checkPeriodic parses --periodic, --periodic-tz and --catch-up.
-func (f *workerFlags) checkPeriodic() error {
-	loc, err := time.LoadLocation(f.periodicTZ)
-	if err != nil {
-		return usageErrorf("invalid --periodic-tz %q: %v", f.periodicTZ, err)
-	}
-	var catchUp protocol.CatchUp
-	switch f.catchUp {
-	case "once":
-		catchUp = protocol.CatchUpOnce
-	case "all":
-		catchUp = protocol.CatchUpAll
-	default:
-		return usageErrorf("invalid --catch-up %q: want once or all", f.catchUp)
-	}
-	seen := map[string]bool{}
-	for _, v := range f.periodic {
-		typ, spec, ok := strings.Cut(v, "=")
-		typ, spec = strings.TrimSpace(typ), strings.TrimSpace(spec)
-		if !ok || typ == "" || spec == "" {
-			return usageErrorf("invalid --periodic %q: want TYPE=SPEC, e.g. 'report=0 7 * * *' or 'ping=@every 5m'", v)
-		}
-		if seen[typ] {
-			return usageErrorf("invalid --periodic %q: a schedule for %s is already given", v, typ)
-		}
-		seen[typ] = true
-		p := protocol.Periodic{Name: typ, Schedule: spec, Location: loc, Job: protocol.NewJob{Worker: typ}, CatchUp: catchUp}
-		if _, err := protocol.CheckPeriodic(p); err != nil {
-			return usageErrorf("invalid --periodic %q: %v", v, err)
-		}
-		f.schedules = append(f.schedules, p)
-	}
-	return nil
-}
-
-// repeatedFlag collects every value of a flag given more than once.
-type repeatedFlag []string
-
-func (r *repeatedFlag) String() string { return strings.Join(*r, ", ") }
-
-func (r *repeatedFlag) Set(v string) error {
-	*r = append(*r, v)
-	return nil
-}
-
-// heartbeatInterval is --heartbeat or the worker's default for the lease.
-func (f *workerFlags) heartbeatInterval() time.Duration {
-	if f.heartbeat > 0 {
-		return f.heartbeat
-	}
-	return f.lease / worker.HeartbeatFractionDefault
-}
-
-// config is the worker configuration the flags describe; every type runs
-// the one handler h.
-func (f *workerFlags) config(h worker.Handler, log zerolog.Logger) worker.Config {
-	h = loggingHandler{next: h, log: log}
-	cfg := worker.Config{
-		Handlers:          map[string]worker.Handler{},
-		Concurrency:       f.concurrency,
-		LeaseDuration:     f.lease,
-		HeartbeatInterval: f.heartbeat,
-		SweepInterval:     f.sweepInterval,
-		ShutdownTimeout:   f.shutdownTimeout,
-		FeedTimeout:       f.feedTimeout,
-		QueryTimeout:      f.queryTimeout,
-		FallbackPoll:      f.fallbackPoll,
-		Drain:             f.drain,
-		Periodic:          f.schedules,
-		RateLimits:        f.rateLimits,
-		FleetConcurrency:  f.fleetLimits,
-		Logger:            log,
-	}
-	for _, t := range f.typeList {
-		cfg.Handlers[t] = h
-	}
-	if f.deleteDone {
-		cfg.DeleteDone = map[string]bool{}
-		for _, t := range f.typeList {
-			cfg.DeleteDone[t] = true
+		fmt.Fprintln(w)
+		for _, p := range f.Schedules {
+			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s, priority %d\n", p.Name, p.Schedule, p.Location,
+				map[protocol.CatchUp]string{protocol.CatchUpOnce: "once", protocol.CatchUpAll: "all"}[p.CatchUp], (&protocol.WorkItem{Priority: p.Job.Priority}).EffectivePriority())
 		}
 	}
-	if f.set["retry-delay"] {
-		d := f.retryDelay
-		cfg.Retry = func(int) time.Duration { return d }
-	}
-	return cfg
-}
-
-// healthWriteTimeout bounds writing one answer of --health-addr: the
-// probes make no request and the metrics are in memory.
-const healthWriteTimeout = 30 * time.Second
-
-// serveHealth serves w's probes and metrics on --health-addr for as long as
-// the worker runs, draining included (/readyz then says it is stopping);
-// the returned function shuts the server down.
-func serveHealth(ctx context.Context, ws []*worker.Worker, f *workerFlags, log zerolog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", f.healthAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listening on --health-addr %s: %w", f.healthAddr, err)
-	}
-	url := "http://" + ln.Addr().String()
-	if !isLoopback(f.healthHost) {
-		log.Warn().Str("addr", ln.Addr().String()).
-			Msg("--health-addr is not loopback: there is no authentication; put a proxy or firewall in front")
-	}
-	log.Info().Str("url", url).Msg("health and metrics on " + url + ": /healthz, /readyz, /metrics")
-	// A scrape in flight when the stop signal comes is still answered.
-	reqCtx := context.WithoutCancel(ctx)
-	srv := newHTTPServer(reqCtx, worker.HealthHandler(ws...), healthWriteTimeout, log)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		// The worker goes on without its probes: they are no reason to
-		// stop running jobs.
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Error().Err(err).Str("url", url).Msg("health server stopped")
-		}
-	}()
-	return func() {
-		sctx, cancel := context.WithTimeout(reqCtx, serveShutdownTimeout)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			_ = srv.Close()
-		}
-		<-served
-	}, nil
-}
-
-// loggingHandler logs each attempt's start and success at info level, so
-// that an operator sees every claim; the worker itself logs failures and
-// refused results.
-type loggingHandler struct {
-	next worker.Handler
-	log  zerolog.Logger
-}
-
-func (h loggingHandler) Handle(ctx context.Context, job *worker.Job) error {
-	start := time.Now()
-	h.log.Info().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
-		Int("max_attempts", job.MaxAttempts).Msg("job claimed")
-	err := h.next.Handle(ctx, job)
-	if err == nil {
-		h.log.Info().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
-			Dur("took", time.Since(start)).Msg("handler succeeded")
-	} else {
-		h.log.Debug().Str("job", job.ID).Str("type", job.Type).Int("attempt", job.Attempt).
-			Err(err).Dur("took", time.Since(start)).Msg("handler failed")
-	}
+	_, err := fmt.Fprintf(w, "shutdown_timeout %s\n", specs[0].ShutdownTimeout)
 	return err
-}
-
-// splitWords splits s into words the way a POSIX shell does, without any
-// expansion: whitespace separates words, single quotes keep everything
-// literally, double quotes keep everything but backslash escapes of " \ $
-// and `, and a backslash outside quotes escapes the next character.
-func splitWords(s string) ([]string, error) {
-	var words []string
-	var cur strings.Builder
-	inWord := false
-	const (
-		none = iota
-		single
-		double
-	)
-	quote := none
-	runes := []rune(s)
-	for i := 0; i < len(runes); i++ {
-		r := runes[i]
-		switch quote {
-		case single:
-			if r == '\'' {
-				quote = none
-			} else {
-				cur.WriteRune(r)
-			}
-			continue
-		case double:
-			switch {
-			case r == '"':
-				quote = none
-			case r == '\\' && i+1 < len(runes) && strings.ContainsRune(`"\$`+"`", runes[i+1]):
-				i++
-				cur.WriteRune(runes[i])
-			default:
-				cur.WriteRune(r)
-			}
-			continue
-		}
-		switch {
-		case unicode.IsSpace(r):
-			if inWord {
-				words = append(words, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		case r == '\'':
-			quote, inWord = single, true
-		case r == '"':
-			quote, inWord = double, true
-		case r == '\\':
-			if i+1 == len(runes) {
-				return nil, errors.New("trailing backslash")
-			}
-			i++
-			cur.WriteRune(runes[i])
-			inWord = true
-		default:
-			cur.WriteRune(r)
-			inWord = true
-		}
-	}
-	if quote != none {
-		return nil, errors.New("unterminated quote")
-	}
-	if inWord {
-		words = append(words, cur.String())
-	}
-	if len(words) == 0 {
-		return nil, errors.New("no command")
-	}
-	return words, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -41,7 +42,7 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	if len(rest) > 0 {
-		return usageErrorf("unexpected argument %q", rest[0])
+		return cli.Usagef("unexpected argument %q", rest[0])
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -50,14 +51,14 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	defer closeQueue()
 	infos, err := q.Workers(ctx)
 	if err != nil {
-		return serverError(conn.url, err)
+		return cli.ServerError(conn.URL, err)
 	}
 	rows := make([]workerRow, 0, len(infos))
 	for _, info := range infos {
 		rows = append(rows, newWorkerRow(info, m.Now()))
 	}
 	if conn.json {
-		return writeJSON(m.Stdout, rows)
+		return cli.WriteJSON(m.Stdout, rows)
 	}
 	return printWorkers(m.Stdout, rows)
 }
@@ -76,7 +77,7 @@ func printWorkers(w io.Writer, rows []workerRow) error {
 		_, err := fmt.Fprintln(w, "no workers")
 		return err
 	}
-	tw := newTable(w)
+	tw := cli.NewTable(w)
 	fmt.Fprintln(tw, "CLAIMANT\tTYPES\tCONCURRENCY\tRUNNING\tHEARTBEAT\tSTATE")
 	for _, r := range rows {
 		state := "alive"

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -32,18 +33,14 @@ func (d *demo) work(ctx context.Context) error {
 
 	// Workers go through Connect and Open, as a program of yours would:
 	// on CouchDB they then follow the changes feed with a _selector filter.
-	hc, err := d.m.httpClient(d.conn, d.log)
+	srv, err := d.conn.Connect(ctx, d.log)
 	if err != nil {
-		return err
-	}
-	srv, err := protocol.ConnectHTTP(ctx, d.conn.rawURL, d.conn.user, d.conn.password, hc)
-	if err != nil {
-		return serverError(d.conn.url, err)
+		return cli.ServerError(d.conn.URL, err)
 	}
 	defer srv.Client.Close()
-	q, err := srv.Open(ctx, d.conn.db, protocol.Config{Logger: d.log})
+	q, err := srv.Open(ctx, d.conn.DB, protocol.Config{Logger: d.log})
 	if err != nil {
-		return serverError(d.conn.url, err)
+		return cli.ServerError(d.conn.URL, err)
 	}
 	total, err := d.jobTotal(ctx, q)
 	if err != nil {
@@ -71,7 +68,7 @@ func (d *demo) work(ctx context.Context) error {
 			return err
 		}
 		if err := w.Start(ctx); err != nil {
-			return serverError(d.conn.url, err)
+			return cli.ServerError(d.conn.URL, err)
 		}
 		workers = append(workers, w)
 	}
@@ -84,7 +81,7 @@ func (d *demo) work(ctx context.Context) error {
 	for {
 		counts, err := q.Counts(ctx)
 		if err != nil {
-			return serverError(d.conn.url, err)
+			return cli.ServerError(d.conn.URL, err)
 		}
 		done := 0
 		for _, byStatus := range counts {
@@ -116,7 +113,7 @@ func (d *demo) work(ctx context.Context) error {
 func (d *demo) jobTotal(ctx context.Context, q *protocol.Client) (int, error) {
 	counts, err := q.Counts(ctx)
 	if err != nil {
-		return 0, serverError(d.conn.url, err)
+		return 0, cli.ServerError(d.conn.URL, err)
 	}
 	n := 0
 	for _, byStatus := range counts {
@@ -130,7 +127,7 @@ func (d *demo) jobTotal(ctx context.Context, q *protocol.Client) (int, error) {
 // showRetried shows the job that failed once, with its history.
 func (d *demo) showRetried(ctx context.Context) error {
 	d.header("couchq show %s   (the thumbnail job that failed once and was retried)", d.retryID)
-	return showJob(ctx, d.out, d.q, d.retryID, d.m.Now(), d.conn.json)
+	return cli.ShowJob(ctx, d.out, d.q, d.retryID, d.opts.Now(), d.opts.Out.JSON)
 }
 
 // demoPrinter writes the handlers' lines, stamped with the time since the

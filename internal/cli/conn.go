@@ -1,0 +1,288 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
+)
+
+// DefaultURL is the server used when neither --url nor $COUCHDB_URL is set.
+const DefaultURL = "http://127.0.0.1:5984"
+
+// Conn is how to reach the queue, from the connection flags every command
+// takes, a worker configuration file's [couchdb] table or a
+// fleet.Connection. Resolve fills in the defaults from the environment and
+// checks it; then it dials.
+type Conn struct {
+	// URL is the server as given: one URL, or a comma-separated list of a
+	// cluster's nodes, maybe with credentials. Resolve replaces it with
+	// its redacted form, for messages.
+	URL          string
+	DB           string
+	User         string
+	PasswordFile string
+	CAFile       string
+
+	// Password is the password from PasswordFile or the environment
+	// (empty: the URL's, if any). Never printed.
+	Password string
+	// FixedPassword is a password settled before Resolve (a worker
+	// configuration file's password_env); it wins over $COUCHDB_PASSWORD.
+	FixedPassword string
+
+	// RawURL is the URL with any credentials: for dialling only, never
+	// printed. ResolveURL sets it.
+	RawURL string
+}
+
+// Resolve fills in the defaults from the environment (getenv) and
+// validates the settings. addSecret, if not nil, learns a password read
+// from a file, to keep it out of what the command prints.
+func (c *Conn) Resolve(getenv func(string) string, addSecret func(string)) error {
+	if err := c.ResolveURL(getenv); err != nil {
+		return err
+	}
+	if err := c.ResolveCredentials(getenv, addSecret); err != nil {
+		return err
+	}
+	return c.ResolveDB(getenv)
+}
+
+// ResolveCredentials settles the user and password: the settings, then
+// the environment; what is still empty comes from the URL
+// (protocol.DialHTTP).
+func (c *Conn) ResolveCredentials(getenv func(string) string, addSecret func(string)) error {
+	if c.User == "" {
+		c.User = getenv("COUCHDB_USER")
+	}
+	file := c.PasswordFile
+	if file == "" {
+		file = getenv("COUCHDB_PASSWORD_FILE")
+	}
+	if file == "" {
+		if c.Password == "" {
+			c.Password = getenv("COUCHDB_PASSWORD")
+		}
+		if c.FixedPassword != "" {
+			c.Password = c.FixedPassword
+		}
+		return nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return Usagef("reading the password file: %v", err)
+	}
+	// The file's last line break is not part of the password (echo adds one).
+	c.Password = strings.TrimRight(string(b), "\r\n")
+	if c.Password == "" {
+		return Usagef("the password file %s is empty", file)
+	}
+	if addSecret != nil {
+		addSecret(c.Password)
+	}
+	if c.User == "" && !urlHasUser(c.RawURL) {
+		return Usagef("a password file needs a user: --user NAME or $COUCHDB_USER")
+	}
+	return nil
+}
+
+// urlHasUser reports whether the first node's URL names a user.
+func urlHasUser(raw string) bool {
+	nodes := protocol.SplitNodeURLs(raw)
+	if len(nodes) == 0 {
+		return false
+	}
+	u, err := url.Parse(nodes[0])
+	return err == nil && u.User != nil && u.User.Username() != ""
+}
+
+// ResolveURL settles the server URL: the setting, else $COUCHDB_URL, else
+// DefaultURL.
+func (c *Conn) ResolveURL(getenv func(string) string) error {
+	c.RawURL = c.URL
+	if c.RawURL == "" {
+		c.RawURL = getenv("COUCHDB_URL")
+	}
+	if c.RawURL == "" {
+		c.RawURL = DefaultURL
+	}
+	nodes := protocol.SplitNodeURLs(c.RawURL)
+	redacted := make([]string, len(nodes))
+	for i, n := range nodes {
+		redacted[i] = protocol.Redact(n)
+	}
+	c.URL = strings.Join(redacted, ",")
+	if len(nodes) == 0 {
+		return Usagef("invalid --url %q: want http(s)://[user:password@]host:port", c.URL)
+	}
+	for i, n := range nodes {
+		u, err := url.Parse(n)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return Usagef("invalid --url %q: want http(s)://[user:password@]host:port", redacted[i])
+		}
+	}
+	return nil
+}
+
+// ResolveDB settles the database: the setting, else $COUCHQ_DB, else
+// protocol.DBDefault.
+func (c *Conn) ResolveDB(getenv func(string) string) error {
+	if c.DB == "" {
+		c.DB = getenv("COUCHQ_DB")
+	}
+	if c.DB == "" {
+		c.DB = protocol.DBDefault
+	}
+	if !validDBName(c.DB) {
+		return Usagef("invalid --db %q: a database name starts with a lowercase letter and has only a-z, 0-9 and _$()+-/", c.DB)
+	}
+	return nil
+}
+
+// dbNameRE is CouchDB's rule for database names.
+var dbNameRE = regexp.MustCompile(`^[a-z][a-z0-9_$()+/-]*$`)
+
+// validDBName applies CouchDB's rule for database names, so a typo is a
+// usage error here rather than a 400 from the server.
+func validDBName(name string) bool { return dbNameRE.MatchString(name) }
+
+// HTTPClient is the HTTP client for the server: for a list of nodes, one
+// that fails over between them and says so in log (once a minute a node).
+func (c *Conn) HTTPClient(log zerolog.Logger) (*http.Client, error) {
+	hc := protocol.NewHTTPClient()
+	if c.CAFile != "" {
+		pool, err := loadCAFile(c.CAFile)
+		if err != nil {
+			return nil, &UsageError{Err: err}
+		}
+		tr := hc.Transport.(*http.Transport)
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	nodes := protocol.SplitNodeURLs(c.RawURL)
+	if len(nodes) > 1 {
+		f, err := protocol.NewFailover(hc.Transport, nodes, log)
+		if err != nil {
+			return nil, &UsageError{Err: err}
+		}
+		hc.Transport = f
+	}
+	return hc, nil
+}
+
+// loadCAFile is the system's CA pool plus the certificates in a PEM file.
+func loadCAFile(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading --ca-file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// Dial connects to the server (no request is made yet).
+func (c *Conn) Dial(log zerolog.Logger) (*kivik.Client, error) {
+	hc, err := c.HTTPClient(log)
+	if err != nil {
+		return nil, err
+	}
+	client, err := protocol.DialHTTP(c.RawURL, c.User, c.Password, hc)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	return client, nil
+}
+
+// Connect connects to the server and asks it what it can do, as a worker
+// process does. Its errors are the server's (see ServerError) but for
+// settings that cannot work, which are usage errors.
+func (c *Conn) Connect(ctx context.Context, log zerolog.Logger) (*protocol.Server, error) {
+	hc, err := c.HTTPClient(log)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.ConnectHTTP(ctx, c.RawURL, c.User, c.Password, hc)
+}
+
+// OpenQueue connects to the server and the queue database for a command:
+// the database must exist with couchq's design documents (couchq init).
+// The client writes as "cli", reading its own writes on a cluster. close
+// releases the connection.
+func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() time.Time) (q *protocol.Client, close func() error, err error) {
+	client, err := c.Dial(log)
+	if err != nil {
+		return nil, nil, err
+	}
+	// ReadYourWrites: a command that lists jobs right after one that wrote
+	// them sees the writes on a cluster, through any node.
+	q, err = protocol.New(ctx, client.DB(c.DB), protocol.Config{Logger: log, Actor: "cli", Now: now, ReadYourWrites: true})
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, c.openError(err)
+	}
+	if err := c.checkDesign(ctx, q); err != nil {
+		_ = client.Close()
+		return nil, nil, err
+	}
+	return q, client.Close, nil
+}
+
+// Open connects as Connect does and opens the queue database with cfg, as
+// OpenQueue does: a client that workers can run on (it follows the
+// changes feed with a _selector filter where the server has one).
+func (c *Conn) Open(ctx context.Context, cfg protocol.Config) (q *protocol.Client, close func() error, err error) {
+	srv, err := c.Connect(ctx, cfg.Logger)
+	if err != nil {
+		return nil, nil, ServerError(c.URL, err)
+	}
+	q, err = srv.Open(ctx, c.DB, cfg)
+	if err != nil {
+		_ = srv.Client.Close()
+		return nil, nil, c.openError(err)
+	}
+	if err := c.checkDesign(ctx, q); err != nil {
+		_ = srv.Client.Close()
+		return nil, nil, err
+	}
+	return q, srv.Client.Close, nil
+}
+
+// openError explains why the queue database could not be opened.
+func (c *Conn) openError(err error) error {
+	if kivik.HTTPStatus(err) == http.StatusNotFound && !IsNetError(err) {
+		return fmt.Errorf("database %s does not exist on %s: run 'couchq init' first (%w)", c.DB, c.URL, err)
+	}
+	return ServerError(c.URL, err)
+}
+
+// checkDesign makes sure the database has couchq's design document: every
+// command reads its views or relies on its validation, and a database
+// nobody ran couchq init on gets that advice, not "missing".
+func (c *Conn) checkDesign(ctx context.Context, q *protocol.Client) error {
+	ok, err := designdocs.Exists(ctx, q.DB())
+	if err != nil {
+		return ServerError(c.URL, err)
+	}
+	if !ok {
+		return fmt.Errorf("database %s on %s has no couchq design document (%s): run `couchq init` as an admin", c.DB, c.URL, designdocs.ID)
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"context"
+	stdlog "log"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// HTTP server limits of couchq serve and of a worker's --health-addr:
+// reading a request is quick or hostile; how long writing may take is the
+// server's own (NewHTTPServer).
+const (
+	ServeReadHeaderTimeout = 5 * time.Second
+	ServeReadTimeout       = 10 * time.Second
+	ServeIdleTimeout       = 2 * time.Minute
+	// ServeShutdownTimeout bounds a graceful stop: the requests in flight
+	// get this long to finish.
+	ServeShutdownTimeout = 10 * time.Second
+)
+
+// CheckListenAddr validates a HOST:PORT flag before anything listens and
+// returns its host.
+func CheckListenAddr(flagName, addr, example string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", Usagef("invalid --%s %q: want HOST:PORT, e.g. %s", flagName, addr, example)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", Usagef("invalid --%s %q: port %q is not a number from 0 to 65535", flagName, addr, port)
+	}
+	return host, nil
+}
+
+// NewHTTPServer is the HTTP server of serve and of worker --health-addr:
+// reading a request is quick or hostile, writing takes up to writeTimeout,
+// and requests run on ctx, which outlives an interrupt until Shutdown's
+// grace period ends, so that a scrape in flight is answered.
+func NewHTTPServer(ctx context.Context, h http.Handler, writeTimeout time.Duration, log zerolog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ServeReadHeaderTimeout,
+		ReadTimeout:       ServeReadTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       ServeIdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger(), "", 0),
+	}
+}
+
+// IsLoopback reports whether a listen host reaches only this machine. An
+// empty host listens on every interface.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

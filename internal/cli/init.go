@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/go-kivik/kivik/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/protocol"
+)
+
+// InitResult is what couchq init did, as printed with --json.
+type InitResult struct {
+	URL       string             `json:"url"`
+	Database  string             `json:"database"`
+	DBCreated bool               `json:"database_created"`
+	DesignDoc designdocs.Outcome `json:"design_doc"`
+	Schema    int                `json:"schema"`
+	// Validation is whether the design document validates writes: on or off.
+	Validation designdocs.Validation `json:"validation"`
+	// Language is the design documents' language (the engine of their
+	// functions): javascript or javascript_quickjs.
+	Language string `json:"language"`
+	// Security is the database's _security after --workers/--producers.
+	Security *protocol.SecurityObject `json:"security,omitempty"`
+}
+
+// InitDB runs protocol.Init and reports whether it had to create the database.
+func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol.InitOptions, log zerolog.Logger) (*InitResult, error) {
+	res := &InitResult{URL: conn.URL, Database: conn.DB, Schema: designdocs.SchemaVersion}
+	// Asked separately only to report it: Init itself copes with a
+	// database created concurrently.
+	exists, err := client.DBExists(ctx, conn.DB)
+	if err != nil {
+		return nil, ServerError(conn.URL, fmt.Errorf("checking database %s: %w", conn.DB, err))
+	}
+	outcome, err := protocol.InitWith(ctx, client, conn.DB, opts, log)
+	if err != nil {
+		return nil, ServerError(conn.URL, err)
+	}
+	res.DBCreated = !exists
+	res.DesignDoc = outcome
+	// Read back rather than assumed: a newer couchq's document may have
+	// been kept as it is.
+	stored, err := designdocs.Stored(ctx, client.DB(conn.DB))
+	if err != nil || stored == nil {
+		if err == nil {
+			err = fmt.Errorf("design document %s vanished", designdocs.ID)
+		}
+		return nil, ServerError(conn.URL, err)
+	}
+	res.Language = stored.Language
+	res.Validation = designdocs.ValidationOn
+	if !stored.Validating() {
+		res.Validation = designdocs.ValidationOff
+	}
+	return res, nil
+}
+
+// PrintInit prints what init did, as JSON with asJSON.
+func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
+	if asJSON {
+		return WriteJSON(w, res)
+	}
+	db := "using database " + res.Database
+	if res.DBCreated {
+		db = "created database " + res.Database
+	}
+	var dd string
+	all := fmt.Sprintf("%s, %s and %s", designdocs.ID, designdocs.SweepID, designdocs.OpsID)
+	switch res.DesignDoc {
+	case designdocs.Created:
+		dd = fmt.Sprintf("installed design documents %s (schema %d)", all, res.Schema)
+	case designdocs.Upgraded:
+		dd = fmt.Sprintf("upgraded design documents %s to schema %d", all, res.Schema)
+	case designdocs.Unchanged:
+		dd = fmt.Sprintf("design documents %s are up to date (schema %d)", all, res.Schema)
+	case designdocs.KeptNewer:
+		dd = fmt.Sprintf("kept design document %s: it comes from a newer couchq (ours is schema %d)", designdocs.ID, res.Schema)
+	case designdocs.KeptStored:
+		dd = fmt.Sprintf("kept design document %s: another couchq build installed it (schema %d) and only an admin may replace it", designdocs.ID, res.Schema)
+	default:
+		dd = fmt.Sprintf("design document %s: %s", designdocs.ID, res.DesignDoc)
+	}
+	if _, err := fmt.Fprintf(w, "%s on %s; %s; validation %s; language %s\n", db, res.URL, dd, res.Validation, res.Language); err != nil {
+		return err
+	}
+	if res.Validation == designdocs.ValidationOff {
+		if _, err := fmt.Fprintln(w, "validation is off: CouchDB stores malformed jobs (workers mark them failed with the reason) and any member may write any document"); err != nil {
+			return err
+		}
+	}
+	if sec := res.Security; sec != nil && sec.Couchq != nil {
+		_, err := fmt.Fprintf(w, "workers: %s; producers: %s; members now: %s (admins unchanged: %s)\n",
+			orNobody(sec.Couchq.Workers), orNobody(sec.Couchq.Producers), orNobody(sec.Members), orNobody(sec.Admins))
+		return err
+	}
+	return nil
+}
+
+// orNobody is an access list as init's flags take it, or "nobody".
+func orNobody(a protocol.Access) string {
+	if a.Empty() {
+		return "nobody"
+	}
+	return a.String()
+}

@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/internal/forms"
+	"github.com/couchq/couchq/internal/protocol"
+)
+
+// lastErrorWidth is how much of a job's last error the table shows.
+const lastErrorWidth = 50
+
+// PrintJobs writes batch as a table, or with asJSON as /api/jobs serves it
+// (forms.Jobs). limit is the most the listing asked for.
+func PrintJobs(w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
+	if asJSON {
+		return WriteJSON(w, forms.Jobs(batch))
+	}
+	n := len(batch.Items) + len(batch.Malformed)
+	if n == 0 {
+		_, err := fmt.Fprintln(w, "no jobs")
+		return err
+	}
+	tw := NewTable(w)
+	fmt.Fprintln(tw, "ID\tTYPE\tSTATUS\tATTEMPTS\tDUE\tLAST ERROR")
+	for _, it := range batch.Items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", it.ID, it.Worker, it.Status, it.Attempts,
+			q.MaxAttempts(it), dueString(it, now), OneLine(it.LastError, lastErrorWidth))
+	}
+	for _, bad := range batch.Malformed {
+		fmt.Fprintf(tw, "%s\t?\tmalformed\t-\t-\t%s\n", bad.ID, OneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n >= limit {
+		_, err := fmt.Fprintf(w, "(first %d jobs; --limit shows more)\n", n)
+		return err
+	}
+	return nil
+}
+
+// dueString says when a job is due, relative to now when that is close.
+func dueString(it *protocol.WorkItem, now time.Time) string {
+	if it.Date == 0 {
+		return "now"
+	}
+	return RelTime(it.DueAt(), now)
+}
+
+// ErrJobNotFound is the message for a missing job; it exits 1.
+var ErrJobNotFound = errors.New("not found")
+
+// ShowJob prints job id: the raw document with asJSON, else readable.
+func ShowJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, now time.Time, asJSON bool) error {
+	raw, id, err := ReadDoc(ctx, q.DB(), id)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, raw, "", "  "); err != nil {
+			return fmt.Errorf("formatting job %s: %w", id, err)
+		}
+		buf.WriteByte('\n')
+		_, err := w.Write(buf.Bytes())
+		return err
+	}
+	var it protocol.WorkItem
+	if err := json.Unmarshal(raw, &it); err != nil {
+		// Show what is there: this is how an operator finds out what is
+		// wrong with a document the workers set aside.
+		fmt.Fprintf(w, "%s\n  not a valid job: %v\n\n", id, err)
+		return writeIndented(w, "document", raw)
+	}
+	return printJob(w, q, &it, now)
+}
+
+// ReadDoc reads a document, trying "job:"+id when id alone is missing so
+// that the bare uuid of a generated id is enough. It returns the id found.
+func ReadDoc(ctx context.Context, db *kivik.DB, id string) (json.RawMessage, string, error) {
+	var raw json.RawMessage
+	err := db.Get(ctx, id).ScanDoc(&raw)
+	if IsNotFound(err) && !strings.HasPrefix(id, "job:") {
+		var raw2 json.RawMessage
+		if err2 := db.Get(ctx, "job:"+id).ScanDoc(&raw2); err2 == nil {
+			return raw2, "job:" + id, nil
+		}
+	}
+	switch {
+	case err == nil:
+		return raw, id, nil
+	case IsNotFound(err):
+		return nil, id, fmt.Errorf("job %s %w", id, ErrJobNotFound)
+	}
+	return nil, id, fmt.Errorf("reading job %s: %w", id, err)
+}
+
+// printJob writes it in readable form.
+func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.Time) error {
+	fmt.Fprintln(w, it.ID)
+	tw := NewTable(w)
+	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, value) }
+	field("type", it.Worker)
+	field("status", string(it.Status))
+	due := "now"
+	if it.Date != 0 {
+		due = TimeAndAgo(it.DueAt(), now)
+	}
+	field("due", due)
+	field("attempts", fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it)))
+	if it.Priority != 0 {
+		field("priority", fmt.Sprintf("%d (1 runs first, 5 last)", it.Priority))
+	}
+	if it.UniqueKey != "" {
+		field("unique key", it.UniqueKey)
+	}
+	if it.CreatedAt != 0 {
+		field("created", TimeAndAgo(protocol.FromUnix(it.CreatedAt), now))
+	}
+	if it.Claimed {
+		field("claimed by", it.ClaimedBy)
+		if it.ClaimedAt != 0 {
+			field("claimed", TimeAndAgo(protocol.FromUnix(it.ClaimedAt), now))
+		}
+		if it.LeaseUntil != 0 {
+			field("lease until", TimeAndAgo(it.Lease(), now))
+		}
+	}
+	if it.FinishedAt != 0 {
+		field("finished", TimeAndAgo(protocol.FromUnix(it.FinishedAt), now))
+	}
+	if it.LastError != "" {
+		field("last error", strings.ReplaceAll(strings.TrimSpace(it.LastError), "\n", "\n  \t"))
+	}
+	if len(it.Conflicts) > 0 {
+		field("conflicts", strings.Join(it.Conflicts, ", "))
+	}
+	field("revision", it.Rev)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if err := writeIndented(w, "payload", it.Payload); err != nil {
+		return err
+	}
+	if len(it.Result) > 0 {
+		if err := writeIndented(w, "result", it.Result); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w, "history")
+	if len(it.History) == 0 {
+		fmt.Fprintln(w, "  (none)")
+		return nil
+	}
+	tw = NewTable(w)
+	for _, e := range it.History {
+		at := e.At
+		if t, err := time.Parse(time.RFC3339Nano, e.At); err == nil {
+			at = t.UTC().Format("2006-01-02 15:04:05.000Z")
+		}
+		var detail []string
+		if e.By != "" {
+			detail = append(detail, "by "+e.By)
+		}
+		if e.Attempt > 0 {
+			detail = append(detail, fmt.Sprintf("attempt %d", e.Attempt))
+		}
+		if e.Error != "" {
+			detail = append(detail, "error: "+OneLine(e.Error, 100))
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", at, e.Event, strings.Join(detail, ", "))
+	}
+	return tw.Flush()
+}
+
+// writeIndented writes a titled JSON value, pretty-printed and indented.
+func writeIndented(w io.Writer, title string, v json.RawMessage) error {
+	if len(v) == 0 {
+		_, err := fmt.Fprintf(w, "%s\n  (none)\n\n", title)
+		return err
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, v, "  ", "  "); err != nil {
+		buf.Reset()
+		buf.Write(v)
+	}
+	_, err := fmt.Fprintf(w, "%s\n  %s\n\n", title, buf.String())
+	return err
+}
