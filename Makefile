@@ -70,9 +70,11 @@ chaos: setup
 
 # The benchmark: one run measuring every local server available in turn (a single Apache
 # CouchDB node and a 3-node cluster from the local release, PouchDB Server), one table per
-# server; with COUCHDB_URL, that server alone. See `go run ./cmd/couchq-bench -h`.
+# server, which it then writes into docs/performance.md (and the README's summary). With
+# COUCHDB_URL set it refuses to start: a single server's tables are not the docs' (run
+# `go run ./cmd/couchq-bench` for that). See docs/performance.md and -h.
 bench: setup
-	go run ./cmd/couchq-bench
+	go run ./cmd/couchq-bench --write-docs .
 
 # The README's picture of the dashboard: the browser test, its screenshot kept.
 screenshot: setup

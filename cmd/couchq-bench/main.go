@@ -5,7 +5,9 @@
 // turn, each in a temporary directory stopped at its end: a single Apache
 // CouchDB node and a 3-node cluster from the local release
 // (COUCHQ_COUCHDB_HOME, else /opt/couchdb), and PouchDB Server; --servers
-// picks some. See internal/bench.
+// picks some. With --write-docs DIR, a full run rewrites the generated
+// regions of DIR/docs/performance.md and DIR/README.md with its tables.
+// See internal/bench.
 package main
 
 import (
@@ -16,7 +18,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"unicode"
 
 	"github.com/rs/zerolog"
 
@@ -40,6 +44,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "couchq-bench: %v\n", err)
 		return 2
 	}
+	if opts.WriteDocs != "" {
+		// Checked before a run of minutes, not after it.
+		if err := bench.CheckDocs(opts.WriteDocs); err != nil {
+			fmt.Fprintf(stderr, "couchq-bench: --write-docs: %v\n", err)
+			return 2
+		}
+	}
 	level := zerolog.WarnLevel
 	if opts.Verbose {
 		level = zerolog.InfoLevel
@@ -61,7 +72,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if runErr != nil {
 		fmt.Fprintf(stderr, "couchq-bench: %v\n", runErr)
+		if opts.WriteDocs != "" {
+			// Tables with failed sections would replace a good run's.
+			fmt.Fprintf(stderr, "couchq-bench: the docs in %s were not rewritten: the run had errors\n", opts.WriteDocs)
+		}
 		return 1
 	}
+	if opts.WriteDocs != "" {
+		run := bench.DocRun{Reports: reps, Command: commandLine(args), Changed: opts.Changed}
+		if err := bench.WriteDocs(opts.WriteDocs, run, stderr); err != nil {
+			fmt.Fprintf(stderr, "couchq-bench: --write-docs: %v\n", err)
+			return 1
+		}
+	}
 	return 0
+}
+
+// commandLine is the run's command line as a reader would type it in the
+// repository (how it was started, go run or a built binary, does not
+// matter to the figures).
+func commandLine(args []string) string {
+	out := []string{"go run ./cmd/couchq-bench"}
+	for _, a := range args {
+		if a == "" || strings.ContainsFunc(a, func(r rune) bool {
+			return !unicode.IsLetter(r) && !unicode.IsDigit(r) && !strings.ContainsRune("-_./:=,@%+", r)
+		}) {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }

@@ -125,6 +125,10 @@ func (b *run) runBacklog(ctx context.Context, s *Section) error {
 		r := ratio(float64(means[1][j]), float64(means[0][j]))
 		row := numRow(fmt.Sprintf("ratio %d / %d, %s", cfg.BacklogLarge, cfg.BacklogSmall, roundKind(stale)), r, "x", 2)
 		row.target(fmt.Sprintf("<= %.1f", TargetBacklogRatio), r <= TargetBacklogRatio)
+		row.Key = keyBacklogRatio
+		if stale {
+			row.Key = keyBacklogRatioStale
+		}
 		s.add(row)
 	}
 	return nil
@@ -157,6 +161,7 @@ func inTurn(n int, step func(i int) error) error {
 func (b *run) enqueueRows(s *Section, size int, took time.Duration) {
 	r := rate(int64(size), took)
 	row := s.add(numRow(fmt.Sprintf("%d due jobs: enqueue rate (EnqueueMany, %d per request)", size, enqueueBatch), r, "jobs/s", 0))
+	row.Key = keyEnqueue
 	if b.ceiling == nil {
 		row.Target = "vs the bulk ceiling: run section 1"
 		return
@@ -167,8 +172,9 @@ func (b *run) enqueueRows(s *Section, size int, took time.Duration) {
 	if b.cfg.Validation == designdocs.ValidationOff {
 		design, what = b.ceiling.bulkNoValidation, "design doc with validation off"
 	}
-	s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, share of the bulk ceiling, bare / %s", size, what),
+	share := s.add(textRow(fmt.Sprintf("%d due jobs: enqueue, share of the bulk ceiling, bare / %s", size, what),
 		fmt.Sprintf("%.1f %% / %.1f %%", 100*ratio(r, bare), 100*ratio(r, design))))
+	share.Value, share.Unit, share.Key = 100*ratio(r, bare), "%", keyEnqueueShare
 }
 
 // timeBareUpdates times what a claim round asks of the server at its

@@ -146,8 +146,8 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 
 // hostInfo describes this machine now.
 func hostInfo() HostInfo {
-	return HostInfo{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH,
-		LoadStart: loadAverage()}
+	return HostInfo{CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Memory: hostMemory(),
+		GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, LoadStart: loadAverage()}
 }
 
 func (b *run) section(ctx context.Context, s *Section) error {

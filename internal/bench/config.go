@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -309,7 +310,21 @@ func (c Config) Validate() error {
 type Options struct {
 	JSON    bool
 	Verbose bool
+	// WriteDocs is the repository root whose docs the run rewrites
+	// (WriteDocs), empty for none. ParseArgs refuses it for a partial run.
+	WriteDocs string
+	// Partial says why the run measures less than `make bench` does
+	// (--servers, --sections, a server URL); empty for a full run.
+	Partial string
+	// Changed are the flags given that change what is measured, as typed
+	// ("--jobs 500"), for the docs to say; --servers, --sections and
+	// --url are in Partial instead.
+	Changed []string
 }
+
+// outputFlags change how a run is shown, or bound it, not what it
+// measures: the docs need not mention them.
+var outputFlags = []string{"json", "v", "write-docs", "timeout", "couchq-bin", "servers", "sections", "url"}
 
 // ParseArgs parses the command line (without the program name). getenv
 // supplies COUCHDB_URL, COUCHDB_USER, COUCHDB_PASSWORD and
@@ -352,6 +367,8 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.DurationVar(&c.Timeout, "timeout", TimeoutDefault, "bound on each server's run")
 	fs.BoolVar(&o.JSON, "json", false, "print the reports as JSON (an array, one report per server) instead of tables")
 	fs.BoolVar(&o.Verbose, "v", false, "log progress and the workers' warnings to stderr")
+	fs.StringVar(&o.WriteDocs, "write-docs", "", "after a full run, rewrite the generated regions of `DIR`/"+GuidePath+" and DIR/"+ReadmePath+
+		" with its tables (DIR: the repository root, . in make bench); refused with --servers, --sections or a server URL")
 	if err := fs.Parse(args); err != nil {
 		return c, o, err
 	}
@@ -387,9 +404,71 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	}
 	c.User, c.Password = getenv("COUCHDB_USER"), getenv("COUCHDB_PASSWORD")
 	c.CouchDBHome = getenv(localserver.CouchDBHomeEnv)
+	o.Partial, o.Changed = partialRun(c), changedFlags(fs)
 	// Every flag has its default already: validate what was typed, so that
 	// --jobs -5 is an error and not the default.
-	return c, o, c.Validate()
+	if err := c.Validate(); err != nil {
+		return c, o, err
+	}
+	if o.WriteDocs != "" && o.Partial != "" {
+		// Refused up front: a partial run's tables would replace a full
+		// run's, and the run takes minutes before it would find out.
+		return c, o, fmt.Errorf("--write-docs rewrites the docs from a full run, one that measures what `make bench` does; %s makes this one partial: drop one of them", o.Partial)
+	}
+	return c, o, nil
+}
+
+// partialRun says why c measures less than a run with the defaults does,
+// or "" when it measures as much: every local server (those this machine
+// lacks are skipped, and the docs say so), every section.
+func partialRun(c Config) string {
+	var why []string
+	if c.URL != "" {
+		what := "a server URL"
+		if c.URLOrigin == "COUCHDB_URL" {
+			what = "COUCHDB_URL" // the URL itself may hold a password
+		} else if c.URLOrigin != "" {
+			what = c.URLOrigin
+		}
+		why = append(why, what)
+	}
+	if len(c.Servers) > 0 && !sameSet(c.Servers, LocalServers()) {
+		why = append(why, "--servers "+strings.Join(c.Servers, ","))
+	}
+	if !sameSet(c.Sections, AllSections()) {
+		var s []string
+		for _, n := range c.Sections {
+			s = append(s, strconv.Itoa(n))
+		}
+		why = append(why, "--sections "+strings.Join(s, ","))
+	}
+	return strings.Join(why, ", ")
+}
+
+// changedFlags are the flags given whose values are not their defaults,
+// as a command line would give them, outputFlags left out.
+func changedFlags(fs *flag.FlagSet) []string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(outputFlags, f.Name) || f.Value.String() == f.DefValue {
+			return
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			if f.Value.String() == "true" {
+				out = append(out, "--"+f.Name)
+			} else {
+				out = append(out, "--"+f.Name+"="+f.Value.String())
+			}
+			return
+		}
+		out = append(out, "--"+f.Name+" "+f.Value.String())
+	})
+	return out
+}
+
+// sameSet says whether a and b hold the same elements.
+func sameSet[T cmp.Ordered](a, b []T) bool {
+	return slices.Equal(slices.Compact(slices.Sorted(slices.Values(a))), slices.Compact(slices.Sorted(slices.Values(b))))
 }
 
 const usageHead = `usage: couchq-bench [flags]
@@ -406,6 +485,11 @@ starts and measures in turn every local server available, or those of
 joined (q=2, n=3; sizes scaled by --cluster-scale), both from the release
 at $COUCHQ_COUCHDB_HOME or /opt/couchdb; pouchdb, PouchDB Server from
 tools/pouchdb-server. --json prints a JSON array, one report per server.
+
+--write-docs DIR, after a full run (every server, every section; make
+bench passes --write-docs .), rewrites the generated regions of
+DIR/docs/performance.md, and the summary of DIR/README.md if it has one,
+with the run's tables: nothing outside their markers changes.
 
 Flags:
 `

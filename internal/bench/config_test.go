@@ -155,3 +155,46 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// --write-docs takes a full run; what makes a run partial, and which flags
+// the docs must say changed what was measured.
+func TestParseArgsWriteDocs(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		partial string
+		changed []string
+	}{
+		{"defaults", nil, nil, "", nil},
+		{"every server and section named, in any order", []string{"--servers", "pouchdb,couchdb,cluster", "--sections", "8,7,6,5,4,3,2,1"}, nil, "", nil},
+		{"a default given", []string{"--jobs", "10000", "--validation", "on", "--instrument"}, nil, "", nil},
+		{"output flags", []string{"--json", "-v", "--timeout", "1h", "--couchq-bin", "/bin/couchq"}, nil, "", nil},
+		{"sizes", []string{"--workers", "64", "--jobs", "500", "--validation", "off", "--instrument=false", "--keep"}, nil, "",
+			[]string{"--instrument=false", "--jobs 500", "--keep", "--validation off", "--workers 64"}},
+		{"some servers", []string{"--servers", "couchdb"}, nil, "--servers couchdb", nil},
+		{"some sections", []string{"--sections", "3,2"}, nil, "--sections 3,2", nil},
+		{"a URL", []string{"--url", "http://127.0.0.1:5984"}, nil, "--url", nil},
+		// The URL may hold a password: the flag's name stands for it.
+		{"COUCHDB_URL", nil, map[string]string{"COUCHDB_URL": "http://admin:s3cret@127.0.0.1:5984"}, "COUCHDB_URL", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, o, err := ParseArgs(c.args, env(c.env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Partial != c.partial || !slices.Equal(o.Changed, c.changed) {
+				t.Errorf("partial %q, changed %q; want %q, %q", o.Partial, o.Changed, c.partial, c.changed)
+			}
+			_, o, err = ParseArgs(append([]string{"--write-docs", "."}, c.args...), env(c.env), io.Discard)
+			switch {
+			case c.partial == "" && (err != nil || o.WriteDocs != "."):
+				t.Errorf("--write-docs with a full run: %v, %q", err, o.WriteDocs)
+			case c.partial != "" && (err == nil || !strings.Contains(err.Error(), c.partial+" makes this one partial")):
+				t.Errorf("--write-docs with a partial run: %v", err)
+			case err != nil && strings.Contains(err.Error(), "s3cret"):
+				t.Errorf("the password leaked: %v", err)
+			}
+		})
+	}
+}

@@ -58,6 +58,7 @@ func (b *run) runContention(ctx context.Context, s *Section) error {
 		if n == targetConflictWorkers {
 			per := ratio(float64(st.Conflicts), float64(st.Claimed))
 			row.target(fmt.Sprintf("< %.1f", TargetConflicts), per < TargetConflicts)
+			row.Key = keyConflicts
 		}
 		s.add(numRow(label+": throughput", rate(st.Completed, wall), "jobs/s", 0))
 		s.add(numRow(label+": due-view queries per claimed job", ratio(float64(st.Queries), float64(st.Claimed)), "", 2))

@@ -15,3 +15,6 @@ func treeCPU(int) (treeUse, error)          { return treeUse{}, errNoProc }
 func peakRSSOf(int) (uint64, error)         { return 0, errNoProc }
 
 func loadAverage() string { return "" }
+
+func hostMemory() uint64 { return 0 }
+func cpuModel() string   { return "" }

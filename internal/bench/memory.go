@@ -87,13 +87,17 @@ func (b *run) runMemory(_ context.Context, s *Section) error {
 		for _, v := range b.procRSS {
 			peak = max(peak, v)
 		}
-		s.add(numRow(fmt.Sprintf("peak RSS of a worker process (VmHWM, max of %d)", len(b.procRSS)), float64(peak)/(1<<20), "MiB", 1))
+		s.add(numRow(fmt.Sprintf("peak RSS of a worker process (VmHWM, max of %d)", len(b.procRSS)), float64(peak)/(1<<20), "MiB", 1)).Key = keyWorkerRSS
 	}
 	rss, err := maxRSS()
 	if err != nil {
 		return err
 	}
-	s.add(numRow("peak RSS of this process (bench + in-process workers, getrusage maxrss)", float64(rss)/(1<<20), "MiB", 1))
+	row := s.add(numRow("peak RSS of this process (bench + in-process workers, getrusage maxrss)", float64(rss)/(1<<20), "MiB", 1))
+	if b.cfg.Procs == 0 {
+		// The workers ran here: this is the process that ran them.
+		row.Key = keyWorkerRSS
+	}
 	if pids := b.t.serverPIDs; len(pids) > 0 {
 		var sum uint64
 		var err error

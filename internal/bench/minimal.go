@@ -450,7 +450,7 @@ func reachRow(fastest, limit float64) Row {
 		verdict = "yes"
 	}
 	r := textRow(reachRowMetric, fmt.Sprintf("%s: %.1f %%", verdict, share))
-	r.Value, r.Unit = share, "%"
+	r.Value, r.Unit, r.Key = share, "%", keyReach
 	return r
 }
 

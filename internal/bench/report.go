@@ -55,7 +55,11 @@ func (s ServerInfo) Name() string { return serverName(s.Vendor, s.Version) }
 
 // HostInfo describes the machine the bench (and a local server) ran on.
 type HostInfo struct {
-	CPUs      int    `json:"cpus"`
+	CPUs int `json:"cpus"`
+	// CPUModel is the processor's name and Memory the machine's memory in
+	// bytes, where the system says (Linux).
+	CPUModel  string `json:"cpu_model,omitempty"`
+	Memory    uint64 `json:"memory,omitempty"`
 	GoVersion string `json:"go_version"`
 	OS        string `json:"os"`
 	// LoadStart and LoadEnd are the load averages (1, 5, 15 min) when the
@@ -85,6 +89,39 @@ type Row struct {
 	Target string `json:"target,omitempty"`
 	// Met is set on rows that have a target.
 	Met *bool `json:"met,omitempty"`
+	// Key names the figure when it is one of the headline figures the
+	// docs' summaries pick (the key* constants), so that rewording a
+	// row's metric does not lose it.
+	Key string `json:"key,omitempty"`
+}
+
+// The headline figures (Row.Key): what the docs' summaries pick from each
+// server's report.
+const (
+	keyThroughput      = "throughput"       // section 2: couchq's jobs/s, judged against bulk/3
+	keyThroughputShare = "throughput_share" // section 2: that as a share of bulk/3
+	keyReach           = "reach"            // section 2: the fastest minimal queue's share of bulk/3
+	keyWakeupP99       = "wakeup_p99"       // section 3
+	keyConflicts       = "conflicts"        // section 4, at targetConflictWorkers claimants
+	keyEnqueue         = "enqueue"          // section 5: the large backlog's enqueue, judged
+	keyEnqueueShare    = "enqueue_share"    // section 5: that as a share of the bare bulk ceiling
+	keyBacklogRatio    = "backlog_ratio"    // section 5: round, large vs small backlog, view brought up to date
+	// keyBacklogRatioStale is the same reading the view as it stands
+	// (Apache CouchDB only).
+	keyBacklogRatioStale = "backlog_ratio_stale"
+	keyWorkerRSS         = "worker_rss" // section 6: peak RSS of the process the workers ran in
+)
+
+// headline is the report's row of that key.
+func (r *Report) headline(key string) (Row, bool) {
+	for _, s := range r.Sections {
+		for _, row := range s.Rows {
+			if row.Key == key {
+				return row, true
+			}
+		}
+	}
+	return Row{}, false
 }
 
 func (s *Section) add(r Row) *Row {

@@ -109,6 +109,64 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 		t.Fatalf("JSON report: %v", err)
 	}
 	t.Logf("\n%s", table.String())
+	// The headline figures the docs' summaries pick are keyed; section 2's
+	// minimal queues and section 5's stale reads run on Apache CouchDB
+	// only, and tiny has no 16 claimants to judge 409s at.
+	keys := []string{keyThroughput, keyThroughputShare, keyWakeupP99, keyEnqueue, keyEnqueueShare, keyBacklogRatio, keyWorkerRSS}
+	if srv.Caps().Vendor == "couchdb" {
+		keys = append(keys, keyReach, keyBacklogRatioStale)
+	}
+	for _, k := range keys {
+		if row, ok := rep.headline(k); !ok || row.Text == "" {
+			t.Errorf("no headline row %q (%+v)", k, row)
+		}
+	}
+	checkMarkdown(t, DocRun{Reports: reps, Command: "go run ./cmd/couchq-bench"})
+}
+
+// checkMarkdown checks the docs' Markdown of a run: each measured
+// server's table holds every row of its report, in order; the targets and
+// summary tables have a column or row per server.
+func checkMarkdown(t *testing.T, d DocRun) {
+	t.Helper()
+	run := d.runRegion()
+	for _, rep := range d.Reports {
+		if !rep.measured() {
+			continue
+		}
+		_, after, ok := strings.Cut(run, "\n### "+rep.Title()+"\n")
+		if !ok {
+			t.Errorf("no heading for %s:\n%s", rep.Title(), run)
+			continue
+		}
+		_, table, ok := strings.Cut(after, "| section | metric | value | target | met |\n|---|---|--:|---|---|\n")
+		if !ok {
+			t.Errorf("%s: no table:\n%s", rep.Title(), after)
+			continue
+		}
+		table, _, _ = strings.Cut(table, "\n\n")
+		lines := strings.Split(strings.TrimSuffix(table, "\n"), "\n")
+		var rows []Row
+		for _, s := range rep.Sections {
+			rows = append(rows, s.Rows...)
+		}
+		if len(lines) != len(rows) {
+			t.Errorf("%s: %d table lines, want %d rows:\n%s", rep.Title(), len(lines), len(rows), table)
+			continue
+		}
+		for i, r := range rows {
+			if !strings.Contains(lines[i], "| "+mdCell(r.Text)+" |") || strings.Count(lines[i], " | ") != 4 {
+				t.Errorf("%s: line %q is not row %+v", rep.Title(), lines[i], r)
+			}
+		}
+	}
+	targets, summary := d.targetsRegion(), d.summaryRegion()
+	for _, rep := range d.Reports {
+		if !strings.Contains(targets, " "+rep.Title()+" |") || !strings.Contains(summary, "\n| "+rep.Title()+" | ") {
+			t.Errorf("%s is not in the targets or summary tables:\n%s\n%s", rep.Title(), targets, summary)
+		}
+	}
+	t.Logf("\n%s\n%s\n%s", targets, run, summary)
 }
 
 // checkBacklogRows checks section 5: the round is timed as it stands
@@ -524,6 +582,9 @@ func TestRunOnLocalServers(t *testing.T) {
 		if !strings.Contains(table.String(), "--jobs "+jobs+",") {
 			t.Errorf("%s: sizes are not --jobs %s", sv.Kind, jobs)
 		}
+		if r, ok := rep.headline(keyThroughput); !ok || r.Value <= 0 {
+			t.Errorf("%s: no headline throughput: %+v", sv.Kind, r)
+		}
 		// validate_doc_update runs in couchjs on Apache CouchDB: its CPU is
 		// part of the server's, and shown.
 		if sv.Vendor == "couchdb" {
@@ -532,4 +593,6 @@ func TestRunOnLocalServers(t *testing.T) {
 			}
 		}
 	}
+	// The docs have each server's table.
+	checkMarkdown(t, DocRun{Reports: reps, Command: "go run ./cmd/couchq-bench"})
 }

@@ -94,10 +94,11 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 	span := jt.span()
 	tput := rate(int64(cfg.Jobs), span)
 	row := s.add(numRow(fmt.Sprintf("throughput, %s, first claim -> last done", who), tput, "jobs/s", 0))
+	row.Key = keyThroughput
 	if b.ceiling != nil {
 		limit := b.ceiling.jobsLimit()
 		row.target(fmt.Sprintf(">= %.0f%% of %.0f jobs/s (bulk/3)", TargetThroughputShare*100, limit), tput >= TargetThroughputShare*limit)
-		s.add(numRow("share of the physical limit (bulk, bare / 3)", 100*ratio(tput, limit), "%", 1))
+		s.add(numRow("share of the physical limit (bulk, bare / 3)", 100*ratio(tput, limit), "%", 1)).Key = keyThroughputShare
 		s.add(numRow("share of the single-doc limit (best single-doc rate / 3)", 100*ratio(tput, b.ceiling.putLimit()), "%", 1))
 	} else {
 		row.Target = "vs bulk/3: run section 1"

@@ -166,6 +166,7 @@ func (b *run) runWakeup(ctx context.Context, s *Section) error {
 	s.add(durRow("enqueue -> handler start p50", sum.P50))
 	s.add(durRow("enqueue -> handler start p95", sum.P95))
 	row := s.add(durRow("enqueue -> handler start p99", sum.P99))
+	row.Key = keyWakeupP99
 	row.target(fmt.Sprintf("< %d ms", TargetWakeupP99.Milliseconds()), sum.N > 0 && missing == 0 && sum.P99 < TargetWakeupP99)
 	s.add(durRow("enqueue -> handler start max", sum.Max))
 	s.add(durRow("  of which the enqueue PUT itself, p50", Summarize(putTimes).P50))
