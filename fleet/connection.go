@@ -33,15 +33,19 @@ type Connection struct {
 	CAFile string
 	// DB is the queue's database; default "couchq".
 	DB string
+	// Site is the site the fleet works for, in a queue of several sites
+	// linked by replication: its workers claim only the site's jobs. Empty
+	// in a single database.
+	Site string
 }
 
 // ConnectionFromEnv is the connection the environment describes, as the
 // couchq command reads it when no flag is given: $COUCHDB_URL,
-// $COUCHDB_USER, $COUCHDB_PASSWORD_FILE, $COUCHDB_PASSWORD and $COUCHQ_DB.
+// $COUCHDB_USER, $COUCHDB_PASSWORD_FILE, $COUCHDB_PASSWORD, $COUCHQ_DB and $COUCHQ_SITE.
 func ConnectionFromEnv() Connection {
 	return Connection{
 		URL: os.Getenv("COUCHDB_URL"), User: os.Getenv("COUCHDB_USER"), Password: os.Getenv("COUCHDB_PASSWORD"),
-		PasswordFile: os.Getenv("COUCHDB_PASSWORD_FILE"), DB: os.Getenv("COUCHQ_DB"),
+		PasswordFile: os.Getenv("COUCHDB_PASSWORD_FILE"), DB: os.Getenv("COUCHQ_DB"), Site: os.Getenv("COUCHQ_SITE"),
 	}
 }
 
@@ -77,7 +81,7 @@ func (c Connection) resolve() (*cli.Conn, error) {
 
 // conn is c as the couchq command holds its connection settings.
 func (c Connection) conn() *cli.Conn {
-	return &cli.Conn{URL: c.URL, User: c.User, Password: c.Password, PasswordFile: c.PasswordFile, CAFile: c.CAFile, DB: c.DB}
+	return &cli.Conn{URL: c.URL, User: c.User, Password: c.Password, PasswordFile: c.PasswordFile, CAFile: c.CAFile, DB: c.DB, Site: c.Site}
 }
 
 // connectionOf is the Connection of a command's settings, unresolved.
@@ -86,7 +90,7 @@ func connectionOf(conn *cli.Conn) Connection {
 	if conn.FixedPassword != "" {
 		pw = conn.FixedPassword
 	}
-	return Connection{URL: conn.URL, User: conn.User, Password: pw, PasswordFile: conn.PasswordFile, CAFile: conn.CAFile, DB: conn.DB}
+	return Connection{URL: conn.URL, User: conn.User, Password: pw, PasswordFile: conn.PasswordFile, CAFile: conn.CAFile, DB: conn.DB, Site: conn.Site}
 }
 
 // noEnv is an empty environment: a Connection is used as it is.

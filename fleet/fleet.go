@@ -32,6 +32,7 @@
 //	password_file = "/run/secrets/couchq"   # or password_env = "VAR";
 //	ca_file = "/etc/couchq/ca.pem"          # never the password itself
 //	db = "couchq"
+//	site = "berlin"   # in a queue of several sites: the one these workers run for
 //
 //	[worker]
 //	shutdown_timeout = "30s"
@@ -70,7 +71,7 @@
 // Connection says how to reach the queue. Load takes it from the file's
 // [couchdb] table with the environment's settings over it, as the couchq
 // command does: $COUCHDB_URL, $COUCHDB_USER, $COUCHDB_PASSWORD_FILE or
-// $COUCHDB_PASSWORD, and $COUCHQ_DB, so that a deployment overrides a
+// $COUCHDB_PASSWORD, $COUCHQ_DB and $COUCHQ_SITE, so that a deployment overrides a
 // shared file without editing it. ConnectionFromEnv is the environment's
 // alone, and Connection.Open opens the queue for a program that enqueues.
 package fleet

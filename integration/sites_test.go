@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -340,4 +341,135 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a, b, p)
 	time.Sleep(3 * time.Second)
 	checkRanOnceAtOwner(t, &rc, owners)
+}
+
+// Site A stops with jobs claimed and queued; B takes A's jobs over and runs
+// them all; A comes back: every conflict is settled, every job that ran
+// twice shows both runs and the takeover in its history, and A's workers
+// claim nothing they no longer own.
+func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	slow := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	wa, err := worker.New((*couchq.Client)(a.client), worker.Config{
+		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
+		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stopA := context.WithCancel(ctx)
+	aDone := make(chan struct{})
+	go func() { defer close(aDone); _ = wa.Run(actx) }()
+	ids := a.enqueue(ctx, t, "render", "", 40)
+
+	// Wait for A's claims to reach B, then stop A's server under them.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		running, err := b.client.List(ctx, protocol.ListOptions{Worker: "render", Status: protocol.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(running.Items) >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A's claims did not reach B: %d running there", len(running.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := a.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopA()
+	<-aDone
+
+	moved, err := b.client.TakeOver(ctx, "A", "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved == 0 {
+		t.Fatal("the takeover moved no job")
+	}
+	b.startWorkers(ctx, t, &rc, 1, "render")
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+
+	// A comes back; once the links have brought it up to date, its workers
+	// run nothing of what B took over.
+	if err := a.srv.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a)
+	before := rc.snapshot()
+	a.startWorkers(ctx, t, &rc, 1, "render")
+	time.Sleep(5 * time.Second)
+
+	after := rc.snapshot()
+	twice := 0
+	for _, id := range ids {
+		r := after[id]
+		if len(r) == 0 {
+			t.Errorf("job %s never ran", id)
+		}
+		if len(r) > len(before[id]) {
+			t.Errorf("job %s ran again at %v after A came back", id, r[len(before[id]):])
+		}
+		if len(r) > 2 || len(r) == 2 && (r[0] != "A" || r[1] != "B") {
+			t.Errorf("job %s ran at %v", id, r)
+		}
+		if len(r) < 2 {
+			continue
+		}
+		twice++
+		// The second run is the one kind of duplicate a takeover allows:
+		// its history shows A's claim, the takeover and B's run.
+		it, err := b.client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var claimedByA, takeover bool
+		for _, e := range it.History {
+			claimedByA = claimedByA || e.Event == protocol.EventClaimed && strings.HasSuffix(e.By, "/A-0")
+			takeover = takeover || e.Event == protocol.EventSiteTakeover
+		}
+		if !claimedByA || !takeover || it.Site != "B" {
+			t.Errorf("job %s ran at A and B but its history does not say so: site %q, %s", id, it.Site, events(it))
+		}
+	}
+	if twice == 0 {
+		t.Error("no job ran at both sites: the test did not stop A under a claim")
+	}
+	// Every conflict is settled, at both sites.
+	for _, s := range []*testSite{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for _, id := range ids {
+			for {
+				leaves, err := s.client.Leaves(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				live := 0
+				for _, l := range leaves {
+					if !l.Deleted {
+						live++
+					}
+				}
+				if live == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("site %s: job %s still has %d live branches", s.name, id, live)
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+		}
+	}
 }

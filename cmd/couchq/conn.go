@@ -33,6 +33,10 @@ const connUsage = `	--url URL         CouchDB server (default $COUCHDB_URL, else
 	--ca-file F       trust the CA certificates in PEM file F (as well as
 	                  the system's) for https:// URLs
 	--db NAME         database (default $COUCHQ_DB, else ` + protocol.DBDefault + `)
+	--site NAME       the site this command works for, in a queue of
+	                  several sites (couchq sites): a worker claims only
+	                  its jobs, and what it enqueues is its own (default
+	                  $COUCHQ_SITE)
 	--json            machine-readable JSON on stdout
 	--log-level LVL   debug, info, warn, error or disabled (default warn)
 `
@@ -75,6 +79,7 @@ func addConnFlags(fs *flag.FlagSet) *connFlags {
 		return nil
 	})
 	fs.StringVar(&c.DB, "db", "", "database name")
+	fs.StringVar(&c.Site, "site", "", "the site this command works for")
 	fs.StringVar(&c.User, "user", "", "CouchDB user")
 	fs.StringVar(&c.PasswordFile, "password-file", "", "file holding the CouchDB password")
 	fs.StringVar(&c.CAFile, "ca-file", "", "PEM file of CA certificates to trust")

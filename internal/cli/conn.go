@@ -35,6 +35,10 @@ type Conn struct {
 	User         string
 	PasswordFile string
 	CAFile       string
+	// Site is the site the command works for, in a queue of several
+	// sites (couchq sites): a worker claims its jobs, an enqueue makes
+	// them its own. Default $COUCHQ_SITE; none in a single database.
+	Site string
 
 	// Password is the password from PasswordFile or the environment
 	// (empty: the URL's, if any). Never printed.
@@ -149,6 +153,12 @@ func (c *Conn) ResolveDB(getenv func(string) string) error {
 	if !validDBName(c.DB) {
 		return Usagef("invalid --db %q: a database name starts with a lowercase letter and has only a-z, 0-9 and _$()+-/", c.DB)
 	}
+	if c.Site == "" {
+		c.Site = getenv("COUCHQ_SITE")
+	}
+	if c.Site != "" && !protocol.ValidSiteName(c.Site) {
+		return Usagef("invalid --site %q: a site name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", c.Site)
+	}
 	return nil
 }
 
@@ -233,7 +243,7 @@ func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() tim
 	}
 	// ReadYourWrites: a command that lists jobs right after one that wrote
 	// them sees the writes on a cluster, through any node.
-	q, err = protocol.New(ctx, client.DB(c.DB), protocol.Config{Logger: log, Actor: "cli", Now: now, ReadYourWrites: true})
+	q, err = protocol.New(ctx, client.DB(c.DB), protocol.Config{Logger: log, Actor: "cli", Now: now, ReadYourWrites: true, Site: c.Site})
 	if err != nil {
 		_ = client.Close()
 		return nil, nil, c.openError(err)
@@ -252,6 +262,9 @@ func (c *Conn) Open(ctx context.Context, cfg protocol.Config) (q *protocol.Clien
 	srv, err := c.Connect(ctx, cfg.Logger)
 	if err != nil {
 		return nil, nil, ServerError(c.URL, err)
+	}
+	if cfg.Site == "" {
+		cfg.Site = c.Site
 	}
 	q, err = srv.Open(ctx, c.DB, cfg)
 	if err != nil {

@@ -82,3 +82,20 @@ func stopSite(t testing.TB, site *Server) {
 		t.Errorf("couchtest: stopping a site: %v", err)
 	}
 }
+
+// StopSite stops a site started by NewSite, keeping its data: the site is
+// down until StartSite.
+func (s *Server) StopSite(ctx context.Context) error {
+	if s.couch == nil {
+		return fmt.Errorf("couchtest: %s is not a site started from the local release", s)
+	}
+	return s.couch.StopNode(ctx, 1)
+}
+
+// StartSite starts a stopped site again, on the same data and port.
+func (s *Server) StartSite(ctx context.Context) error {
+	if s.couch == nil {
+		return fmt.Errorf("couchtest: %s is not a site started from the local release", s)
+	}
+	return s.couch.StartNode(ctx, 1)
+}

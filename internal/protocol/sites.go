@@ -54,6 +54,10 @@ var ErrNoSite = errors.New("the database has sites: a worker must name its own (
 type SiteInfo struct {
 	// AddedAt is when the site joined (Unix seconds).
 	AddedAt float64 `json:"added_at"`
+	// TakenOverBy names the site that took this one's unfinished jobs
+	// (TakeOver), and TakenOverAt says when; empty while it runs its own.
+	TakenOverBy string  `json:"taken_over_by,omitempty"`
+	TakenOverAt float64 `json:"taken_over_at,omitempty"`
 }
 
 // SitesDoc is the sites document: which sites form the queue and which
@@ -267,14 +271,138 @@ func (c *Client) ownsUnsited() bool {
 }
 
 // ownsLeaves reports whether this client's site settles a conflicted
-// job: the one its live branches name as owner.
+// job: the one its live branches name as owner. Branches disagree after a
+// takeover (the old owner's copy still names it): the branch that records
+// the latest takeover names the owner.
 func (c *Client) ownsLeaves(leaves []Leaf) bool {
+	var owner *WorkItem
+	latest := ""
 	for _, l := range leaves {
-		if l.Item != nil && !l.Deleted {
-			return c.owns(l.Item) == nil
+		if l.Item == nil || l.Deleted {
+			continue
+		}
+		if owner == nil {
+			owner = l.Item
+		}
+		for _, e := range l.Item.History {
+			if e.Event == EventSiteTakeover && e.At > latest {
+				owner, latest = l.Item, e.At
+			}
 		}
 	}
-	return c.ownsUnsited()
+	if owner == nil {
+		return c.ownsUnsited()
+	}
+	return c.owns(owner) == nil
+}
+
+// EventSiteTakeover is the history entry of a job moved to another site by
+// a takeover.
+const EventSiteTakeover = "site-takeover"
+
+// TakeOver moves every unfinished job that site from owns to site to: for
+// when from is gone (down, or cut off for longer than its jobs can wait).
+// Each job then names to as its owner, a claim from's workers held is
+// returned to the queue (its attempt stays counted), and its history gets
+// a site-takeover entry. When from was the default site, to becomes it, so
+// that the jobs that name no site are to's too. It returns how many jobs
+// it moved. Run it at a site that is up; from's jobs that had not reached
+// that site are not moved, and if from was only cut off and runs a moved
+// job meanwhile, that job runs twice: its history shows both runs and the
+// takeover.
+func (c *Client) TakeOver(ctx context.Context, from, to string) (int, error) {
+	if from == to {
+		return 0, fmt.Errorf("%w: a site cannot take itself over", ErrInvalidJob)
+	}
+	var known, wasDefault bool
+	_, err := c.changeSites(ctx, func(d *SitesDoc) bool {
+		_, okFrom := d.Sites[from]
+		_, okTo := d.Sites[to]
+		known = okFrom && okTo
+		if !known {
+			return false
+		}
+		wasDefault = d.Default == from || d.Sites[from].TakenOverBy == to && d.Default == to
+		info := d.Sites[from]
+		info.TakenOverBy, info.TakenOverAt = to, ToUnix(c.now())
+		d.Sites[from] = info
+		if d.Default == from {
+			d.Default = to
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !known {
+		d, _ := c.ReadSites(ctx)
+		var names []string
+		if d != nil {
+			names = d.Names()
+		}
+		return 0, fmt.Errorf("%w: taking %s over by %s: the sites are %v", ErrNotFound, from, to, names)
+	}
+	// The jobs that were from's before the default moved: those naming it,
+	// and, when it was the default, those naming none.
+	owned := func(it *WorkItem) bool { return it.Site == from || (it.Site == "" && wasDefault) }
+	var ids []string
+	for _, st := range []Status{StatusQueued, StatusRunning} {
+		rows := c.view(ctx, "by_status", kivik.Params(map[string]any{
+			"startkey": []any{string(st)}, "endkey": []any{string(st), map[string]any{}}, "include_docs": true,
+		}))
+		b, err := c.scan(rows, "listing the jobs of site "+from)
+		if err != nil {
+			return 0, err
+		}
+		for _, it := range b.Items {
+			if owned(it) {
+				ids = append(ids, it.ID)
+			}
+		}
+	}
+	moved := 0
+	by := c.cfg.Actor
+	for _, id := range ids {
+		ok, err := c.moveJob(ctx, id, from, to, by, owned)
+		if err != nil {
+			return moved, err
+		}
+		if ok {
+			moved++
+		}
+	}
+	return moved, nil
+}
+
+// moveJob moves one job of from's to to, unless it finished or moved
+// meanwhile.
+func (c *Client) moveJob(ctx context.Context, id, from, to, by string, owned func(*WorkItem) bool) (bool, error) {
+	for round := 0; ; round++ {
+		var it WorkItem
+		if err := c.db.Get(ctx, id, c.readOpts()...).ScanDoc(&it); err != nil {
+			if isStatus(err, http.StatusNotFound) {
+				return false, nil
+			}
+			return false, fmt.Errorf("reading job %s: %w", id, err)
+		}
+		if it.Status.Terminal() || !owned(&it) {
+			return false, nil
+		}
+		next := it.Clone()
+		next.Site = to
+		if next.Claimed || next.Status == StatusRunning {
+			c.unclaim(next)
+			next.Status = StatusQueued
+		}
+		c.record(next, EventSiteTakeover, by, fmt.Sprintf("site %s taken over by %s", from, to))
+		_, err := c.db.Put(ctx, id, next, c.writeOpts()...)
+		if err == nil {
+			return true, nil
+		}
+		if !isStatus(err, http.StatusConflict) || round >= 4 {
+			return false, fmt.Errorf("moving job %s to site %s: %w", id, to, err)
+		}
+	}
 }
 
 // SiteHeartbeatID is the id of a site's heartbeat document.

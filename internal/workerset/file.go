@@ -43,6 +43,7 @@ type fileConn struct {
 	PasswordEnv  string `toml:"password_env"`
 	CAFile       string `toml:"ca_file"`
 	DB           string `toml:"db"`
+	Site         string `toml:"site"`
 }
 
 // fileProcess holds the settings of the whole process rather than a type.
@@ -505,6 +506,9 @@ func (f *File) ApplyConn(conn *cli.Conn, given map[string]bool, getenv func(stri
 	}
 	if !given["db"] && !env("COUCHQ_DB") && c.DB != "" {
 		conn.DB = c.DB
+	}
+	if !given["site"] && !env("COUCHQ_SITE") && c.Site != "" {
+		conn.Site = c.Site
 	}
 	if !given["user"] && !env("COUCHDB_USER") && c.User != "" {
 		conn.User = c.User
