@@ -87,6 +87,7 @@ func commands() []command {
 		{"slots", "reserve, release and list the slots of a sequence (serials, invoice numbers)", slotsUsage, (*Main).runSlots},
 		{"purge", "delete old done, failed or cancelled jobs in bulk", purgeUsage, (*Main).runPurge},
 		{"serve", "serve Prometheus metrics and a JSON API over HTTP", serveUsage, (*Main).runServe},
+		{"sites", "list, add, link and take over the sites of a queue linked by replication", sitesUsage, (*Main).runSites},
 		{"demo", "start a server (or use $COUCHDB_URL), enqueue a few jobs and look at them", demoUsage, (*Main).runDemo},
 	}
 }

@@ -101,7 +101,7 @@ func (c *Client) ReadSites(ctx context.Context) (*SitesDoc, error) {
 // changes nothing.
 func (c *Client) AddSite(ctx context.Context, name string) (*SitesDoc, error) {
 	if !ValidSiteName(name) {
-		return nil, fmt.Errorf("%w: site name %q: want %s", ErrInvalidJob, name, siteNameRule)
+		return nil, fmt.Errorf("invalid site name %q: want %s", name, siteNameRule)
 	}
 	return c.changeSites(ctx, func(d *SitesDoc) bool {
 		if _, ok := d.Sites[name]; ok {
