@@ -153,7 +153,8 @@ func (c *Client) List(ctx context.Context, opts ListOptions) ([]*WorkItem, error
 }
 
 // Retry makes a failed or cancelled job due now, with its attempts
-// counted afresh. Any other status returns ErrWrongState.
+// counted afresh. Any other status returns ErrWrongState. Another site's
+// job is retried by its owner: the call returns ErrForwarded.
 func (c *Client) Retry(ctx context.Context, id string) (*WorkItem, error) {
 	return c.p().Retry(ctx, id, c.actor())
 }
@@ -166,7 +167,8 @@ func (c *Client) RetryFailed(ctx context.Context, worker string) (int, error) {
 
 // Cancel cancels a queued or running job: it will not run again, and a
 // worker running it learns so at its next lease renewal. A finished job
-// returns ErrWrongState.
+// returns ErrWrongState. Another site's job is cancelled by its owner: the
+// call returns ErrForwarded.
 func (c *Client) Cancel(ctx context.Context, id, reason string) (*WorkItem, error) {
 	return c.p().CancelJob(ctx, id, c.actor(), reason)
 }

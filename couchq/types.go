@@ -183,6 +183,10 @@ var (
 	// ErrReservationLost: a reservation expired and its slot went to
 	// another holder.
 	ErrReservationLost = protocol.ErrReservationLost
+	// ErrForwarded: a cancel or retry of another site's job was not
+	// applied here; a request for it went to the job's owner site, which
+	// applies it once, when the request reaches it.
+	ErrForwarded = protocol.ErrForwarded
 )
 
 // CatchUp is a Periodic schedule's policy for ticks missed while no

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -470,6 +471,166 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 				}
 				time.Sleep(500 * time.Millisecond)
 			}
+		}
+	}
+}
+
+// Cancel and retry issued at a site that does not own the job, with the
+// links up and with them cut: each is applied once, at the owner.
+func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	failing := map[string]bool{}
+	var mu sync.Mutex
+	handler := func(site string) worker.Handler {
+		count := rc.handler(site)
+		return worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			_ = count.Handle(ctx, job)
+			mu.Lock()
+			defer mu.Unlock()
+			if failing[job.ID] {
+				failing[job.ID] = false // fails once, for good; succeeds when retried
+				return worker.JobFail(fmt.Errorf("failing on purpose"))
+			}
+			return nil
+		})
+	}
+	for _, s := range []*testSite{a, b} {
+		w, err := worker.New((*couchq.Client)(s.client), worker.Config{
+			Handlers: map[string]worker.Handler{"mail": handler(s.name)}, ID: s.name + "-0",
+			HeartbeatInterval: time.Second, SweepInterval: time.Second, FallbackPoll: time.Second,
+			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = w.Run(wctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	later := func(n int) []string { // A's jobs, due in an hour: cancellable
+		var jobs []protocol.NewJob
+		for range n {
+			jobs = append(jobs, protocol.NewJob{Worker: "mail", At: time.Now().Add(time.Hour)})
+		}
+		res, err := a.client.EnqueueMany(ctx, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, r := range res {
+			ids = append(ids, r.Item.ID)
+		}
+		return ids
+	}
+	failed := a.enqueue(ctx, t, "mail", "", 2)
+	mu.Lock()
+	for _, id := range failed {
+		failing[id] = true
+	}
+	mu.Unlock()
+	toCancel := later(2)
+	waitStatusAt(ctx, t, b, protocol.StatusFailed, failed...)
+	waitStatusAt(ctx, t, b, protocol.StatusQueued, toCancel...)
+
+	// Links up: B asks, A applies.
+	_, err := b.client.CancelJob(ctx, toCancel[0], "ops@B", "not needed")
+	if !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatalf("cancel at a non-owner: %v", err)
+	}
+	_, err = b.client.Retry(ctx, failed[0], "ops@B")
+	if !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatalf("retry at a non-owner: %v", err)
+	}
+	// Links cut: the requests wait at B, then go.
+	for _, s := range []*testSite{a, b} {
+		if _, err := s.conn.Unlink(ctx, sitesDB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.client.CancelJob(ctx, toCancel[1], "ops@B", "not needed"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	if _, err := b.client.Retry(ctx, failed[1], "ops@B"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if it, err := a.client.Get(ctx, toCancel[1]); err != nil || it.Status != protocol.StatusQueued {
+		t.Fatalf("a request crossed a cut link: %+v %v", it, err)
+	}
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatusAt(ctx, t, a, protocol.StatusCancelled, toCancel...)
+	waitStatusAt(ctx, t, b, protocol.StatusCancelled, toCancel...)
+	waitStatusAt(ctx, t, a, protocol.StatusDone, failed...)
+	waitStatusAt(ctx, t, b, protocol.StatusDone, failed...)
+	time.Sleep(3 * time.Second) // a second application would show by now
+
+	runs := rc.snapshot()
+	for _, id := range failed {
+		if r := runs[id]; len(r) != 2 || r[0] != "A" || r[1] != "A" {
+			t.Errorf("retried job %s ran at %v, want [A A]: once, and once more for the retry", id, r)
+		}
+	}
+	for _, id := range toCancel {
+		if r := runs[id]; len(r) != 0 {
+			t.Errorf("cancelled job %s ran at %v", id, r)
+		}
+		it, err := a.client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range it.History {
+			if e.Event == protocol.EventCancelled {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("job %s cancelled %d times: %s", id, n, events(it))
+		}
+	}
+	reqs, err := b.client.Requests(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := time.Now().Add(time.Minute)
+	for {
+		applied := 0
+		for _, r := range reqs {
+			if r.State == protocol.RequestApplied {
+				applied++
+			}
+		}
+		if applied == 4 {
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("requests at B: %+v", reqs)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if reqs, err = b.client.Requests(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitStatusAt waits until every job in ids has status st at site s.
+func waitStatusAt(ctx context.Context, t *testing.T, s *testSite, st protocol.Status, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, id := range ids {
+		for {
+			it, err := s.client.Get(ctx, id)
+			if err == nil && it.Status == st {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("site %s: job %s is not %s: %+v %v", s.name, id, st, it, err)
+			}
+			time.Sleep(300 * time.Millisecond)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 
 	"github.com/rs/zerolog"
 
@@ -33,6 +34,9 @@ func (m *Main) runCancel(ctx context.Context, log zerolog.Logger, args []string)
 	}
 	defer closeQueue()
 	it, err := q.CancelJob(ctx, id, q.Config().Actor, reason)
+	if fwd := (*protocol.ForwardedError)(nil); errors.As(err, &fwd) {
+		return printForwarded(m.Stdout, fwd, conn.json)
+	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}

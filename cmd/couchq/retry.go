@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rs/zerolog"
@@ -72,6 +73,9 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 		return cli.ServerError(conn.URL, err)
 	}
 	it, err := q.Retry(ctx, id, q.Config().Actor)
+	if fwd := (*protocol.ForwardedError)(nil); errors.As(err, &fwd) {
+		return printForwarded(m.Stdout, fwd, conn.json)
+	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ const sitesUsage = `Usage: couchq sites [ls] [flags]
                          [--peer-user U] [--peer-password-file F] [flags]
        couchq sites unlink [flags]
        couchq sites takeover FROM --to SITE [flags]
+       couchq sites requests [JOB] [flags]
 
 Sites: databases at several places, each with its own workers, linked by
 CouchDB's replication into one queue. Every job has one owner site, the
@@ -36,6 +38,10 @@ field), else the default site (the first added).
 	           Server, a producer) drives both links itself. The links keep
 	           both sides' credentials, readable by server admins only
 	unlink     removes the links this server holds for the database
+	requests   the cancels and retries asked of other sites' jobs here, or
+	           of this site's jobs elsewhere, and whether their owner
+	           applied them (couchq cancel and retry of another site's job
+	           write such a request; its owner's workers apply it)
 	takeover   moves every unfinished job of site FROM (gone: down, or cut
 	           off for longer than its jobs can wait) to site --to, which
 	           becomes the default if FROM was
@@ -68,11 +74,11 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 	if len(rest) > 0 {
 		sub, rest = rest[0], rest[1:]
 	}
-	want := map[string]int{"ls": 0, "add": 1, "link": 0, "unlink": 0, "takeover": 1}
+	want := map[string]int{"ls": 0, "add": 1, "link": 0, "unlink": 0, "takeover": 1, "requests": min(len(rest), 1)}
 	n, ok := want[sub]
 	switch {
 	case !ok:
-		return cli.Usagef("unknown subcommand %q: want ls, add, link, unlink or takeover", sub)
+		return cli.Usagef("unknown subcommand %q: want ls, add, link, unlink, takeover or requests", sub)
 	case len(rest) != n:
 		return cli.Usagef("couchq sites %s takes %d argument(s), got %d", sub, n, len(rest))
 	case sub == "takeover" && to == "":
@@ -130,6 +136,24 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 		return line("removed %d %s this server held for %s", removed, cli.Plural(removed, "link", "links"), conn.DB)
 	case "link":
 		return m.linkSites(ctx, log, conn, site, &peer, peerSite)
+	case "requests":
+		job := ""
+		if len(rest) == 1 {
+			job = rest[0]
+		}
+		reqs, err := q.Requests(ctx, job)
+		if err != nil {
+			return cli.ServerError(conn.URL, err)
+		}
+		if conn.json {
+			return cli.WriteJSON(m.Stdout, reqs)
+		}
+		tw := cli.NewTable(m.Stdout)
+		fmt.Fprintln(tw, "REQUEST\tJOB\tACTION\tFROM\tFOR\tSTATE\tRESULT")
+		for _, r := range reqs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Job, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
+		}
+		return tw.Flush()
 	}
 	return m.listSites(ctx, log, conn, q)
 }
@@ -248,4 +272,16 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		fmt.Fprintf(tw, "%s -> %s\t%s\t%s\t%d\t%s\n", l.From, l.To, l.State, pending, l.DocsWritten, l.Error)
 	}
 	return tw.Flush()
+}
+
+// printForwarded says that an action went to the job's owner site as a
+// request; with --json, the request document.
+func printForwarded(w io.Writer, fwd *protocol.ForwardedError, asJSON bool) error {
+	if asJSON {
+		return cli.WriteJSON(w, fwd.Request)
+	}
+	r := fwd.Request
+	_, err := fmt.Fprintf(w, "%s of %s requested from site %s, its owner, which applies it when the request reaches it (request %s; couchq sites requests %s)\n",
+		r.Action, r.Job, r.Site, r.ID, r.Job)
+	return err
 }

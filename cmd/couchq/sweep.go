@@ -20,8 +20,10 @@ Safe to run alongside workers: a claim renewed meanwhile is left alone.
 
 	--limit N   at most N expired leases in this sweep (default 500)
 
-It prints how many jobs were requeued and failed, and how many sweeps
-were lost to another writer (a worker's sweeper or the claimant itself).
+It prints how many jobs were requeued and failed, how many sweeps were
+lost to another writer (a worker's sweeper or the claimant itself), and
+how many conflicted jobs (two claims through different nodes of a
+cluster, or revisions from another site) it settled.
 `
 
 // sweepResult is what one sweep did, as printed with --json.
@@ -30,6 +32,10 @@ type sweepResult struct {
 	Failed    int `json:"failed"`
 	Lost      int `json:"lost"`
 	Malformed int `json:"malformed"`
+	// Settled counts conflicted jobs made whole; Requests, other sites'
+	// cancels and retries applied (or refused) for this site's jobs.
+	Settled  int `json:"settled"`
+	Requests int `json:"requests"`
 	// More means the sweep handled --limit claims, so more may be waiting:
 	// run it again.
 	More bool `json:"more"`
@@ -60,13 +66,16 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 		return cli.ServerError(conn.URL, err)
 	}
 	out := sweepResult{
-		Requeued: res.Requeued, Failed: res.Failed, Lost: res.Lost, Malformed: res.Malformed,
+		Requeued: res.Requeued, Failed: res.Failed, Lost: res.Lost, Malformed: res.Malformed, Settled: res.Settled, Requests: res.Requests,
 		More: res.Requeued+res.Failed+res.Lost+res.Malformed >= limit,
 	}
 	if conn.json {
 		return cli.WriteJSON(m.Stdout, out)
 	}
-	line := fmt.Sprintf("requeued %d, failed %d, lost %d", out.Requeued, out.Failed, out.Lost)
+	line := fmt.Sprintf("requeued %d, failed %d, lost %d, settled %d", out.Requeued, out.Failed, out.Lost, out.Settled)
+	if out.Requests > 0 {
+		line += fmt.Sprintf(", %d other sites' requests applied", out.Requests)
+	}
 	if out.Malformed > 0 {
 		line += fmt.Sprintf(", malformed %d (see the log)", out.Malformed)
 	}

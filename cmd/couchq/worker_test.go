@@ -172,7 +172,7 @@ func TestSweepAndWorkers(t *testing.T) {
 	}
 	r = c.run(t, "sweep")
 	expect(t, r, exitOK)
-	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0" {
+	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0, settled 0" {
 		t.Errorf("sweep with nothing expired: %q", r.stdout)
 	}
 
@@ -214,7 +214,7 @@ func TestSweepAndWorkers(t *testing.T) {
 	}
 	r = c.run(t, "sweep", "--limit", "1")
 	expect(t, r, exitOK)
-	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0" {
+	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0, settled 0" {
 		t.Errorf("second sweep: %q", r.stdout)
 	}
 

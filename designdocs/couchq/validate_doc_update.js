@@ -8,7 +8,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // worker may do anything to couchq's documents; admins may do anything.
   // Without the section every member may do anything (couchq's behaviour
   // before roles).
-  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule', 'SlotReservation', 'Sequence', 'Sites'];
+  var couchqDocs = ['WorkItem', 'TypeControl', 'Worker', 'RateSlot', 'RunSlot', 'PeriodicSchedule', 'SlotReservation', 'Sequence', 'Sites', 'SiteHeartbeat', 'SiteRequest'];
   function inGroup(group) {
     if (!group || !userCtx) {
       return false;

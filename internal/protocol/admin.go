@@ -18,7 +18,17 @@ var ErrWrongState = errors.New("job is not in a state this action applies to")
 // operate reads a job, checks allowed, and writes change over the revision
 // it read. A 409 means someone (a worker, another operator) wrote in
 // between: it reads again and re-checks, a few times.
+//
+// In a database of several sites only the job's owner writes it: an
+// action on another site's job becomes a request for its owner (forward),
+// and the call returns a *ForwardedError.
 func (c *Client) operate(ctx context.Context, what, id string, allowed func(*WorkItem) error, change func(*WorkItem)) (*WorkItem, error) {
+	return c.operateOr(ctx, what, id, allowed, change, nil)
+}
+
+// operateOr is operate with forward, which writes the request for another
+// site's job (nil: the action cannot be forwarded).
+func (c *Client) operateOr(ctx context.Context, what, id string, allowed func(*WorkItem) error, change func(*WorkItem), forward func(*WorkItem) error) (*WorkItem, error) {
 	for range 5 {
 		it, err := c.Get(ctx, id)
 		if err != nil {
@@ -26,6 +36,16 @@ func (c *Client) operate(ctx context.Context, what, id string, allowed func(*Wor
 		}
 		if err := allowed(it); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", what, id, err)
+		}
+		elsewhere, err := c.forward(ctx, it)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, id, err)
+		}
+		if elsewhere {
+			if forward == nil {
+				return nil, fmt.Errorf("%s %s: %w: it belongs to site %s; run it there", what, id, ErrNotOwner, c.Owner(it))
+			}
+			return it, forward(it)
 		}
 		next := it.Clone()
 		change(next)
@@ -43,7 +63,7 @@ func (c *Client) operate(ctx context.Context, what, id string, allowed func(*Wor
 // Retry puts a failed or cancelled job back in the queue, due now, with
 // its attempts reset. by names the operator in the activity log.
 func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
-	return c.operate(ctx, "retrying job", id, func(it *WorkItem) error {
+	return c.operateOr(ctx, "retrying job", id, func(it *WorkItem) error {
 		if it.Status != StatusFailed && it.Status != StatusCancelled {
 			return fmt.Errorf("%w: status is %s; only failed or cancelled jobs are retried", ErrWrongState, it.Status)
 		}
@@ -55,7 +75,7 @@ func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
 		next.Date = 0
 		next.FinishedAt = 0
 		c.record(next, EventRequeued, by, "retried by operator")
-	})
+	}, func(it *WorkItem) error { return c.request(ctx, it, requestRetry, by, "") })
 }
 
 // CancelJob cancels a queued or running job for good. A running job's
@@ -65,7 +85,7 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 	if reason == "" {
 		reason = "cancelled by operator"
 	}
-	return c.operate(ctx, "cancelling job", id, func(it *WorkItem) error {
+	return c.operateOr(ctx, "cancelling job", id, func(it *WorkItem) error {
 		if it.Status.Terminal() {
 			return fmt.Errorf("%w: status is already %s", ErrWrongState, it.Status)
 		}
@@ -76,7 +96,7 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 		next.LastError = truncate(reason)
 		next.FinishedAt = ToUnix(c.now())
 		c.record(next, EventCancelled, by, reason)
-	})
+	}, func(it *WorkItem) error { return c.request(ctx, it, requestCancel, by, reason) })
 }
 
 // Requeue returns a running job whose worker is gone to the queue at once,

@@ -24,15 +24,15 @@ import (
 // its peer.
 //
 // What replicates: jobs (with their history and results), the sites
-// document, the site heartbeats and requests, deletions, and design
-// documents. What stays at each site: the worker registry, rate and run
+// document, the site heartbeats and the operators' requests (requests.go),
+// deletions, and design documents. What stays at each site: the worker registry, rate and run
 // slots, slot reservations and sequences, periodic schedules' state and the
 // pause controls of job types. Those documents coordinate the workers of
 // one site; replicated, two sites' workers would share (and conflict over)
 // limits that are meant per site.
 
 // replicatedTypes are the document types links carry.
-var replicatedTypes = []string{DocType, SitesDocType, SiteHeartbeatDocType}
+var replicatedTypes = []string{DocType, SitesDocType, SiteHeartbeatDocType, SiteRequestDocType}
 
 // linkSelector is the replication selector of every link.
 func linkSelector() map[string]any {

@@ -22,6 +22,9 @@ type SweepResult struct {
 	Malformed int
 	// Settled jobs had conflicting revisions (a cluster) and were made whole.
 	Settled int
+	// Requests counts the other sites' requests (a cancel, a retry) it
+	// applied or refused for jobs this site owns.
+	Requests int
 }
 
 // Sweep returns claims whose lease ran out before now to the queue: each
@@ -44,7 +47,11 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 	if err != nil {
 		return res, err
 	}
-	return res, c.settleConflicts(ctx, by, limit, &res)
+	if err := c.settleConflicts(ctx, by, limit, &res); err != nil {
+		return res, err
+	}
+	res.Requests, err = c.applyRequests(ctx, by)
+	return res, err
 }
 
 // settleConflicts settles the jobs the conflicts view lists (see settle).
