@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -156,6 +158,12 @@ func (c *Client) asSettled(ctx context.Context, id string) *WorkItem {
 		c.log.Debug().Err(err).Str("job", id).Msg("could not read a conflicted job's leaves; reading its winner")
 		return nil
 	}
+	return c.settledOf(leaves)
+}
+
+// settledOf is the job as the sweeper will settle it, from its leaves; nil
+// when its winner already is (a deletion, or no live leaf that decodes).
+func (c *Client) settledOf(leaves []Leaf) *WorkItem {
 	now := ToUnix(c.now())
 	var live []Leaf
 	for _, l := range leaves {
@@ -207,8 +215,105 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 	if view == "status" {
 		params["reduce"] = false // by_status has no reduce to turn off
 	}
+	// A conflicted job (two claims through a cluster's nodes, or another
+	// site's revision) is listed as it will be settled, not as CouchDB's
+	// pick among its branches, which may be a conceded claim that reads
+	// running while the job is done.
+	params["conflicts"] = true
 	rows := c.view(ctx, view, kivik.Params(params))
-	return c.scan(rows, "listing jobs")
+	b, err := c.scan(rows, "listing jobs")
+	if err != nil {
+		return nil, err
+	}
+	kept := b.Items[:0]
+	for _, it := range b.Items {
+		if len(it.Conflicts) > 0 {
+			if settled := c.asSettled(ctx, it.ID); settled != nil {
+				it = settled
+			}
+			if opts.Status != "" && it.Status != opts.Status {
+				continue
+			}
+		}
+		kept = append(kept, it)
+	}
+	b.Items = kept
+	return b, nil
+}
+
+// conflictShifts says how the views' counts by type and status, which
+// count a conflicted job under CouchDB's pick among its branches, change
+// when each is counted as it will be settled: minus one under its pick,
+// plus one under its settled status. It reads at most maxConflictShifts
+// conflicted jobs.
+func (c *Client) conflictShifts(ctx context.Context) (map[string]map[Status]int64, error) {
+	rows := c.view(ctx, "conflicts", kivik.Param("limit", maxConflictShifts))
+	var ids []string
+	for rows.Next() {
+		if id, err := rows.ID(); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listing conflicted jobs: %w", err)
+	}
+	shifts := map[string]map[Status]int64{}
+	if len(ids) == 0 {
+		return shifts, nil
+	}
+	all, err := c.leavesMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading conflicted jobs: %w", err)
+	}
+	for _, id := range ids {
+		leaves := all[id]
+		pick, settled := couchWinner(leaves), c.settledOf(leaves)
+		if pick == nil || settled == nil || pick.Status == settled.Status && pick.Worker == settled.Worker {
+			continue
+		}
+		for _, d := range []struct {
+			it *WorkItem
+			n  int64
+		}{{pick, -1}, {settled, 1}} {
+			if shifts[d.it.Worker] == nil {
+				shifts[d.it.Worker] = map[Status]int64{}
+			}
+			shifts[d.it.Worker][d.it.Status] += d.n
+		}
+	}
+	return shifts, nil
+}
+
+// maxConflictShifts bounds the conflicted jobs one count reads.
+const maxConflictShifts = 1000
+
+// couchWinner is the leaf CouchDB shows as the document: a live one before
+// a deleted one, then the longest revision path, then the greatest
+// revision id.
+func couchWinner(leaves []Leaf) *WorkItem {
+	var best *Leaf
+	better := func(a, b *Leaf) bool {
+		if a.Deleted != b.Deleted {
+			return !a.Deleted
+		}
+		pa, _ := strconv.Atoi(strings.SplitN(a.Rev, "-", 2)[0])
+		pb, _ := strconv.Atoi(strings.SplitN(b.Rev, "-", 2)[0])
+		if pa != pb {
+			return pa > pb
+		}
+		return a.Rev > b.Rev
+	}
+	for i := range leaves {
+		if best == nil || better(&leaves[i], best) {
+			best = &leaves[i]
+		}
+	}
+	if best == nil || best.Deleted {
+		return nil
+	}
+	return best.Item
 }
 
 // view queries one of couchq's views, mostly from a stable set of shard

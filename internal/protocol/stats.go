@@ -167,12 +167,17 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 		}
 	}
 	sort.Strings(types)
+	shifts, err := c.conflictShifts(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := &Stats{Since: opts.Since.UTC(), Until: opts.Until.UTC()}
 	for _, typ := range types {
 		ts, err := c.typeStats(ctx, typ, opts, now)
 		if err != nil {
 			return nil, err
 		}
+		ts.Queue.shift(shifts[typ])
 		if paused[typ] {
 			ts.Queue.Paused, ts.Queue.OldestDueAge = true, 0
 		}
@@ -249,6 +254,18 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("counting jobs: %w", err)
 	}
+	shifts, err := c.conflictShifts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("counting jobs: %w", err)
+	}
+	for typ, byStatus := range shifts {
+		if out[typ] == nil {
+			out[typ] = map[Status]int64{}
+		}
+		for st, n := range byStatus {
+			out[typ][st] += n
+		}
+	}
 	return out, nil
 }
 
@@ -315,6 +332,25 @@ func (c *Client) queueNow(ctx context.Context, typ string, now time.Time) (Queue
 		}
 	}
 	return q, nil
+}
+
+// shift counts conflicted jobs as they will be settled (conflictShifts):
+// a queued job counts as due, as the views count it when it is due now.
+func (q *QueueNow) shift(by map[Status]int64) {
+	for st, n := range by {
+		switch st {
+		case StatusQueued:
+			q.Due = max(q.Due+n, 0)
+		case StatusRunning:
+			q.Running = max(q.Running+n, 0)
+		case StatusFailed:
+			q.Failed = max(q.Failed+n, 0)
+		case StatusDone:
+			q.Done = max(q.Done+n, 0)
+		case StatusCancelled:
+			q.Cancelled = max(q.Cancelled+n, 0)
+		}
+	}
 }
 
 // oldestDueAge is how long the oldest due job of typ has waited at now
