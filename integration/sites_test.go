@@ -634,3 +634,55 @@ func waitStatusAt(ctx context.Context, t *testing.T, s *testSite, st protocol.St
 		}
 	}
 }
+
+// A site whose heartbeat stops is taken over by the site configured to
+// (worker.Config.TakeOver): its jobs run there.
+func TestSitesAutomaticTakeover(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	// A's workers beat for a while, then stop; A's database stays up.
+	actx, stopA := context.WithCancel(ctx)
+	wa, err := worker.New((*couchq.Client)(a.client), worker.Config{
+		Handlers: map[string]worker.Handler{"sync": rc.handler("A")}, ID: "A-0", HeartbeatInterval: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aDone := make(chan struct{})
+	go func() { defer close(aDone); _ = wa.Run(actx) }()
+	time.Sleep(3 * time.Second)
+	stopA()
+	<-aDone
+	ids := a.enqueue(ctx, t, "sync", "", 20)
+
+	if _, err := worker.New((*couchq.Client)(b.client), worker.Config{
+		Handlers: map[string]worker.Handler{"sync": rc.handler("B")}, HeartbeatInterval: time.Second,
+		TakeOver: []string{"A"}, TakeOverAfter: 2 * time.Second,
+	}); err == nil {
+		t.Fatal("a takeover after fewer than three heartbeats was accepted")
+	}
+	wb, err := worker.New((*couchq.Client)(b.client), worker.Config{
+		Handlers: map[string]worker.Handler{"sync": rc.handler("B")}, ID: "B-0", HeartbeatInterval: time.Second,
+		TakeOver: []string{"A"}, TakeOverAfter: 5 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, stopB := context.WithCancel(ctx)
+	bDone := make(chan struct{})
+	go func() { defer close(bDone); _ = wb.Run(bctx) }()
+	t.Cleanup(func() { stopB(); <-bDone })
+
+	waitDoneAtSites(ctx, t, ids, 2*time.Minute, b, a)
+	owners := map[string]string{}
+	for _, id := range ids {
+		owners[id] = "B"
+	}
+	checkRanOnceAtOwner(t, &rc, owners)
+	d, err := b.client.ReadSites(ctx)
+	if err != nil || d.Sites["A"].TakenOverBy != "B" || d.Default != "B" {
+		t.Fatalf("sites after the automatic takeover: %+v %v", d, err)
+	}
+}

@@ -124,6 +124,14 @@ type Config struct {
 	// couchq.Periodic): any number of processes may run the same schedule,
 	// and each tick yields one job.
 	Periodic []couchq.Periodic
+	// TakeOver, in a queue of several sites, lists the sites this worker's
+	// site takes over by itself when their heartbeat (as this site's
+	// database has it) is older than TakeOverAfter: their unfinished jobs
+	// become this site's, as couchq sites takeover does. Off unless both
+	// are set. Name one successor per site; a site only cut off may run a
+	// job this site then runs too (its history shows both).
+	TakeOver      []string
+	TakeOverAfter time.Duration
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
 	// Metrics, when set, records the worker's Prometheus metrics (see
@@ -184,6 +192,9 @@ func (c Config) WithDefaults() Config {
 
 // validate reports configuration no worker could run with.
 func (c Config) validate() error {
+	if len(c.TakeOver) > 0 && c.TakeOverAfter < 3*c.HeartbeatInterval {
+		return fmt.Errorf("worker config: TakeOverAfter %s must be at least three heartbeats (%s): a site must miss several before it counts as gone", c.TakeOverAfter, 3*c.HeartbeatInterval)
+	}
 	if len(c.Handlers) == 0 {
 		return fmt.Errorf("worker config: no handlers: name at least one job type")
 	}

@@ -74,6 +74,7 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 			if serr := w.client.Beat(wctx); serr != nil && ctx.Err() == nil {
 				w.log.Warn().Err(serr).Msg("writing the site's heartbeat")
 			}
+			w.takeOverSilentSites(wctx)
 		}
 		cancel()
 		if ctx.Err() == nil {
@@ -89,5 +90,43 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 func (w *Worker) unregister(ctx context.Context) {
 	if err := w.client.DeleteWorker(ctx, w.registry); err != nil {
 		w.log.Warn().Err(err).Msg("removing worker registry document failed")
+	}
+}
+
+// takeOverSilentSites takes over the sites of Config.TakeOver whose
+// heartbeat is older than Config.TakeOverAfter, once each.
+func (w *Worker) takeOverSilentSites(ctx context.Context) {
+	if len(w.cfg.TakeOver) == 0 || w.cfg.TakeOverAfter <= 0 || w.client.Site() == "" {
+		return
+	}
+	sites, err := w.client.ReadSites(ctx)
+	if err != nil || sites == nil {
+		return
+	}
+	beats, err := w.client.SiteHeartbeats(ctx)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("reading the sites' heartbeats")
+		return
+	}
+	now := w.cfg.Now()
+	for _, site := range w.cfg.TakeOver {
+		info, ok := sites.Sites[site]
+		if !ok || info.TakenOverBy != "" || site == w.client.Site() {
+			continue
+		}
+		last := protocol.FromUnix(info.AddedAt) // never beat: silent since it joined
+		if hb, ok := beats[site]; ok {
+			last = protocol.FromUnix(hb.At)
+		}
+		if now.Sub(last) < w.cfg.TakeOverAfter {
+			continue
+		}
+		moved, err := w.client.TakeOver(ctx, site, w.client.Site())
+		if err != nil {
+			w.log.Warn().Err(err).Str("site", site).Msg("taking over a silent site")
+			continue
+		}
+		w.log.Warn().Str("site", site).Int("jobs", moved).Dur("silent", now.Sub(last)).
+			Msg("took over a site whose heartbeat stopped")
 	}
 }
