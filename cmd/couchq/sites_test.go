@@ -38,6 +38,8 @@ func TestSitesCommands(t *testing.T) {
 	expect(t, a.run(t, "sites", "link", "--peer-site", "B"), exitUsage, "--peer-url")
 	expect(t, a.run(t, "sites", "frobnicate"), exitUsage, "unknown subcommand")
 	expect(t, a.run(t, "enqueue", "--type", "x", "--site", "-bad"), exitUsage, "invalid --site")
+	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--take-over", "B"), exitUsage, "go together")
+	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--take-over", "no way", "--take-over-after", "1m"), exitUsage, "not a site name")
 	if r := a.run(t, "sites"); r.code != 0 || !strings.Contains(r.stdout, "no sites") {
 		t.Fatalf("sites before any: %+v", r)
 	}

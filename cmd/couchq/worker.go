@@ -62,6 +62,12 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default UTC)
 	--catch-up once|all    ticks missed while no process ran a schedule: enqueue
 	                       the latest once (default), or one job per missed tick
+	--take-over SITE       in a queue of several sites (couchq sites): take over
+	                       SITE's unfinished jobs when its heartbeat has not
+	                       been seen for --take-over-after D (at least three
+	                       heartbeats), as couchq sites takeover does. Name one
+	                       successor per site. Repeatable; off by default
+	--take-over-after D    see --take-over
 	--health-addr HOST:PORT
 	                       serve this process's probes and metrics while it runs
 	                       (default off; port 0 picks one, logged at info):
@@ -158,6 +164,8 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.Var(&f.Periodic, "periodic", "periodic schedule TYPE=SPEC")
 	fs.Var(&f.Rates, "rate", "rate limit TYPE=N/PER")
 	fs.Var(&f.Fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
+	fs.Var(&f.TakeOver, "take-over", "a site to take over when its heartbeat stops")
+	fs.DurationVar(&f.TakeOverAfter, "take-over-after", 0, "how long a site's heartbeat may be unseen")
 	fs.StringVar(&f.PeriodicTZ, "periodic-tz", f.PeriodicTZ, "time zone of cron schedules")
 	fs.StringVar(&f.CatchUp, "catch-up", f.CatchUp, "missed ticks: once or all")
 	var configFile string

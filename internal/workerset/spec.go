@@ -59,6 +59,10 @@ type Spec struct {
 	Fleet      Repeated
 	PeriodicTZ string
 	CatchUp    string
+	// TakeOver and TakeOverAfter are --take-over and --take-over-after:
+	// the sites this one takes over when their heartbeat stops.
+	TakeOver      Repeated
+	TakeOverAfter time.Duration
 	// HealthAddr is where the process serves its probes and metrics.
 	HealthAddr string
 	// Handlers are Go handlers by job type (package fleet), run instead of
@@ -115,6 +119,14 @@ func (f *Spec) check(requireHandler bool) error {
 		if !seen[t] {
 			seen[t] = true
 			f.typeList = append(f.typeList, t)
+		}
+	}
+	if (len(f.TakeOver) > 0) != (f.TakeOverAfter > 0) {
+		return cli.Usagef("--take-over SITE and --take-over-after D go together")
+	}
+	for _, site := range f.TakeOver {
+		if !protocol.ValidSiteName(site) {
+			return cli.Usagef("invalid --take-over %q: not a site name", site)
 		}
 	}
 	if f.Handler == "" && len(f.Handlers) == 0 && requireHandler {
@@ -296,6 +308,8 @@ func (f *Spec) config(hs map[string]worker.Handler, log zerolog.Logger) worker.C
 		Periodic:          f.Schedules,
 		RateLimits:        f.RateLimits,
 		FleetConcurrency:  f.FleetLimits,
+		TakeOver:          f.TakeOver,
+		TakeOverAfter:     f.TakeOverAfter,
 		Logger:            log,
 	}
 	for _, t := range f.typeList {
