@@ -35,16 +35,23 @@ type testSite struct {
 // (addSites) and reaches the others through the links.
 func newTestSite(ctx context.Context, t *testing.T, srv *couchtest.Server, name string) *testSite {
 	t.Helper()
+	return newTestSiteDB(ctx, t, srv, name, sitesDB)
+}
+
+// newTestSiteDB is newTestSite for a database of another name (a site on
+// the cluster, which the package's tests share).
+func newTestSiteDB(ctx context.Context, t *testing.T, srv *couchtest.Server, name, db string) *testSite {
+	t.Helper()
 	user, password := srv.Credentials()
 	conn, err := protocol.Connect(ctx, srv.URL(), user, password)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := protocol.Init(ctx, conn.Client, sitesDB, zerolog.Nop()); err != nil {
+	if _, err := protocol.Init(ctx, conn.Client, db, zerolog.Nop()); err != nil {
 		t.Fatal(err)
 	}
 	s := &testSite{name: name, srv: srv, conn: conn, end: protocol.SiteEndpoint{
-		Site: name, URL: srv.URL(), DB: sitesDB, User: user, Password: password,
+		Site: name, URL: srv.URL(), DB: db, User: user, Password: password,
 		Replicator: srv.Caps().Vendor == "couchdb",
 	}}
 	return s
@@ -56,7 +63,7 @@ func (s *testSite) open(ctx context.Context, t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		c, err := s.conn.Open(ctx, sitesDB, protocol.Config{Site: s.name, Actor: "test@" + s.name})
+		c, err := s.conn.Open(ctx, s.end.DB, protocol.Config{Site: s.name, Actor: "test@" + s.name})
 		if err == nil {
 			s.client = c
 			return
@@ -107,7 +114,7 @@ func (s *testSite) startWorkers(ctx context.Context, t *testing.T, rc *siteRuns,
 			handlers[typ] = rc.handler(s.name)
 		}
 		w, err := worker.New((*couchq.Client)(s.client), worker.Config{
-			Handlers: handlers, Concurrency: 4, ID: fmt.Sprintf("%s-%d", s.name, i),
+			Handlers: handlers, Concurrency: 4, ID: fmt.Sprintf("%s-%d-%s", s.name, i, s.srv.URL()[strings.LastIndex(s.srv.URL(), ":")+1:]),
 			HeartbeatInterval: time.Second, SweepInterval: 2 * time.Second, FallbackPoll: 2 * time.Second,
 			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 		})
@@ -217,7 +224,7 @@ func twoSites(t *testing.T) (context.Context, *testSite, *testSite) {
 // addSites writes the sites document at s, the first name the default.
 func addSites(ctx context.Context, t *testing.T, s *testSite, names ...string) {
 	t.Helper()
-	c, err := s.conn.Open(ctx, sitesDB, protocol.Config{})
+	c, err := s.conn.Open(ctx, s.end.DB, protocol.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,6 +256,15 @@ func TestSitesRunEveryJobOnceAtItsOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owners["job:handwritten"] = "A"
+	// One for a site that does not exist is failed with the reason by the
+	// default site, and one whose site is no site name is refused.
+	if _, err := b.client.DB().Put(ctx, "job:nowhere", map[string]any{"type": "WorkItem", "worker": "email", "site": "Z"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.client.DB().Put(ctx, "job:badsite", map[string]any{"type": "WorkItem", "worker": "email", "site": 5}); err == nil ||
+		!strings.Contains(err.Error(), "site must be a site name") {
+		t.Errorf("a job whose site is a number: %v", err)
+	}
 
 	var rc siteRuns
 	a.startWorkers(ctx, t, &rc, 2, "email")
@@ -260,6 +276,13 @@ func TestSitesRunEveryJobOnceAtItsOwner(t *testing.T) {
 	waitDoneAtSites(ctx, t, ids, 4*time.Minute, a, b)
 	time.Sleep(3 * time.Second) // a second run, if any, would show by now
 	checkRanOnceAtOwner(t, &rc, owners)
+	waitStatusAt(ctx, t, b, protocol.StatusFailed, "job:nowhere")
+	if it, err := b.client.Get(ctx, "job:nowhere"); err != nil || !strings.Contains(it.LastError, "site Z is not one of the queue's sites (A, B)") {
+		t.Errorf("the job of an unknown site: %+v %v", it, err)
+	}
+	if r := rc.snapshot()["job:nowhere"]; len(r) != 0 {
+		t.Errorf("the job of an unknown site ran at %v", r)
+	}
 }
 
 // Links cut for a while as both sites keep enqueueing and running: no job
@@ -685,4 +708,62 @@ func TestSitesAutomaticTakeover(t *testing.T) {
 	if err != nil || d.Sites["A"].TakenOverBy != "B" || d.Default != "B" {
 		t.Fatalf("sites after the automatic takeover: %+v %v", d, err)
 	}
+}
+
+// A 3-node cluster as a site beside a single node: every job runs exactly
+// once at its owner, the cluster's workers claiming through two of its
+// nodes.
+func TestSitesClusterSiteRunsEveryJobOnce(t *testing.T) {
+	cl := server.Cluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	a := newTestSite(ctx, t, server.NewSite(t), "A")
+	db := server.UniqueDBName(t)
+	c := newTestSiteDB(ctx, t, cl.Server, "C", db)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := c.conn.Unlink(ctx, db); err != nil {
+			t.Errorf("unlinking the cluster site: %v", err)
+		}
+		if err := c.conn.Client.DestroyDB(ctx, db); err != nil {
+			t.Errorf("dropping the cluster site's database: %v", err)
+		}
+	})
+	addSites(ctx, t, a, "A", "C")
+	if err := protocol.LinkSites(ctx, a.end, c.end, map[string]*protocol.Server{"A": a.conn, "C": c.conn}); err != nil {
+		t.Fatal(err)
+	}
+	a.open(ctx, t)
+	c.open(ctx, t)
+	// A second client of the cluster site, through node 2.
+	user, password := cl.Node(2).Credentials()
+	conn2, err := protocol.Connect(ctx, cl.Node(2).URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := &testSite{name: "C", srv: cl.Node(2), conn: conn2, end: c.end}
+	c2.open(ctx, t)
+
+	owners := map[string]string{}
+	for _, id := range a.enqueue(ctx, t, "index", "", 150) {
+		owners[id] = "A"
+	}
+	for _, id := range a.enqueue(ctx, t, "index", "C", 150) {
+		owners[id] = "C"
+	}
+	for _, id := range c.enqueue(ctx, t, "index", "", 150) {
+		owners[id] = "C"
+	}
+	var rc siteRuns
+	a.startWorkers(ctx, t, &rc, 1, "index")
+	c.startWorkers(ctx, t, &rc, 1, "index")
+	c2.startWorkers(ctx, t, &rc, 1, "index")
+	ids := make([]string, 0, len(owners))
+	for id := range owners {
+		ids = append(ids, id)
+	}
+	waitDoneAtSites(ctx, t, ids, 5*time.Minute, a, c)
+	time.Sleep(3 * time.Second)
+	checkRanOnceAtOwner(t, &rc, owners)
 }

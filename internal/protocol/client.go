@@ -158,10 +158,9 @@ func New(ctx context.Context, db *kivik.DB, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("site name %q: want %s", cfg.Site, siteNameRule)
 	}
 	if cfg.Site != "" {
-		// Whether the site is one of the database's, before any claim. A
-		// client without a site learns of sites when it asks
-		// (RefreshSites; workers do at start and every
-		// SitesRefreshInterval).
+		// Which jobs are the site's. A client without a site learns of
+		// sites when it asks (RefreshSites; workers do at start and every
+		// heartbeat).
 		if err := c.RefreshSites(ctx); err != nil {
 			return nil, err
 		}

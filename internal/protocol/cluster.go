@@ -430,6 +430,12 @@ func (c *Client) judgeClaim(ctx context.Context, claimed *WorkItem, parent strin
 		case l.Deleted && l.Withdrawn:
 		case !l.Deleted && l.Parent == parent && l.Claimed, l.concededSibling(parent):
 			siblings = append(siblings, l)
+		case !l.Deleted && l.Item != nil && c.cfg.Site != "" && c.Owner(l.Item) != c.cfg.Site:
+			// A branch that gives the job to another site (a takeover this
+			// site's copy had not seen): not stale, and not ours to withdraw.
+			c.log.Warn().Str("job", claimed.ID).Str("other_rev", l.Rev).Str("owner", c.Owner(l.Item)).
+				Msg("claim committed but another branch gives the job to another site; not running it")
+			return errBranchLive
 		case !l.Deleted && !l.live(now) && l.Item != nil && !l.Status.Terminal():
 			stale = append(stale, l)
 		default:
@@ -702,7 +708,7 @@ func (c *Client) settle(ctx context.Context, id string, leaves []Leaf, by string
 	}
 	keep := -1
 	if !ended {
-		keep = keptLeaf(live)
+		keep = c.keptLeafOf(live)
 	}
 	var gone []Leaf
 	for i, l := range live {
@@ -781,6 +787,23 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 // keptLeaf is the index of the leaf settling keeps among a job's live
 // leaves: the highest settleRank, ties to CouchDB's winner (live is in its
 // order, as Leaves returns them).
+// keptLeafOf is keptLeaf, except that at a site, among unfinished leaves,
+// a branch that gives the job to this site (a takeover) is kept over one
+// that gives it to another: the owner settles the job, and keeping the old
+// owner's branch would hand the job back to a site that was taken over.
+func (c *Client) keptLeafOf(live []Leaf) int {
+	keep := keptLeaf(live)
+	if c.cfg.Site == "" || live[keep].Item == nil || live[keep].Status.Terminal() || c.Owner(live[keep].Item) == c.cfg.Site {
+		return keep
+	}
+	for i := range live {
+		if live[i].Item != nil && !live[i].Status.Terminal() && c.Owner(live[i].Item) == c.cfg.Site && settleRank(&live[i]) >= 2 {
+			return i
+		}
+	}
+	return keep
+}
+
 func keptLeaf(live []Leaf) int {
 	keep := 0
 	for i := range live {

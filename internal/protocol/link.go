@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/go-kivik/kivik/v4/couchdb/chttp"
+
+	"github.com/couchq/couchq/designdocs"
 )
 
 // Links between sites are CouchDB continuous replications, held in the
@@ -88,9 +90,10 @@ func linkDoc(from, to SiteEndpoint) map[string]any {
 		doc["selector"] = linkSelector()
 	}
 	// A server without a replicator (PouchDB Server) has no _selector
-	// filter either, and its filtered feed stalled links: out of it the
-	// link carries everything. Such a site is a producer, with no workers,
-	// so it holds none of the documents that stay at a site.
+	// filter either, and CouchDB's replicator pulling from it through a
+	// filter stalled: its links are driven by the producer (linkProducer),
+	// and out of it they carry everything. Such a site is a producer, with
+	// no workers, so it holds none of the documents that stay at a site.
 	return doc
 }
 
@@ -283,7 +286,15 @@ func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server)
 		remote.User = url.UserPassword(peer.User, peer.Password)
 	}
 	for _, dir := range [][2]string{{producer.DB, remote.String()}, {remote.String(), producer.DB}} {
-		body, err := json.Marshal(map[string]any{"source": dir[0], "target": dir[1], "continuous": true})
+		link := map[string]any{"source": dir[0], "target": dir[1], "continuous": true}
+		if dir[1] == producer.DB {
+			// Into the producer, what a link between sites carries and no
+			// more: the peer's per-site documents would otherwise reach
+			// every other site the producer links to. The peer runs the
+			// filter (PouchDB's replication passes it to the source).
+			link["filter"] = designdocs.Name + "/replicate"
+		}
+		body, err := json.Marshal(link)
 		if err != nil {
 			return fmt.Errorf("encoding a link: %w", err)
 		}

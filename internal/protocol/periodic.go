@@ -78,6 +78,17 @@ const periodicPrefix = "periodic:"
 // PeriodicStateID is the id of a schedule's state document.
 func PeriodicStateID(name string) string { return periodicPrefix + name }
 
+// periodicJobID is PeriodicJobID at this client's site: in a queue of
+// several sites each site runs the schedules it is given, and the same
+// schedule at two sites must not make one id twice (the two jobs would
+// meet as a conflict when the links carry them).
+func (c *Client) periodicJobID(name string, tick time.Time) string {
+	if c.cfg.Site != "" {
+		return PeriodicJobID(c.cfg.Site+":"+name, tick)
+	}
+	return PeriodicJobID(name, tick)
+}
+
 // PeriodicJobID is the id of the job a schedule enqueues for a tick.
 func PeriodicJobID(name string, tick time.Time) string {
 	return "job:periodic:" + name + "@" + tick.UTC().Format(time.RFC3339)
@@ -177,7 +188,7 @@ func (c *Client) TickPeriodic(ctx context.Context, p Periodic, ticks Ticks, by s
 	}
 	for _, tick := range due {
 		job := p.Job
-		job.ID, job.At = PeriodicJobID(p.Name, tick), tick
+		job.ID, job.At = c.periodicJobID(p.Name, tick), tick
 		it, err := c.Enqueue(ctx, job)
 		switch {
 		case err == nil:
@@ -225,7 +236,7 @@ func (c *Client) advancePeriodic(ctx context.Context, st *PeriodicState, p Perio
 	for range stateRounds {
 		lastTick, lastJob := st.LastTick, st.LastJob
 		if !last.IsZero() && ToUnix(last) > st.LastTick {
-			lastTick, lastJob = ToUnix(last), PeriodicJobID(p.Name, last)
+			lastTick, lastJob = ToUnix(last), c.periodicJobID(p.Name, last)
 		}
 		nextTick := ToUnix(ticks.Next(FromUnix(lastTick)))
 		if st.Rev != "" && lastTick == st.LastTick && nextTick == st.NextTick && lastJob == st.LastJob &&

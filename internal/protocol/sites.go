@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
-	"time"
+	"strings"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -151,13 +151,18 @@ type siteState struct {
 	multi bool
 	// def is the default site.
 	def string
+	// names are the sites the document lists.
+	names map[string]bool
 }
 
 // setSites records what d says (nil: no sites document).
 func (c *Client) setSites(d *SitesDoc) {
 	st := siteState{}
 	if d != nil {
-		st = siteState{multi: true, def: d.Default}
+		st = siteState{multi: true, def: d.Default, names: map[string]bool{}}
+		for n := range d.Sites {
+			st.names[n] = true
+		}
 	}
 	c.sites.Store(&st)
 }
@@ -176,14 +181,6 @@ func (c *Client) RefreshSites(ctx context.Context) error {
 	d, err := c.ReadSites(ctx)
 	if err != nil {
 		return err
-	}
-	if c.cfg.Site != "" {
-		if d == nil {
-			return fmt.Errorf("site %s: the database has no sites document (couchq sites add %s)", c.cfg.Site, c.cfg.Site)
-		}
-		if _, ok := d.Sites[c.cfg.Site]; !ok {
-			return fmt.Errorf("site %s is not one of the database's sites %v (couchq sites add %s)", c.cfg.Site, d.Names(), c.cfg.Site)
-		}
 	}
 	c.setSites(d)
 	return nil
@@ -245,15 +242,23 @@ func (c *Client) siteSelector() map[string]any {
 	return map[string]any{"$or": mine}
 }
 
-// SitesRefreshInterval is how often a worker reads the sites document
-// again, so that a takeover's new default reaches it.
-const SitesRefreshInterval = 10 * time.Second
-
 // CheckSite says whether this client may claim at all: ErrNoSite when the
 // database has sites (as last read) and the client names none.
+//
+// A client of a site the sites document does not list (yet) may enqueue —
+// a producer names its jobs' owner before its first link brought the
+// document — but its workers may not claim: CheckSite says so.
 func (c *Client) CheckSite() error {
-	if c.siteView().multi && c.cfg.Site == "" {
+	st := c.siteView()
+	switch {
+	case st.multi && c.cfg.Site == "":
 		return ErrNoSite
+	case c.cfg.Site == "":
+		return nil
+	case !st.multi:
+		return fmt.Errorf("site %s: the database has no sites document (couchq sites add %s)", c.cfg.Site, c.cfg.Site)
+	case !st.names[c.cfg.Site]:
+		return fmt.Errorf("site %s is not one of the database's sites (couchq sites add %s)", c.cfg.Site, c.cfg.Site)
 	}
 	return nil
 }
@@ -457,4 +462,66 @@ func (c *Client) SiteHeartbeats(ctx context.Context) (map[string]SiteHeartbeat, 
 		return nil, fmt.Errorf("reading the sites' heartbeats: %w", err)
 	}
 	return out, nil
+}
+
+// unknownSiteLimit bounds the jobs of unknown sites one sweep fails.
+const unknownSiteLimit = 100
+
+// failUnknownSites fails the due jobs that name a site the sites document
+// does not list, with a reason: no site would ever run them. The default
+// site's sweeper does it, reading only the ranges of the claim view that
+// lie between the known sites' own.
+func (c *Client) failUnknownSites(ctx context.Context, by string) (int, error) {
+	st := c.siteView()
+	if !st.multi || c.cfg.Site == "" || st.def != c.cfg.Site {
+		return 0, nil
+	}
+	known := make([]string, 0, len(st.names))
+	for n := range st.names {
+		known = append(known, n)
+	}
+	sort.Strings(known)
+	// Site jobs are keyed [[site, type], p, date]: [[s]] sorts before every
+	// key of site s and [[s, {}]] after them.
+	var ranges []map[string]any
+	from := []any{[]any{""}}
+	for _, n := range append(known, "") {
+		to := []any{[]any{map[string]any{}}}
+		if n != "" {
+			to = []any{[]any{n}}
+		}
+		ranges = append(ranges, map[string]any{"startkey": from, "endkey": to, "inclusive_end": false, "reduce": false, "limit": unknownSiteLimit})
+		from = []any{[]any{n, map[string]any{}}}
+	}
+	var ids []string
+	err := c.dueRanges(ctx, ranges, "listing jobs of unknown sites", func(rows *kivik.ResultSet) (bool, error) {
+		for rows.Next() {
+			if id, err := rows.ID(); err == nil {
+				ids = append(ids, id)
+			}
+		}
+		return len(ids) >= unknownSiteLimit, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	failed := 0
+	for _, id := range ids {
+		var it WorkItem
+		if err := c.db.Get(ctx, id).ScanDoc(&it); err != nil {
+			continue // gone, or malformed: the sweeper's other paths see to it
+		}
+		if it.Site == "" || st.names[it.Site] || it.Status.Terminal() || it.Claimed {
+			continue
+		}
+		next := it.Clone()
+		reason := fmt.Sprintf("site %s is not one of the queue's sites (%s): add it (couchq sites add %s) and retry the job, or enqueue it for a known site",
+			it.Site, strings.Join(known, ", "), it.Site)
+		next.Status, next.LastError, next.FinishedAt = StatusFailed, reason, ToUnix(c.now())
+		c.record(next, EventFailed, by, reason)
+		if _, err := c.db.Put(ctx, id, next, c.writeOpts()...); err == nil {
+			failed++
+		}
+	}
+	return failed, nil
 }

@@ -25,6 +25,9 @@ type SweepResult struct {
 	// Requests counts the other sites' requests (a cancel, a retry) it
 	// applied or refused for jobs this site owns.
 	Requests int
+	// UnknownSite counts jobs failed because the site they name is not
+	// one of the queue's (the default site's sweeper fails them).
+	UnknownSite int
 }
 
 // Sweep returns claims whose lease ran out before now to the queue: each
@@ -50,7 +53,10 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 	if err := c.settleConflicts(ctx, by, limit, &res); err != nil {
 		return res, err
 	}
-	res.Requests, err = c.applyRequests(ctx, by)
+	if res.Requests, err = c.applyRequests(ctx, by); err != nil {
+		return res, err
+	}
+	res.UnknownSite, err = c.failUnknownSites(ctx, by)
 	return res, err
 }
 
