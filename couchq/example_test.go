@@ -243,3 +243,48 @@ func ExampleClient_Reserve() {
 	// INV-0001 INV-0002
 	// INV-0002
 }
+
+// Two sites, Berlin and Tokyo, each with its own database and workers,
+// linked into one queue; a job enqueued in Berlin for Tokyo runs in Tokyo.
+// (Compiled, not run: it needs two servers; the sites tests run the same
+// calls against two.)
+func ExampleLinkSites() {
+	ctx := context.Background()
+	berlin, err := couchq.Connect(ctx, "http://berlin.example:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	tokyo, err := couchq.Connect(ctx, "http://tokyo.example:5984", "admin", "secret")
+	if err != nil {
+		panic(err)
+	}
+	for _, srv := range []*couchq.Server{berlin, tokyo} {
+		if err := srv.Init(ctx, "couchq", couchq.InitOptions{}); err != nil {
+			panic(err)
+		}
+	}
+	admin, err := berlin.Open(ctx, "couchq", couchq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	for _, site := range []string{"berlin", "tokyo"} { // berlin, the first, is the default
+		if err := admin.AddSite(ctx, site); err != nil {
+			panic(err)
+		}
+	}
+	err = couchq.LinkSites(ctx,
+		couchq.SiteLink{Site: "berlin", Server: berlin, URL: "http://berlin.example:5984", DB: "couchq", User: "admin", Password: "secret"},
+		couchq.SiteLink{Site: "tokyo", Server: tokyo, URL: "http://tokyo.example:5984", DB: "couchq", User: "admin", Password: "secret"})
+	if err != nil {
+		panic(err)
+	}
+	q, err := berlin.Open(ctx, "couchq", couchq.Config{Site: "berlin"})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := q.Enqueue(ctx, couchq.NewJob{Worker: "report", Site: "tokyo"}); err != nil {
+		panic(err)
+	}
+	// Workers opened with couchq.Config{Site: "tokyo"} on Tokyo's server
+	// run it, and Berlin's copy shows it done.
+}
