@@ -113,24 +113,34 @@ func (s *testSite) startWorkers(ctx context.Context, t *testing.T, rc *siteRuns,
 		for _, typ := range types {
 			handlers[typ] = rc.handler(s.name)
 		}
-		w, err := worker.New((*couchq.Client)(s.client), worker.Config{
+		s.runSiteWorker(ctx, t, worker.Config{
 			Handlers: handlers, Concurrency: 4, ID: fmt.Sprintf("%s-%d-%s", s.name, i, s.srv.URL()[strings.LastIndex(s.srv.URL(), ":")+1:]),
 			HeartbeatInterval: time.Second, SweepInterval: 2 * time.Second, FallbackPoll: 2 * time.Second,
 			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
-				t.Errorf("worker %s-%d: %v", s.name, i, err)
-			}
-		}()
-		t.Cleanup(func() { cancel(); <-done })
 	}
+}
+
+// runSiteWorker runs a worker for site s with cfg until the test ends, or
+// until the returned stop (which waits for it) is called.
+func (s *testSite) runSiteWorker(ctx context.Context, t *testing.T, cfg worker.Config) (stop func()) {
+	t.Helper()
+	w, err := worker.New((*couchq.Client)(s.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Run(wctx); err != nil && wctx.Err() == nil {
+			t.Errorf("worker %s: %v", cfg.ID, err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // enqueue enqueues n jobs of type typ at the site, owned by owner (empty:
@@ -382,17 +392,11 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 		}
 		return nil
 	})
-	wa, err := worker.New((*couchq.Client)(a.client), worker.Config{
+	stopA := a.runSiteWorker(ctx, t, worker.Config{
 		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
 		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.Disabled),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stopA := context.WithCancel(ctx)
-	aDone := make(chan struct{})
-	go func() { defer close(aDone); _ = wa.Run(actx) }()
 	ids := a.enqueue(ctx, t, "render", "", 40)
 
 	// Wait for A's claims to reach B, then stop A's server under them.
@@ -414,7 +418,6 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopA()
-	<-aDone
 
 	moved, err := b.client.TakeOver(ctx, "A", "B")
 	if err != nil {
@@ -519,18 +522,11 @@ func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
 		})
 	}
 	for _, s := range []*testSite{a, b} {
-		w, err := worker.New((*couchq.Client)(s.client), worker.Config{
+		s.runSiteWorker(ctx, t, worker.Config{
 			Handlers: map[string]worker.Handler{"mail": handler(s.name)}, ID: s.name + "-0",
 			HeartbeatInterval: time.Second, SweepInterval: time.Second, FallbackPoll: time.Second,
 			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = w.Run(wctx) }()
-		t.Cleanup(func() { cancel(); <-done })
 	}
 	later := func(n int) []string { // A's jobs, due in an hour: cancellable
 		var jobs []protocol.NewJob
@@ -664,19 +660,12 @@ func TestSitesAutomaticTakeover(t *testing.T) {
 	ctx, a, b := twoSites(t)
 	var rc siteRuns
 	// A's workers beat for a while, then stop; A's database stays up.
-	actx, stopA := context.WithCancel(ctx)
-	wa, err := worker.New((*couchq.Client)(a.client), worker.Config{
+	stopA := a.runSiteWorker(ctx, t, worker.Config{
 		Handlers: map[string]worker.Handler{"sync": rc.handler("A")}, ID: "A-0", HeartbeatInterval: time.Second,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	aDone := make(chan struct{})
-	go func() { defer close(aDone); _ = wa.Run(actx) }()
 	time.Sleep(3 * time.Second)
 	stopA()
-	<-aDone
 	ids := a.enqueue(ctx, t, "sync", "", 20)
 
 	if _, err := worker.New((*couchq.Client)(b.client), worker.Config{
@@ -685,18 +674,11 @@ func TestSitesAutomaticTakeover(t *testing.T) {
 	}); err == nil {
 		t.Fatal("a takeover after fewer than three heartbeats was accepted")
 	}
-	wb, err := worker.New((*couchq.Client)(b.client), worker.Config{
+	b.runSiteWorker(ctx, t, worker.Config{
 		Handlers: map[string]worker.Handler{"sync": rc.handler("B")}, ID: "B-0", HeartbeatInterval: time.Second,
 		TakeOver: []string{"A"}, TakeOverAfter: 5 * time.Second,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bctx, stopB := context.WithCancel(ctx)
-	bDone := make(chan struct{})
-	go func() { defer close(bDone); _ = wb.Run(bctx) }()
-	t.Cleanup(func() { stopB(); <-bDone })
 
 	waitDoneAtSites(ctx, t, ids, 2*time.Minute, b, a)
 	owners := map[string]string{}
