@@ -20,10 +20,13 @@
 // A Client also inspects and acts on jobs (Get, List, Retry, Cancel, Purge,
 // Stats), pauses and resumes job types, lets agents that are not Go workers
 // claim and finish jobs (ClaimForAgent), and hands out named slots from a
-// sequence (Reserve). Workers are in package worker; the dashboard and
+// sequence (Reserve). Databases at several sites can form one queue,
+// linked by CouchDB's replication (Config.Site, AddSite, LinkSites,
+// TakeOver), each job running once, at its owner site. Workers are in
+// package worker; the dashboard and
 // metrics in package opshttp; a fleet of workers described by a config file
 // in package fleet.
 //
 // The guides in the repository's docs directory explain scheduling,
-// workers, operating, deploying, security and clusters.
+// workers, operating, deploying, security, clusters and sites.
 package couchq
