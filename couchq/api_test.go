@@ -4,7 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -17,9 +17,20 @@ const maxExported = 100
 // The public API stays small, and every exported name says what it is.
 func TestPublicAPIIsSmallAndDocumented(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	paths, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
 	}
 	var names []string
 	undocumented := func(name string, docs ...*ast.CommentGroup) {
@@ -30,7 +41,7 @@ func TestPublicAPIIsSmallAndDocumented(t *testing.T) {
 		}
 		t.Errorf("%s has no doc comment", name)
 	}
-	for _, file := range pkgs["couchq"].Files {
+	for _, file := range files {
 		for _, decl := range file.Decls {
 			switch d := decl.(type) {
 			case *ast.FuncDecl:
