@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -27,6 +28,7 @@ import (
 type statsSource interface {
 	Stats(ctx context.Context, opts protocol.StatsOptions) (*protocol.Stats, error)
 	Counts(ctx context.Context) (map[string]map[protocol.Status]int64, error)
+	forms.SitesSource
 }
 
 // metricsCollector is a prometheus.Collector that computes couchq's
@@ -56,6 +58,8 @@ type metricsCollector struct {
 type metricsSnapshot struct {
 	stats  *protocol.Stats
 	counts map[string]map[protocol.Status]int64
+	// sites are the sites document's, none for a database without one.
+	sites []forms.Site
 }
 
 // typeTotals are one job type's cumulative figures.
@@ -80,6 +84,7 @@ type metricDescs struct {
 	wait, service, execution                             *prometheus.Desc
 	workersAlive, workersDead                            *prometheus.Desc
 	workerRunning, workerUtilization, workerHeartbeatAge *prometheus.Desc
+	siteHeartbeatAge                                     *prometheus.Desc
 	up, refreshErrors, refreshDuration                   *prometheus.Desc
 }
 
@@ -116,6 +121,10 @@ func newMetricDescs() metricDescs {
 		workerUtilization: prometheus.NewDesc("couchq_worker_utilization_ratio",
 			"A worker process's busy time over its available slot time since it started (0 to 1).", claimant, nil),
 		workerHeartbeatAge: prometheus.NewDesc("couchq_worker_heartbeat_age_seconds", "How long ago a worker process last reported.", claimant, nil),
+		siteHeartbeatAge: prometheus.NewDesc("couchq_site_heartbeat_age_seconds",
+			"How long ago the site's workers last wrote its heartbeat, as this database has it: how far behind this copy of that site is, plus up to a heartbeat interval. "+
+				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it). "+
+				"None for a database without sites.", []string{"site"}, nil),
 
 		up: prometheus.NewDesc("couchq_up",
 			"1 if the last refresh from CouchDB succeeded, else 0; the gauges are left out while it is 0.", nil, nil),
@@ -154,7 +163,7 @@ func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, desc := range []*prometheus.Desc{
 		d.jobs, d.due, d.scheduled, d.oldestDue, d.paused, d.added, d.started, d.finished, d.failed, d.retried,
 		d.wait, d.service, d.execution, d.workersAlive, d.workersDead, d.workerRunning,
-		d.workerUtilization, d.workerHeartbeatAge, d.up, d.refreshErrors, d.refreshDuration,
+		d.workerUtilization, d.workerHeartbeatAge, d.siteHeartbeatAge, d.up, d.refreshErrors, d.refreshDuration,
 	} {
 		ch <- desc
 	}
@@ -241,6 +250,11 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		send(d.workersAlive, prometheus.GaugeValue, alive[typ], typ)
 		send(d.workersDead, prometheus.GaugeValue, dead[typ], typ)
 	}
+	for _, s := range c.snap.sites {
+		if s.HeartbeatAge != nil {
+			send(d.siteHeartbeatAge, prometheus.GaugeValue, *s.HeartbeatAge, s.Site)
+		}
+	}
 }
 
 // refreshLocked fetches the figures when the cached ones are older than
@@ -291,6 +305,13 @@ func (c *metricsCollector) fetch(ctx context.Context, now time.Time) (*metricsSn
 	if err != nil {
 		return nil, err
 	}
+	// A sites document that cannot be read fails the refresh like the
+	// rest: a site's gauge left out would read as a healthy single
+	// database, not as an unknown.
+	sites, err := forms.Sites(ctx, c.src, now)
+	if err != nil {
+		return nil, err
+	}
 	if counting {
 		for _, t := range st.Types {
 			tt := c.totals[t.Type]
@@ -309,5 +330,5 @@ func (c *metricsCollector) fetch(ctx context.Context, now time.Time) (*metricsSn
 		}
 		c.cursor = until
 	}
-	return &metricsSnapshot{stats: st, counts: counts}, nil
+	return &metricsSnapshot{stats: st, counts: counts, sites: sites}, nil
 }

@@ -139,6 +139,25 @@ func TestDashboardInABrowser(t *testing.T) {
 	if err != nil || it.Status != protocol.StatusQueued || it.History[len(it.History)-1].By != admin {
 		t.Fatalf("after the retry from the page: %+v %v; want queued, retried by %s", it, err, admin)
 	}
+
+	// The sites section appears once the database has sites: A beating,
+	// B never yet.
+	if hidden, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`document.getElementById('sites-section').hidden`)); err != nil || !hidden {
+		t.Errorf("the sites section of a single database: hidden %v, %v", hidden, err)
+	}
+	opstest.SitesAB(ctx, t, db, nil)
+	if err := chromedp.Do(bctx, chromedp.WaitVisible(css(`#sites tr[data-site="B"]`))); err != nil {
+		t.Fatalf("the sites section does not show: %v", err)
+	}
+	if summary := text(`#sites-summary`); summary != "2 sites, 1 without a recent heartbeat" {
+		t.Errorf("sites summary: %q", summary)
+	}
+	sites := text(`#sites tbody`)
+	for _, want := range []string{"A", "yes", "ago", "B", "never"} {
+		if !strings.Contains(sites, want) {
+			t.Errorf("sites table lacks %q:\n%s", want, sites)
+		}
+	}
 }
 
 // jsString quotes s for a JavaScript expression.

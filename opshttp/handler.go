@@ -69,6 +69,7 @@ func NewHandler(ctx context.Context, queue *couchq.Client, cfg Config) http.Hand
 	}))
 	mux.HandleFunc("GET /api/stats", s.apiStats)
 	mux.HandleFunc("GET /api/jobs", s.apiJobs)
+	mux.HandleFunc("GET /api/sites", s.cached(s.apiSites))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	s.dashboardRoutes(mux)
 	return mux
@@ -119,6 +120,28 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeJSON(w, forms.Jobs(batch))
+}
+
+// apiSites is the sites with their heartbeats' age and, when they can be
+// read, the links this server holds for the database.
+func (s *server) apiSites(ctx context.Context, _ *http.Request) (any, error) {
+	sites, err := forms.Sites(ctx, s.q, s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	report := forms.SitesReport{Sites: sites}
+	if len(sites) == 0 {
+		return report, nil
+	}
+	// The links are extra: the replicator's state is a server admin's to
+	// read, and a client not opened through a Server has no way to it.
+	// Without them the sites still answer.
+	if links, err := s.q.Links(ctx); err == nil {
+		report.Links = forms.Links(links)
+	} else {
+		s.cfg.Logger.Debug().Err(err).Msg("/api/sites without the links")
+	}
+	return report, nil
 }
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {

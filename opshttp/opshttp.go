@@ -20,6 +20,11 @@
 //	/api/workers the worker processes: alive, types, running, utilization
 //	/api/failed  the most recently failed jobs with their history; query
 //	             parameters type and limit (default 50, at most 500)
+//	/api/sites   the sites of a queue of several databases (couchq sites
+//	             --json): {"sites": [{site, default, heartbeat_age_seconds,
+//	             taken_over_by}], "links": [...]}, the links only when they
+//	             can be read (a server admin, and a client opened through
+//	             couchq.Server); "sites" is [] for a single database
 //	/healthz     200 {"couchdb":"ok"} when the database answers, else 503
 //	             with the error
 //

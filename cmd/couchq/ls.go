@@ -58,7 +58,7 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 	if err != nil {
 		return err
 	}
-	if err := cli.PrintJobs(m.Stdout, q, batch, opts.Limit, m.Now(), conn.json); err != nil || conn.json {
+	if err := cli.PrintJobs(ctx, m.Stdout, q, batch, opts.Limit, m.Now(), conn.json); err != nil || conn.json {
 		return err
 	}
 	return printPaused(ctx, m.Stdout, q, opts.Worker)

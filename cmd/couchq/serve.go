@@ -94,7 +94,9 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	log = log.Level(conn.level)
 
-	q, closeQueue, err := conn.OpenQueue(ctx, log, m.Now)
+	// Through a Server, unlike the other commands: /api/sites reads the
+	// links this server holds through that connection.
+	q, closeQueue, err := conn.Open(ctx, cli.CommandConfig(log, m.Now, conn.Site))
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/internal/cli"
+	"github.com/couchq/couchq/internal/forms"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -211,27 +212,15 @@ func siteEndpoint(site, rawURL, db, user, password string, srv *protocol.Server)
 	return protocol.SiteEndpoint{Site: site, URL: first, DB: db, User: user, Password: password, Replicator: srv.Caps.Vendor == "couchdb"}
 }
 
-// siteRow is one site as couchq sites prints it.
-type siteRow struct {
-	Site            string  `json:"site"`
-	Default         bool    `json:"default"`
-	HeartbeatAgeSec float64 `json:"heartbeat_age_seconds,omitempty"`
-	TakenOverBy     string  `json:"taken_over_by,omitempty"`
-}
-
 // listSites prints the sites and this server's links.
 func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlags, q *protocol.Client) error {
-	d, err := q.ReadSites(ctx)
+	rows, err := forms.Sites(ctx, q, m.Now())
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
-	if d == nil {
+	if len(rows) == 0 {
 		_, err := fmt.Fprintln(m.Stdout, "the database has no sites: it is a single site (couchq sites add NAME)")
 		return err
-	}
-	beats, err := q.SiteHeartbeats(ctx)
-	if err != nil {
-		return cli.ServerError(conn.URL, err)
 	}
 	srv, err := conn.Connect(ctx, log)
 	if err != nil {
@@ -241,24 +230,15 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
-	now := m.Now()
-	var rows []siteRow
-	for _, name := range d.Names() {
-		r := siteRow{Site: name, Default: name == d.Default, TakenOverBy: d.Sites[name].TakenOverBy}
-		if hb, ok := beats[name]; ok {
-			r.HeartbeatAgeSec = now.Sub(protocol.FromUnix(hb.At)).Seconds()
-		}
-		rows = append(rows, r)
-	}
 	if conn.json {
-		return cli.WriteJSON(m.Stdout, map[string]any{"sites": rows, "links": links})
+		return cli.WriteJSON(m.Stdout, forms.SitesReport{Sites: rows, Links: forms.Links(links)})
 	}
 	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintln(tw, "SITE\tDEFAULT\tHEARTBEAT\tTAKEN OVER BY")
 	for _, r := range rows {
 		beat := "never"
-		if r.HeartbeatAgeSec > 0 {
-			beat = time.Duration(r.HeartbeatAgeSec*float64(time.Second)).Round(time.Second).String() + " ago"
+		if r.HeartbeatAge != nil {
+			beat = time.Duration(*r.HeartbeatAge*float64(time.Second)).Round(time.Second).String() + " ago"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, r.TakenOverBy)
 	}

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/forms"
+	"github.com/couchq/couchq/internal/opstest"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // siteCmdline is a cmdline for a site of its own, database "queue".
@@ -151,5 +155,108 @@ func waitFor(t *testing.T, within time.Duration, cond func() bool) {
 			t.Fatal("timed out waiting")
 		case <-time.After(300 * time.Millisecond):
 		}
+	}
+}
+
+// ls and show name each job's owner: not at all in a single database
+// whose jobs name no site (the output as it always was), the site a job
+// names, and once the database has sites, the default site for a job that
+// names none. sites --json has each site's heartbeat age, null for a site
+// that never beat.
+func TestLsAndShowNameTheOwnerSite(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := srv.Client(t).DB(c.env["COUCHQ_DB"])
+	q, err := protocol.New(ctx, db, protocol.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(id, site string) {
+		t.Helper()
+		if _, err := q.Enqueue(ctx, protocol.NewJob{ID: id, Worker: "mail", Site: site}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ls returns the table's header and each job's owner by id.
+	ls := func() (header []string, owners map[string]string) {
+		t.Helper()
+		r := c.run(t, "ls")
+		expect(t, r, exitOK)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		owners = map[string]string{}
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) > 2 {
+				owners[f[0]] = f[2]
+			}
+		}
+		return strings.Fields(lines[0]), owners
+	}
+	siteLine := regexp.MustCompile(`\n  site +(.*)\n`)
+	showSite := func(id string) string {
+		t.Helper()
+		r := c.run(t, "show", id)
+		expect(t, r, exitOK)
+		if m := siteLine.FindStringSubmatch(r.stdout); m != nil {
+			return m[1]
+		}
+		return ""
+	}
+
+	enqueue("plain", "")
+	if header, _ := ls(); strings.Join(header, " ") != "ID TYPE STATUS ATTEMPTS DUE LAST ERROR" {
+		t.Errorf("ls of a single database: header %q", header)
+	}
+	if s := showSite("plain"); s != "" {
+		t.Errorf("show in a single database: site %q", s)
+	}
+
+	// A job that names a site, before the database has sites.
+	enqueue("for-b", "B")
+	header, owners := ls()
+	if strings.Join(header, " ") != "ID TYPE SITE STATUS ATTEMPTS DUE LAST ERROR" || owners["plain"] != "-" || owners["for-b"] != "B" {
+		t.Errorf("ls with a job for B: %q %v", header, owners)
+	}
+
+	opstest.SitesAB(ctx, t, db, nil)
+	if _, owners := ls(); owners["plain"] != "A" || owners["for-b"] != "B" {
+		t.Errorf("ls with sites: owners %v, want plain A and for-b B", owners)
+	}
+	if s := showSite("plain"); s != "A (default)" {
+		t.Errorf("show plain: site %q, want A (default)", s)
+	}
+	if s := showSite("for-b"); s != "B" {
+		t.Errorf("show for-b: site %q, want B", s)
+	}
+
+	r := c.run(t, "sites", "--json")
+	expect(t, r, exitOK)
+	var report forms.SitesReport
+	if err := json.Unmarshal([]byte(r.stdout), &report); err != nil || len(report.Sites) != 2 {
+		t.Fatalf("sites --json: %v\n%s", err, r.stdout)
+	}
+	if age := report.Sites[0].HeartbeatAge; age == nil || *age < 0 || *age > 60 {
+		t.Errorf("A's heartbeat age: want a few seconds\n%s", r.stdout)
+	}
+	if age := report.Sites[1].HeartbeatAge; age != nil {
+		t.Errorf("B's heartbeat age: %v, want none", *age)
+	}
+	if !strings.Contains(r.stdout, `"heartbeat_age_seconds": null`) {
+		t.Errorf("sites --json: no null heartbeat age for B:\n%s", r.stdout)
+	}
+	if r := c.run(t, "sites"); !strings.Contains(r.stdout, "never") || !strings.Contains(r.stdout, " ago") {
+		t.Errorf("sites: want A's heartbeat some time ago and B's never:\n%s", r.stdout)
+	}
+
+	// serve's /api/sites is the same report; serve reads the links as
+	// the sites command does (here none, as an admin of Apache CouchDB).
+	s := startServe(t, c, "--addr", "127.0.0.1:0")
+	code, body := s.get(t, "/api/sites")
+	if err := json.Unmarshal([]byte(body), &report); code != 200 || err != nil || len(report.Sites) != 2 || report.Sites[1].Site != "B" {
+		t.Fatalf("/api/sites: %d %v\n%s", code, err, body)
+	}
+	if caps := srv.Caps(); caps.Vendor == "couchdb" && caps.SelectorFilter && !strings.Contains(body, `"links": []`) {
+		t.Errorf("/api/sites of serve on Apache CouchDB has no links:\n%s", body)
 	}
 }

@@ -241,9 +241,7 @@ func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() tim
 	if err != nil {
 		return nil, nil, err
 	}
-	// ReadYourWrites: a command that lists jobs right after one that wrote
-	// them sees the writes on a cluster, through any node.
-	q, err = protocol.New(ctx, client.DB(c.DB), protocol.Config{Logger: log, Actor: "cli", Now: now, ReadYourWrites: true, Site: c.Site})
+	q, err = protocol.New(ctx, client.DB(c.DB), CommandConfig(log, now, c.Site))
 	if err != nil {
 		_ = client.Close()
 		return nil, nil, c.openError(err)
@@ -253,6 +251,14 @@ func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() tim
 		return nil, nil, err
 	}
 	return q, client.Close, nil
+}
+
+// CommandConfig is the queue client configuration of the commands
+// (OpenQueue's): it writes as "cli", for site, and with ReadYourWrites, so
+// that a command that lists jobs right after one that wrote them sees the
+// writes on a cluster, through any node.
+func CommandConfig(log zerolog.Logger, now func() time.Time, site string) protocol.Config {
+	return protocol.Config{Logger: log, Actor: "cli", Now: now, ReadYourWrites: true, Site: site}
 }
 
 // Open connects as Connect does and opens the queue database with cfg, as

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,8 +21,11 @@ import (
 const lastErrorWidth = 50
 
 // PrintJobs writes batch as a table, or with asJSON as /api/jobs serves it
-// (forms.Jobs). limit is the most the listing asked for.
-func PrintJobs(w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
+// (forms.Jobs). limit is the most the listing asked for. The table has a
+// SITE column, each job's owner, when a listed job has one: when the
+// database has sites (read here, for the default site's name), or a job
+// names a site all the same.
+func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
 	if asJSON {
 		return WriteJSON(w, forms.Jobs(batch))
 	}
@@ -30,14 +34,34 @@ func PrintJobs(w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int
 		_, err := fmt.Fprintln(w, "no jobs")
 		return err
 	}
-	tw := NewTable(w)
-	fmt.Fprintln(tw, "ID\tTYPE\tSTATUS\tATTEMPTS\tDUE\tLAST ERROR")
+	if err := q.RefreshSites(ctx); err != nil {
+		return err
+	}
+	sites := false
 	for _, it := range batch.Items {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", it.ID, it.Worker, it.Status, it.Attempts,
-			q.MaxAttempts(it), dueString(it, now), OneLine(it.LastError, lastErrorWidth))
+		sites = sites || q.Owner(it) != ""
+	}
+	tw := NewTable(w)
+	// row writes a line of cells; the third, the site, only when the
+	// table has that column, so that a single database's table reads as
+	// it always has.
+	row := func(cells ...string) {
+		if !sites {
+			cells = slices.Delete(cells, 2, 3)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	row("ID", "TYPE", "SITE", "STATUS", "ATTEMPTS", "DUE", "LAST ERROR")
+	for _, it := range batch.Items {
+		owner := q.Owner(it)
+		if owner == "" {
+			owner = "-" // a single database's: any worker's
+		}
+		row(it.ID, it.Worker, owner, string(it.Status), fmt.Sprintf("%d/%d", it.Attempts, q.MaxAttempts(it)),
+			dueString(it, now), OneLine(it.LastError, lastErrorWidth))
 	}
 	for _, bad := range batch.Malformed {
-		fmt.Fprintf(tw, "%s\t?\tmalformed\t-\t-\t%s\n", bad.ID, OneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
+		row(bad.ID, "?", "?", "malformed", "-", "-", OneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -82,6 +106,11 @@ func ShowJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, no
 		fmt.Fprintf(w, "%s\n  not a valid job: %v\n\n", id, err)
 		return writeIndented(w, "document", raw)
 	}
+	// The default site, owner of the jobs that name none, is the sites
+	// document's.
+	if err := q.RefreshSites(ctx); err != nil {
+		return err
+	}
 	return printJob(w, q, &it, now)
 }
 
@@ -112,6 +141,12 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, value) }
 	field("type", it.Worker)
 	field("status", string(it.Status))
+	if owner := q.Owner(it); owner != "" {
+		if it.Site == "" {
+			owner += " (default)" // the sites document's default owns it
+		}
+		field("site", owner)
+	}
 	due := "now"
 	if it.Date != 0 {
 		due = TimeAndAgo(it.DueAt(), now)

@@ -214,7 +214,7 @@ func (d *demo) list(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return cli.PrintJobs(d.out, d.q, batch, 100, d.opts.Now(), d.opts.Out.JSON)
+	return cli.PrintJobs(ctx, d.out, d.q, batch, 100, d.opts.Now(), d.opts.Out.JSON)
 }
 
 func (d *demo) show(ctx context.Context) error {

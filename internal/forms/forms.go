@@ -1,7 +1,8 @@
 // Package forms holds the forms of the ops API's answers and parameters,
 // shared by its front ends so that they print the same thing: couchq stats
-// --json and ls --json print what opshttp's /api/stats and /api/jobs serve,
-// byte for byte, and couchq stats takes the parameters as flags.
+// --json, ls --json and sites --json print what opshttp's /api/stats,
+// /api/jobs and /api/sites serve, byte for byte, and couchq stats takes the
+// parameters as flags.
 package forms
 
 import (

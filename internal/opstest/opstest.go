@@ -126,6 +126,27 @@ func Play(ctx context.Context, t testing.TB, db *kivik.DB) *Run {
 	return r
 }
 
+// SitesAB makes db a database of sites: A, the default, whose workers
+// have just beaten (at now; nil is time.Now), and B, whose never have.
+func SitesAB(ctx context.Context, t testing.TB, db *kivik.DB, now func() time.Time) {
+	t.Helper()
+	a, err := protocol.New(ctx, db, protocol.Config{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"A", "B"} {
+		if _, err := a.AddSite(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, err = protocol.New(ctx, db, protocol.Config{Site: "A", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Claim claims job id as Claimant, at the clock's time.
 func (r *Run) Claim(t testing.TB, id string) *protocol.WorkItem {
 	t.Helper()

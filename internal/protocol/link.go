@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -230,6 +231,23 @@ type LinkState struct {
 
 // Links lists the links this server holds for db.
 func (s *Server) Links(ctx context.Context, db string) ([]LinkState, error) {
+	return readLinks(ctx, s.raw, db)
+}
+
+// Links lists the links the client's server holds for its database, as
+// Server.Links does. Only a client opened through a Server on Apache
+// CouchDB (Server.Open) has the connection the replicator's state is read
+// through; any other gets an error, as does a user who is not a server
+// admin.
+func (c *Client) Links(ctx context.Context) ([]LinkState, error) {
+	if c.couch == nil {
+		return nil, errors.New("reading the links: the client has no connection to an Apache CouchDB server's replicator (open it with Server.Open)")
+	}
+	return readLinks(ctx, c.couch, c.db.Name())
+}
+
+// readLinks lists the links held for db by the server raw speaks to.
+func readLinks(ctx context.Context, raw *chttp.Client, db string) ([]LinkState, error) {
 	var resp struct {
 		Docs []struct {
 			DocID       string         `json:"doc_id"`
@@ -238,7 +256,7 @@ func (s *Server) Links(ctx context.Context, db string) ([]LinkState, error) {
 			LastUpdated string         `json:"last_updated"`
 		} `json:"docs"`
 	}
-	if err := s.raw.DoJSON(ctx, http.MethodGet, "/_scheduler/docs/_replicator", nil, &resp); err != nil {
+	if err := raw.DoJSON(ctx, http.MethodGet, "/_scheduler/docs/_replicator", nil, &resp); err != nil {
 		if isStatus(err, http.StatusNotFound) {
 			return nil, nil // no replicator, or no _replicator database yet
 		}

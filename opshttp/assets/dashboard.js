@@ -5,6 +5,9 @@
 (function () {
   'use strict';
   var FAST = 5000, SLOW = 15000; // ms between polls: tables, plots
+  // s: a site's heartbeat older than this is marked stale. A few of the
+  // workers' default heartbeat intervals (10 s), plus the links' delay.
+  var SITE_FRESH = 60;
   var creds = null; // "Basic ..." once logged in; kept in memory only
   var charts = {};
   var notice = ''; // what the last action did, shown until the next one
@@ -123,6 +126,36 @@
     if (ws.length === 0) fill('workers', [emptyRow(8, 'no worker has registered')]);
   }
 
+  // Sites: shown only for a queue of several databases. A heartbeat's age
+  // is how far behind this database's copy of that site is, plus up to a
+  // heartbeat interval.
+  function renderSites(r) {
+    var sites = r.sites || [];
+    $('sites-section').hidden = sites.length === 0;
+    if (sites.length === 0) return;
+    var fresh = function (s) { return s.heartbeat_age_seconds !== null && s.heartbeat_age_seconds <= SITE_FRESH; };
+    var stale = sites.filter(function (s) { return !fresh(s); }).length;
+    $('sites-summary').textContent = sites.length + ' sites' + (stale ? ', ' + stale + ' without a recent heartbeat' : '');
+    fill('sites', sites.map(function (s) {
+      var tr = el('tr'), beat = s.heartbeat_age_seconds;
+      tr.dataset.site = s.site;
+      tr.append(td(s.site), td(s.default ? 'yes' : ''),
+        td(beat === null ? 'never' : age(Math.max(beat, 1)) + ' ago', fresh(s) ? 'alive' : 'dead'),
+        td(s.taken_over_by || ''));
+      return tr;
+    }));
+    var links = r.links;
+    $('links').hidden = !links;
+    if (!links) return;
+    fill('links', links.map(function (l) {
+      var tr = el('tr');
+      tr.append(td(l.from + ' → ' + l.to), td(l.state, l.state === 'running' ? 'alive' : 'dead'),
+        td(l.changes_pending === null ? '?' : l.changes_pending, 'num'), td(l.docs_written, 'num'), td(l.error || '', 'error'));
+      return tr;
+    }));
+    if (links.length === 0) fill('links', [emptyRow(5, 'this server holds no links for the database')]);
+  }
+
   function historyDetails(job) {
     var d = el('details');
     d.append(el('summary', (job.history || []).length + ' events'));
@@ -217,7 +250,8 @@
       getJSON('api/queues').then(renderQueues),
       getJSON('api/workers').then(renderWorkers),
       getJSON('api/failed?type=' + type).then(renderFailed),
-      getJSON('api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs)
+      getJSON('api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs),
+      getJSON('api/sites').then(renderSites)
     ]).then(function () {
       setStatus((notice ? notice + ' · ' : '') + 'updated ' + new Date().toLocaleTimeString());
     }).catch(function (e) { setStatus(e.message, true); })
