@@ -1,8 +1,8 @@
 // Package bench measures couchq against CouchDB-compatible servers, one
 // after the other: for each, the server's own write ceiling, end-to-end
 // throughput as a share of it, idle wake-up latency, claim contention,
-// backlog scaling, memory and feature costs. The couchq-bench command is
-// a thin main around Run.
+// backlog scaling, memory, feature costs, claim indexes and sites. The
+// couchq-bench command is a thin main around Run.
 package bench
 
 import (
@@ -37,6 +37,9 @@ type run struct {
 	procRSS []uint64
 	// earlier is how many servers this process measured before this one.
 	earlier int
+	// server is the server as planned: what kind, and the Apache CouchDB
+	// release section 9 starts the other sites from.
+	server plannedServer
 	// notes are what sections explain beyond their rows (what a server
 	// could not measure, and why).
 	notes []string
@@ -108,7 +111,7 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 			log.Warn().Err(err).Msg("closing the server connection")
 		}
 	}()
-	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler(), earlier: earlier}
+	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler(), earlier: earlier, server: ps}
 	defer func() {
 		if b.scratch != "" {
 			_ = os.RemoveAll(b.scratch)
@@ -168,6 +171,8 @@ func (b *run) section(ctx context.Context, s *Section) error {
 		return b.runFeatures(ctx, s)
 	case SectionClaimIndex:
 		return b.runClaimIndex(ctx, s)
+	case SectionSites:
+		return b.runSites(ctx, s)
 	}
 	return fmt.Errorf("unknown section %d", s.ID)
 }
@@ -282,6 +287,11 @@ func settings(c Config, kind string) map[string]any {
 	}
 	if scaled != "" {
 		set["scaled"] = scaled
+	}
+	if kind == ServerCouchDB && slices.Contains(c.Sections, SectionSites) {
+		// Only where section 9 runs (sitesSkip): elsewhere the size
+		// would be one the report has no figures of.
+		set["sites_jobs"] = c.SitesJobs
 	}
 	return set
 }

@@ -27,6 +27,7 @@ const (
 	SectionMemory     = 6
 	SectionFeatures   = 7
 	SectionClaimIndex = 8
+	SectionSites      = 9
 )
 
 var sectionNames = map[int]string{
@@ -38,6 +39,7 @@ var sectionNames = map[int]string{
 	SectionMemory:     "memory",
 	SectionFeatures:   "feature costs",
 	SectionClaimIndex: "claim index",
+	SectionSites:      "sites",
 }
 
 // Targets printed next to the figures.
@@ -48,6 +50,14 @@ const (
 	TargetBacklogRatio    = 1.2                    // claim round, large backlog vs small
 	TargetEnqueueShare    = 0.80                   // enqueue of the large backlog, of the bulk ceiling (bare)
 	targetConflictWorkers = 16
+	// TargetSitesShare is a site's throughput linked to another, of its
+	// throughput alone.
+	TargetSitesShare = 0.90
+	// TargetSitesCPUGrowth bounds a site's server CPU per job of its own
+	// with 2 and 3 sites linked, as a multiple of its CPU per job alone:
+	// the target is that it does not grow with the jobs of other sites,
+	// with room for the noise of one shared machine.
+	TargetSitesCPUGrowth = 1.25
 )
 
 // Config is one bench run. The zero value of a field means its default
@@ -108,6 +118,9 @@ type Config struct {
 	// BacklogSmall and BacklogLarge are the due-job counts compared by the
 	// backlog section, with Claims timed claims each.
 	BacklogSmall, BacklogLarge, Claims int
+	// SitesJobs is the jobs each site of section 9 enqueues and runs, in
+	// each of its runs.
+	SitesJobs int
 	// Validation is the design document's validate_doc_update in the
 	// queue's databases (sections 2 to 7): on (the default) or off, as
 	// couchq init --validation sets it. Section 1 measures both.
@@ -160,6 +173,12 @@ const (
 	ClaimsDefault                = 200
 	ClusterScaleDefault          = 0.1
 	TimeoutDefault               = 15 * time.Minute
+	// SitesJobsDefault keeps section 9 to a few minutes on a 2-core
+	// machine: it runs 1, 2 (twice) and 3 sites, 8,000 jobs in all, with
+	// up to three Apache CouchDB nodes sharing the cores. On 2026-11-26 it
+	// took 5 min 47 s with a test suite running beside it (load average
+	// 11 to 37), the three sites' run more than half of that.
+	SitesJobsDefault = 1000
 )
 
 // ContentionWorkersDefault are the claimant counts compared in section 4.
@@ -167,7 +186,7 @@ func ContentionWorkersDefault() []int { return []int{1, 4, 16} }
 
 // AllSections lists every section number.
 func AllSections() []int {
-	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex}
+	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex, SectionSites}
 }
 
 // WithDefaults fills in every unset field.
@@ -195,6 +214,7 @@ func (c Config) WithDefaults() Config {
 	setInt(&c.BacklogSmall, BacklogSmallDefault)
 	setInt(&c.BacklogLarge, BacklogLargeDefault)
 	setInt(&c.Claims, ClaimsDefault)
+	setInt(&c.SitesJobs, SitesJobsDefault)
 	if c.ClusterScale <= 0 {
 		c.ClusterScale = ClusterScaleDefault
 	}
@@ -253,7 +273,7 @@ func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Sections {
 		if sectionNames[s] == "" {
-			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-8)", s))
+			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-9)", s))
 		}
 	}
 	check := func(name string, v, lo, hi int) {
@@ -274,6 +294,7 @@ func (c Config) Validate() error {
 	check("backlog-small", c.BacklogSmall, 1, maxJobs)
 	check("backlog-large", c.BacklogLarge, 1, maxJobs)
 	check("claims", c.Claims, 1, min(c.BacklogSmall, c.BacklogLarge))
+	check("sites-jobs", c.SitesJobs, 1, maxJobs)
 	for _, w := range c.ContentionWorkers {
 		check("contention-workers", w, 1, maxWorkers)
 	}
@@ -339,7 +360,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	sections := fs.String("sections", "1,2,3,4,5,6,7,8", "sections to run, comma-separated")
+	sections := fs.String("sections", "1,2,3,4,5,6,7,8,9", "sections to run, comma-separated")
 	servers := fs.String("servers", "", "local servers to start and measure in turn, comma-separated: "+
 		strings.Join(LocalServers(), ",")+" (default: every one available; not with --url)")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
@@ -358,6 +379,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.BacklogSmall, "backlog-small", BacklogSmallDefault, "sections 5 and 8: small backlog of due jobs")
 	fs.IntVar(&c.BacklogLarge, "backlog-large", BacklogLargeDefault, "section 5: large backlog of due jobs")
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "sections 5 and 8: timed claims per backlog (section 8: per index)")
+	fs.IntVar(&c.SitesJobs, "sites-jobs", SitesJobsDefault, "section 9: jobs each site enqueues and runs, in each of its runs")
 	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --backlog-large and --rate, as a share of the given ones")
 	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
 	language := fs.String("language", "", "the design documents' language: javascript or javascript_quickjs (couchq init --language; default: what init picks)")
@@ -476,8 +498,9 @@ const usageHead = `usage: couchq-bench [flags]
 Measures couchq against CouchDB-compatible servers (loopback only) and
 prints one table per server: the server's own write ceiling, end-to-end
 throughput, idle wake-up latency, claim contention, backlog scaling,
-memory and feature costs. Each section works in a fresh database, dropped
-at its end unless --keep.
+memory, feature costs, claim indexes and sites (section 9, on the single
+Apache CouchDB node: linked to further nodes it starts as other sites).
+Each section works in a fresh database, dropped at its end unless --keep.
 
 With --url (or COUCHDB_URL) it measures that server alone. Without, it
 starts and measures in turn every local server available, or those of

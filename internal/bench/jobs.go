@@ -34,12 +34,17 @@ func randomHex(n int) string {
 // enqueueBulk stores n due jobs with EnqueueMany and returns how long it
 // took. Any job refused is an error: the figures would be wrong.
 func enqueueBulk(ctx context.Context, c *protocol.Client, n int) (time.Duration, error) {
+	return enqueueBulkFor(ctx, c, n, "")
+}
+
+// enqueueBulkFor is enqueueBulk of jobs owned by site (empty: none named).
+func enqueueBulkFor(ctx context.Context, c *protocol.Client, n int, site string) (time.Duration, error) {
 	start := time.Now()
 	for done := 0; done < n; {
 		size := min(enqueueBatch, n-done)
 		jobs := make([]protocol.NewJob, size)
 		for i := range jobs {
-			jobs[i] = protocol.NewJob{Worker: jobType}
+			jobs[i] = protocol.NewJob{Worker: jobType, Site: site}
 		}
 		res, err := c.EnqueueMany(ctx, jobs)
 		if err != nil {
@@ -91,7 +96,13 @@ var indexRead = map[string]string{designdocs.ID: "due_priority", designdocs.Swee
 // couchq's, a key of indexRead) and waits until the server builds no index
 // of db, and returns how long that took.
 func (b *run) bringIndexesUpToDate(ctx context.Context, name string, ddocs ...string) (time.Duration, error) {
-	db := b.t.srv.Client.DB(name)
+	return b.t.bringIndexesUpToDate(ctx, name, ddocs...)
+}
+
+// bringIndexesUpToDate is run.bringIndexesUpToDate on this server: section
+// 9 builds the indexes of every site's.
+func (t *target) bringIndexesUpToDate(ctx context.Context, name string, ddocs ...string) (time.Duration, error) {
+	db := t.srv.Client.DB(name)
 	start := time.Now()
 	for _, ddoc := range ddocs {
 		err := askWhileBuilding(ctx, start, func() error {
@@ -106,7 +117,7 @@ func (b *run) bringIndexesUpToDate(ctx context.Context, name string, ddocs ...st
 		}
 	}
 	for time.Since(start) < viewBuildLimit {
-		if n, ok := b.t.indexing(ctx, name); !ok || n == 0 {
+		if n, ok := t.indexing(ctx, name); !ok || n == 0 {
 			break
 		}
 		if !sleepCtx(ctx, 250*time.Millisecond) {
@@ -168,9 +179,15 @@ type pool struct {
 // startPool starts one worker per entry of concurrencies, each with its
 // own client (as separate processes would have).
 func startPool(ctx context.Context, t *target, db string, h worker.Handler, concurrencies []int, cfg Config) (*pool, error) {
+	return startPoolWith(ctx, func(ctx context.Context) (*protocol.Client, error) { return t.open(ctx, db) }, h, concurrencies, cfg)
+}
+
+// startPoolWith is startPool with the workers' clients from open (a
+// site's, in section 9).
+func startPoolWith(ctx context.Context, open func(context.Context) (*protocol.Client, error), h worker.Handler, concurrencies []int, cfg Config) (*pool, error) {
 	p := &pool{}
 	for _, conc := range concurrencies {
-		c, err := t.open(ctx, db)
+		c, err := open(ctx)
 		if err != nil {
 			p.stop(ctx)
 			return nil, err
@@ -219,11 +236,21 @@ func (p *pool) stop(ctx context.Context) {
 // when ctx ends or when nothing completed for stall (a stuck queue must
 // not hang the bench).
 func (p *pool) waitCompleted(ctx context.Context, n int64, stall time.Duration) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	return waitProgress(ctx, n, stall, 20*time.Millisecond, "jobs completed", func() (int64, error) { return p.stats().Completed, nil })
+}
+
+// waitProgress reads a count every tick until it reaches n. It gives up
+// when ctx ends, when the count did not move for stall, or when read
+// fails; what says what is counted, for the error.
+func waitProgress(ctx context.Context, n int64, stall, tick time.Duration, what string, read func() (int64, error)) error {
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
 	last, lastAt := int64(-1), time.Now()
 	for {
-		got := p.stats().Completed
+		got, err := read()
+		if err != nil {
+			return err
+		}
 		if got >= n {
 			return nil
 		}
@@ -231,12 +258,12 @@ func (p *pool) waitCompleted(ctx context.Context, n int64, stall time.Duration) 
 			last, lastAt = got, time.Now()
 		}
 		if time.Since(lastAt) > stall {
-			return fmt.Errorf("only %d of %d jobs completed: none for %s", got, n, stall)
+			return fmt.Errorf("only %d of %d %s: none for %s", got, n, what, stall)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("only %d of %d jobs completed: %w", got, n, ctx.Err())
-		case <-tick.C:
+			return fmt.Errorf("only %d of %d %s: %w", got, n, what, ctx.Err())
+		case <-ticker.C:
 		}
 	}
 }

@@ -110,6 +110,18 @@ const (
 	// (Apache CouchDB only).
 	keyBacklogRatioStale = "backlog_ratio_stale"
 	keyWorkerRSS         = "worker_rss" // section 6: peak RSS of the process the workers ran in
+	// Section 9: site A's throughput alone and linked to B, that as a
+	// share (judged), the replication lag of A's results at B, and A's
+	// server CPU per job with 1, 2 and 3 sites, the growth judged.
+	keySitesAlone     = "sites_alone"
+	keySitesLinked    = "sites_linked"
+	keySitesShare     = "sites_share"
+	keySitesLagP50    = "sites_lag_p50"
+	keySitesLagP99    = "sites_lag_p99"
+	keySitesCPU1      = "sites_cpu_1"
+	keySitesCPU2      = "sites_cpu_2"
+	keySitesCPU3      = "sites_cpu_3"
+	keySitesCPUGrowth = "sites_cpu_growth"
 )
 
 // headline is the report's row of that key.
@@ -320,6 +332,9 @@ func sizesLine(set map[string]any) string {
 	}
 	if l, ok := set["language"].(string); ok && l != "" {
 		line += ", --language " + l
+	}
+	if n, ok := set["sites_jobs"]; ok {
+		line += fmt.Sprintf(", --sites-jobs %v", n)
 	}
 	if note, ok := set["scaled"].(string); ok && note != "" {
 		line += " (" + note + ")"

@@ -247,6 +247,12 @@ func (t *target) open(ctx context.Context, db string) (*protocol.Client, error) 
 	return t.queue.Open(ctx, db, protocol.Config{})
 }
 
+// openSite returns a queue client on db working for site, as a site's
+// workers and producers use it.
+func (t *target) openSite(ctx context.Context, db, site string) (*protocol.Client, error) {
+	return t.queue.Open(ctx, db, protocol.Config{Site: site, Actor: "couchq-bench@" + site})
+}
+
 // treeUse is the CPU time of a process and its descendants (treeCPU).
 type treeUse struct {
 	// total is every live process's time plus that of the children they
