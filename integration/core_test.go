@@ -246,7 +246,7 @@ func TestDesignDocInstallRaceAndUpgrade(t *testing.T) {
 	// An edited function (as a newer couchq would ship) is upgraded.
 	edited := copyFS(t, designdocs.Source())
 	edited["views/due_priority/map.js"].Data = []byte(strings.Replace(string(edited["views/due_priority/map.js"].Data),
-		"emit([doc.worker, p, date], null);", "emit([doc.worker, p, date], 'v2');", 1))
+		"emit([queue, p, date], null);", "emit([queue, p, date], 'v2');", 1))
 	newer, err := designdocs.Build(edited, designdocs.SchemaVersion+1)
 	if err != nil {
 		t.Fatal(err)

@@ -872,7 +872,7 @@ func testGracefulShutdown(t *testing.T, bin string) {
 	it, _ := tb.client.Get(tb.ctx, abandoned)
 	time.Sleep(time.Until(it.Lease()) + 50*time.Millisecond)
 	code, out, errOut := runCLI(t, bin, tb.db.Name(), "sweep")
-	if code != 0 || strings.TrimSpace(out) != "requeued 1, failed 0, lost 0" {
+	if code != 0 || strings.TrimSpace(out) != "requeued 1, failed 0, lost 0, settled 0" {
 		t.Errorf("couchq sweep: exit %d, stdout %q, stderr %s", code, out, errOut)
 	}
 	it, err = tb.client.Get(tb.ctx, abandoned)

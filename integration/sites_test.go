@@ -65,6 +65,11 @@ func (s *testSite) open(ctx context.Context, t *testing.T) {
 	for {
 		c, err := s.conn.Open(ctx, s.end.DB, protocol.Config{Site: s.name, Actor: "test@" + s.name})
 		if err == nil {
+			if err = c.RefreshSites(ctx); err == nil {
+				err = c.CheckSite() // the sites document listing the site has arrived
+			}
+		}
+		if err == nil {
 			s.client = c
 			return
 		}
