@@ -174,6 +174,20 @@ function (newDoc, oldDoc, userCtx, secObj) {
       reject(times[j], 'must be a number of Unix seconds, got ' + describe(t));
     }
   }
+  // How far a running job got (protocol.Progress), as a handler or agent
+  // reported it.
+  if (given(newDoc.progress)) {
+    var pr = newDoc.progress;
+    var whole = function (v) {
+      return isNum(v) && v >= 0 && v <= 2147483647 && Math.floor(v) === v;
+    };
+    if (typeof pr !== 'object' || Array.isArray(pr) ||
+        (given(pr.done) && !whole(pr.done)) || (given(pr.total) && !whole(pr.total)) ||
+        (given(pr.note) && typeof pr.note !== 'string') || (given(pr.at) && !isNum(pr.at)) ||
+        (pr.total > 0 && pr.done > pr.total)) {
+      reject('progress', 'must be an object {done, total, note, at}: whole numbers done and total (done at most total when total is above 0), a string note, Unix seconds at; got ' + JSON.stringify(pr));
+    }
+  }
   if (given(newDoc.history)) {
     if (!Array.isArray(newDoc.history)) {
       reject('history', 'must be an array, got ' + describe(newDoc.history));

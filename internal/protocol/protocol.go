@@ -369,9 +369,36 @@ func (c *Client) Cancel(ctx context.Context, item *WorkItem, reason string) erro
 
 // Extend renews a claim's lease to now + lease.
 func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration) error {
-	return c.transition(ctx, "extending lease of", item, func(next *WorkItem) {
-		next.LeaseUntil = ToUnix(c.now().Add(lease))
+	return c.ExtendWithProgress(ctx, item, lease, nil)
+}
+
+// ExtendWithProgress renews a claim's lease to now + lease (lease 0 leaves
+// it as it is) and, when p is not nil, stores p as the job's progress, in
+// one write: a worker's progress rides on its lease renewals. A 409 is
+// ErrClaimLost, as for Extend.
+func (c *Client) ExtendWithProgress(ctx context.Context, item *WorkItem, lease time.Duration, p *Progress) error {
+	what := "extending lease of"
+	if p != nil {
+		what = "reporting progress of"
+	}
+	return c.transition(ctx, what, item, func(next *WorkItem) {
+		if lease > 0 {
+			next.LeaseUntil = ToUnix(c.now().Add(lease))
+		}
+		if p != nil {
+			next.Progress = p
+		}
 	})
+}
+
+// ReportProgress stores how far a held job got (see NewProgress), stamped
+// now, without touching its lease: what an agent reports.
+func (c *Client) ReportProgress(ctx context.Context, item *WorkItem, done, total int, note string) error {
+	p, err := NewProgress(done, total, note, c.now())
+	if err != nil {
+		return err
+	}
+	return c.ExtendWithProgress(ctx, item, 0, p)
 }
 
 func (c *Client) unclaim(next *WorkItem) {

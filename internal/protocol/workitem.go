@@ -97,12 +97,61 @@ type WorkItem struct {
 	// site whose workers may run it. Empty means the default site of the
 	// sites document, or, in a database without one, any worker.
 	Site string
+	// Progress is how far the running (or last) attempt got, as its handler
+	// or agent last reported it; nil when none did. It is kept across
+	// attempts, so a retry may resume from it, until the next report.
+	Progress *Progress
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
 	Conflicts []string
 
 	extra map[string]json.RawMessage
+}
+
+// Progress is what a handler or agent reported of a running job: Done
+// out of Total units (Total 0 when unknown), with a Note ("page 40") and
+// when it was reported (At, Unix seconds). Stored as the document's
+// "progress" field, {done, total, note, at}.
+type Progress struct {
+	Done  int     `json:"done"`
+	Total int     `json:"total"`
+	Note  string  `json:"note,omitempty"`
+	At    float64 `json:"at,omitempty"`
+}
+
+// MaxProgressNote bounds a progress note, in bytes: longer ones are cut
+// (it is rewritten with every report, so it must stay small).
+const MaxProgressNote = 200
+
+// NewProgress checks a report and returns it stamped with at; the note is
+// cut to MaxProgressNote bytes.
+func NewProgress(done, total int, note string, at time.Time) (*Progress, error) {
+	switch {
+	case done < 0 || total < 0 || done > math.MaxInt32 || total > math.MaxInt32:
+		return nil, fmt.Errorf("%w: progress %d of %d: done and total are whole numbers from 0 to 2147483647", ErrInvalidJob, done, total)
+	case total > 0 && done > total:
+		return nil, fmt.Errorf("%w: progress %d of %d: done is more than the total", ErrInvalidJob, done, total)
+	}
+	if len(note) > MaxProgressNote {
+		note = strings.ToValidUTF8(note[:MaxProgressNote-3], "") + "..."
+	}
+	return &Progress{Done: done, Total: total, Note: note, At: ToUnix(at)}, nil
+}
+
+// String reads "40/120 (33%) page 40", "40" without a total.
+func (p *Progress) String() string {
+	if p == nil {
+		return ""
+	}
+	s := fmt.Sprintf("%d", p.Done)
+	if p.Total > 0 {
+		s = fmt.Sprintf("%d/%d (%d%%)", p.Done, p.Total, int(math.Floor(100*float64(p.Done)/float64(p.Total))))
+	}
+	if p.Note != "" {
+		s += " " + p.Note
+	}
+	return s
 }
 
 // DueAt is the time the job becomes due (the zero Unix time for "now").
@@ -167,6 +216,7 @@ type wireItem struct {
 	UniqueKey   string          `json:"unique_key,omitempty"`
 	Priority    int             `json:"priority,omitempty"`
 	Site        string          `json:"site,omitempty"`
+	Progress    *Progress       `json:"progress,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -174,7 +224,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site":
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "progress":
 		return true
 	}
 	return false
@@ -191,7 +241,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
-		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site,
+		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site, Progress: w.Progress,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -270,6 +320,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 			p.fail("site", fmt.Sprintf("must be a site name (%s), got %q", siteNameRule, w.Site))
 		}
 	}
+	p.progress(&w.Progress)
 	if c, ok := raw["_conflicts"]; ok {
 		_ = json.Unmarshal(c, &w.Conflicts) // informational only
 	}
@@ -370,6 +421,32 @@ func (p *fieldParser) history(dst *[]Event) {
 			p.fail("history", "must be an array of {at, event, by, attempt, error}, got "+describeJSON(v))
 		}
 	}
+}
+
+// progress decodes {done, total, note, at} as the design document's
+// validate_doc_update checks it.
+func (p *fieldParser) progress(dst **Progress) {
+	v := p.get("progress")
+	if v == nil {
+		return
+	}
+	const want = "must be an object {done, total, note, at}: whole numbers done and total (done at most total when total is above 0), a string note, Unix seconds at; got "
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(v, &fields) != nil || fields == nil {
+		p.fail("progress", want+describeJSON(v))
+		return
+	}
+	sub := fieldParser{raw: fields}
+	var pr Progress
+	sub.count("done", &pr.Done)
+	sub.count("total", &pr.Total)
+	sub.str("note", &pr.Note)
+	sub.num("at", &pr.At)
+	if sub.err != nil || (pr.Total > 0 && pr.Done > pr.Total) {
+		p.fail("progress", want+describeJSON(v))
+		return
+	}
+	*dst = &pr
 }
 
 // describeJSON names a raw JSON value's kind, with the value when short.

@@ -51,17 +51,22 @@ func TestWorkItemKeepsUnknownFields(t *testing.T) {
 
 func TestWorkItemMalformedNamesTheField(t *testing.T) {
 	cases := map[string]string{
-		`{"type":"WorkItem"}`:                                "worker",
-		`{"type":"WorkItem","worker":5}`:                     "worker",
-		`{"type":"WorkItem","worker":""}`:                    "worker",
-		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`: "date",
-		`{"type":"WorkItem","worker":"a","status":"paused"}`: "status",
-		`{"type":"WorkItem","worker":"a","attempts":-1}`:     "attempts",
-		`{"type":"WorkItem","worker":"a","attempts":1.5}`:    "attempts",
-		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:   "claimed",
-		`{"type":"WorkItem","worker":"a","history":{}}`:      "history",
-		`{"type":"Other","worker":"a"}`:                      "type",
-		`[1,2]`:                                              "document",
+		`{"type":"WorkItem"}`:                                               "worker",
+		`{"type":"WorkItem","worker":5}`:                                    "worker",
+		`{"type":"WorkItem","worker":""}`:                                   "worker",
+		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`:                "date",
+		`{"type":"WorkItem","worker":"a","status":"paused"}`:                "status",
+		`{"type":"WorkItem","worker":"a","attempts":-1}`:                    "attempts",
+		`{"type":"WorkItem","worker":"a","attempts":1.5}`:                   "attempts",
+		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:                  "claimed",
+		`{"type":"WorkItem","worker":"a","history":{}}`:                     "history",
+		`{"type":"WorkItem","worker":"a","progress":5}`:                     "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":-1}}`:           "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":3,"total":2}}`:  "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":1,"note":7}}`:   "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":1,"at":"now"}}`: "progress",
+		`{"type":"Other","worker":"a"}`:                                     "type",
+		`[1,2]`:                                                             "document",
 	}
 	for in, field := range cases {
 		var it WorkItem
@@ -118,5 +123,37 @@ func TestRedactAndDialKeepPasswordsOut(t *testing.T) {
 	}
 	if _, err := Dial("::not a url s3cret", "", ""); err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Fatalf("Dial error should be clear and redacted: %v", err)
+	}
+}
+
+// Progress round-trips as {done, total, note, at}, and a report is checked
+// and its note bounded.
+func TestWorkItemProgress(t *testing.T) {
+	var it WorkItem
+	in := `{"type":"WorkItem","worker":"a","progress":{"done":40,"total":120,"note":"page 40","at":12.5}}`
+	if err := json.Unmarshal([]byte(in), &it); err != nil {
+		t.Fatal(err)
+	}
+	if it.Progress == nil || *it.Progress != (Progress{Done: 40, Total: 120, Note: "page 40", At: 12.5}) {
+		t.Fatalf("progress %+v", it.Progress)
+	}
+	if got := it.Progress.String(); got != "40/120 (33%) page 40" {
+		t.Errorf("String() = %q", got)
+	}
+	out, err := json.Marshal(it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"progress":{"done":40,"total":120,"note":"page 40","at":12.5}`) {
+		t.Errorf("encoded %s", out)
+	}
+	for _, bad := range [][2]int{{-1, 0}, {0, -1}, {3, 2}} {
+		if _, err := NewProgress(bad[0], bad[1], "", time.Now()); !errors.Is(err, ErrInvalidJob) {
+			t.Errorf("NewProgress(%d, %d): %v, want ErrInvalidJob", bad[0], bad[1], err)
+		}
+	}
+	p, err := NewProgress(7, 0, strings.Repeat("é", 300), time.Unix(5, 0))
+	if err != nil || len(p.Note) > MaxProgressNote || p.At != 5 || p.String()[:2] != "7 " {
+		t.Errorf("NewProgress: %+v %v", p, err)
 	}
 }
