@@ -35,6 +35,7 @@ const (
 	FallbackPollDefault      = 30 * time.Second
 	RetryCapDefault          = 24 * time.Hour
 	HeartbeatFractionDefault = 3 // heartbeat every lease / 3
+	ProgressIntervalDefault  = 5 * time.Second
 )
 
 // Config configures a Worker. The zero value of every field but Handlers
@@ -52,6 +53,11 @@ type Config struct {
 	// HeartbeatInterval is how often running jobs' leases are renewed and
 	// the worker's registry document is updated; default LeaseDuration/3.
 	HeartbeatInterval time.Duration
+	// ProgressInterval is the shortest time between two writes of a job
+	// that its progress reports (Job.Progress) cause: the latest report is
+	// written then, or sooner with the job's next lease renewal, and the
+	// last one with its outcome.
+	ProgressInterval time.Duration
 	// ClaimBatch is the most jobs claimed in one _bulk_docs request: a
 	// claim round takes as many due jobs as there are free slots, up to
 	// this. It bounds rounds only at Concurrency above it (a server takes
@@ -153,6 +159,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = c.LeaseDuration / HeartbeatFractionDefault
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = ProgressIntervalDefault
 	}
 	if c.ClaimBatch <= 0 {
 		c.ClaimBatch = ClaimBatchDefault

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/couchq/couchq/internal/jobrun"
 )
 
 func TestRetryBackoffGrowsAndIsCapped(t *testing.T) {
@@ -53,17 +56,23 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestSteeringErrorsSurviveWrapping(t *testing.T) {
-	snooze, cancel, fail := steering(errors.Join(errors.New("ctx"), JobSnooze(time.Minute)))
-	if snooze == nil || snooze.Delay != time.Minute || cancel != nil || fail != nil {
-		t.Fatal("wrapped snooze not recognised")
+	out := jobrun.Decide(errors.Join(errors.New("ctx"), JobSnooze(time.Minute)), 1, 5)
+	if out.Kind != jobrun.Snoozed || out.Delay != time.Minute {
+		t.Fatalf("wrapped snooze not recognised: %+v", out)
 	}
-	_, cancel, _ = steering(JobCancel(errors.New("gone")))
-	if cancel == nil || !strings.Contains(cancel.Error(), "gone") {
-		t.Fatal("cancel not recognised")
+	out = jobrun.Decide(fmt.Errorf("wrapped: %w", JobCancel(errors.New("gone"))), 1, 5)
+	if out.Kind != jobrun.Cancelled || out.Err.Error() != "cancelled: gone" {
+		t.Fatalf("cancel not recognised: %+v", out)
 	}
-	_, _, fail = steering(JobFail(errors.New("bad")))
-	if fail == nil || fail.Error() != "bad" {
-		t.Fatal("fail not recognised")
+	out = jobrun.Decide(JobFail(errors.New("bad")), 1, 5)
+	if out.Kind != jobrun.Failed || out.Err.Error() != "bad" {
+		t.Fatalf("fail not recognised: %+v", out)
+	}
+	if out := jobrun.Decide(errors.New("boom"), 1, 5); out.Kind != jobrun.Retry {
+		t.Fatalf("plain error: %+v, want a retry", out)
+	}
+	if out := jobrun.Decide(errors.New("boom"), 5, 5); out.Kind != jobrun.Failed {
+		t.Fatalf("plain error on the last attempt: %+v, want failed", out)
 	}
 }
 

@@ -3,55 +3,20 @@ package worker
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/jobrun"
 )
 
-// Job is what a handler runs: one attempt of one claimed WorkItem.
-type Job struct {
-	// ID is the document id.
-	ID string
-	// Type is the job type (the document's "worker" field).
-	Type string
-	// Attempt counts from 1 for the first attempt.
-	Attempt int
-	// MaxAttempts is how many attempts the job gets in all.
-	MaxAttempts int
-	// Payload is the document's payload as stored (nil when absent).
-	Payload json.RawMessage
-	// Item is the claimed document; handlers must treat it as read-only.
-	Item *couchq.WorkItem
-	// Slot is the slot reserved for this attempt when the job type has a
-	// sequence (Config.Sequences); "" otherwise.
-	Slot string
-
-	result json.RawMessage
-}
-
-// SetResult records what the job produced. It is stored in the document's
-// "result" field when the attempt succeeds. v is encoded with encoding/json
-// (a json.RawMessage is stored as it is, if valid).
-func (j *Job) SetResult(v any) error {
-	if raw, ok := v.(json.RawMessage); ok {
-		if !json.Valid(raw) {
-			return fmt.Errorf("result of job %s is not valid JSON", j.ID)
-		}
-		j.result = raw
-		return nil
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encoding result of job %s: %w", j.ID, err)
-	}
-	j.result = b
-	return nil
-}
-
-// Result is what SetResult recorded.
-func (j *Job) Result() json.RawMessage { return j.result }
+// Job is what a handler runs: one attempt of one claimed WorkItem. Its
+// fields: ID, Type, Attempt (from 1), MaxAttempts, Payload (as stored),
+// Item (the claimed document, read-only; Item.Progress is what the last
+// attempt reported) and Slot (the sequence's slot, see Config.Sequences).
+// Its methods: SetResult and Result (what is stored as the result when the
+// attempt succeeds) and Progress (how far the job got, shown by couchq show,
+// ls and the dashboard; throttled, see Config.ProgressInterval).
+type Job = jobrun.Job
 
 // Handler runs jobs of one type. Returning nil completes the job; an error
 // fails the attempt (retried with backoff until max attempts), unless it is
@@ -92,39 +57,23 @@ func DecodePayload[T any](payload json.RawMessage) (T, error) {
 	return args, nil
 }
 
-// SnoozeError asks for the job to run again after a delay, without
+// SnoozeError asks for the job to run again after a delay (Delay), without
 // counting the attempt.
-type SnoozeError struct{ Delay time.Duration }
-
-func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.Delay) }
+type SnoozeError = jobrun.SnoozeError
 
 // JobSnooze returns an error that puts the job back to queued, due after d,
 // without charging the attempt.
 func JobSnooze(d time.Duration) error { return &SnoozeError{Delay: d} }
 
 // CancelError stops the job for good: its status becomes cancelled.
-type CancelError struct{ Err error }
-
-func (e *CancelError) Error() string { return fmt.Sprintf("cancelled: %v", e.Err) }
-func (e *CancelError) Unwrap() error { return e.Err }
+type CancelError = jobrun.CancelError
 
 // JobCancel returns an error that cancels the job permanently with err as
 // the reason.
 func JobCancel(err error) error { return &CancelError{Err: err} }
 
 // FailError fails the job now, without retries, whatever attempts remain.
-type FailError struct{ Err error }
-
-func (e *FailError) Error() string { return e.Err.Error() }
-func (e *FailError) Unwrap() error { return e.Err }
+type FailError = jobrun.FailError
 
 // JobFail returns an error that fails the job permanently with err.
 func JobFail(err error) error { return &FailError{Err: err} }
-
-// steering classifies a handler's error.
-func steering(err error) (snooze *SnoozeError, cancel *CancelError, fail *FailError) {
-	errors.As(err, &snooze)
-	errors.As(err, &cancel)
-	errors.As(err, &fail)
-	return snooze, cancel, fail
-}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/internal/jobrun"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -506,6 +506,43 @@ type runningJob struct {
 	// slot is the fleet-wide run slot the job holds (FleetConcurrency),
 	// renewed with its lease and released when it ends.
 	slot *protocol.RunSlot
+
+	// pmu guards the handler's latest progress report, which the heartbeat
+	// writes; a report never waits for mu (a write in flight).
+	pmu      sync.Mutex
+	progress *protocol.Progress // the latest report; nil before the first
+	unsaved  bool               // progress is not stored yet
+	// reported wakes the heartbeat for a report (capacity 1).
+	reported chan struct{}
+}
+
+// Report keeps p as the job's latest progress for the heartbeat to write
+// (jobrun.Reporter).
+func (rj *runningJob) Report(p *protocol.Progress) {
+	rj.pmu.Lock()
+	rj.progress, rj.unsaved = p, true
+	rj.pmu.Unlock()
+	select {
+	case rj.reported <- struct{}{}:
+	default:
+	}
+}
+
+// latestProgress is the latest report and whether it is unsaved.
+func (rj *runningJob) latestProgress() (*protocol.Progress, bool) {
+	rj.pmu.Lock()
+	defer rj.pmu.Unlock()
+	return rj.progress, rj.unsaved
+}
+
+// savedProgress records that p was stored, unless a newer report came in
+// meanwhile.
+func (rj *runningJob) savedProgress(p *protocol.Progress) {
+	rj.pmu.Lock()
+	if rj.progress == p {
+		rj.unsaved = false
+	}
+	rj.pmu.Unlock()
 }
 
 // start takes a slot and runs the claimed job in its own goroutine.
@@ -513,7 +550,7 @@ func (r *runner) start(item *protocol.WorkItem, slot *protocol.RunSlot) {
 	r.slots <- struct{}{}
 	w := r.w
 	ctx, cancel := context.WithCancelCause(w.jobsCtx)
-	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now(), slot: slot}
+	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now(), slot: slot, reported: make(chan struct{}, 1)}
 	w.mu.Lock()
 	w.running[item.ID] = rj
 	w.mu.Unlock()
@@ -560,10 +597,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	w := r.w
 	item := rj.item
 	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
-	job := &Job{
-		ID: item.ID, Type: item.Worker, Attempt: item.Attempts, MaxAttempts: w.client.MaxAttempts(item),
-		Payload: item.Payload, Item: item.Clone(),
-	}
+	job := jobrun.New(item, w.client.MaxAttempts(item), rj, w.cfg.Now)
 
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
@@ -585,6 +619,9 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		return // released by a stuck shutdown: the outcome is not ours to write
 	}
 	rj.finished = true
+	if p, _ := rj.latestProgress(); p != nil {
+		item.Progress = p // the last report is written with the outcome
+	}
 	cause := context.Cause(ctx)
 	if errors.Is(cause, errLeaseLost) {
 		w.stats.lost.Add(1)
@@ -649,43 +686,39 @@ func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logge
 }
 
 // invoke calls the handler, turning a panic into an error.
-func (r *runner) invoke(ctx context.Context, job *Job) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.w.log.Error().Str("job", job.ID).Str("type", job.Type).Interface("panic", p).
-				Str("stack", string(debug.Stack())).Msg("handler panicked")
-			err = fmt.Errorf("handler panicked: %v", p)
-		}
-	}()
-	return r.handler.Handle(ctx, job)
+func (r *runner) invoke(ctx context.Context, job *Job) error {
+	return jobrun.Call(ctx, job, r.handler.Handle, func(p any, stack []byte) {
+		r.w.log.Error().Str("job", job.ID).Str("type", job.Type).Interface("panic", p).
+			Str("stack", string(stack)).Msg("handler panicked")
+	})
 }
 
 // finish records the handler's outcome, steered by its error.
 func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, herr error) error {
 	w := r.w
 	c := w.client
-	if herr == nil {
+	out := jobrun.Decide(herr, job.Attempt, job.MaxAttempts)
+	if out.Kind == jobrun.Done {
 		w.stats.completed.Add(1)
 		var err error
 		if w.cfg.DeleteDone[r.typ] {
 			err = r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
 		} else {
-			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.result) })
+			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.Result()) })
 		}
 		if err == nil {
 			w.cfg.Metrics.succeededJob(r.typ)
 		}
 		return err
 	}
-	snooze, cancel, fail := steering(herr)
-	switch {
-	case snooze != nil:
-		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Snooze(ctx, item, snooze.Delay) })
-	case cancel != nil:
-		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Cancel(ctx, item, cancel.Error()) })
+	switch out.Kind {
+	case jobrun.Snoozed:
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Snooze(ctx, item, out.Delay) })
+	case jobrun.Cancelled:
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Cancel(ctx, item, out.Err.Error()) })
 	}
 	w.stats.failed.Add(1)
-	opts := protocol.FailOptions{Final: fail != nil, RetryAfter: w.cfg.Retry(item.Attempts)}
+	opts := protocol.FailOptions{Final: out.Kind == jobrun.Failed, RetryAfter: w.cfg.Retry(item.Attempts)}
 	if err := r.persist(ctx, item, false, func(ctx context.Context) error {
 		return c.Fail(ctx, item, herr.Error(), opts)
 	}); err != nil {
@@ -776,11 +809,18 @@ func revGeneration(rev string) int {
 }
 
 // heartbeat renews the job's lease every HeartbeatInterval until done
-// closes. A renewal refused with 409 means the claim is gone: the handler's
-// context is cancelled and its result will not be written.
+// closes, and stores the handler's progress reports: each write renews the
+// lease and carries the latest report, and a report unsaved is written on
+// its own no sooner than ProgressInterval after the job's last write. So a
+// chatty handler costs at most one write per ProgressInterval, and one that
+// reports less often than the lease is renewed costs nothing. A write
+// refused with 409 means the claim is gone: the handler's context is
+// cancelled and its result will not be written.
 func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan struct{}) {
 	w := r.w
-	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	lastWrite := time.Now()
+	slotDue := lastWrite.Add(w.cfg.HeartbeatInterval)
+	t := time.NewTimer(w.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -789,6 +829,23 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-rj.reported:
+		}
+		now := time.Now()
+		renewDue := lastWrite.Add(w.cfg.HeartbeatInterval)
+		p, unsaved := rj.latestProgress()
+		progressDue := lastWrite.Add(w.cfg.ProgressInterval)
+		if now.Before(renewDue) && (!unsaved || now.Before(progressDue)) {
+			// Nothing to write yet: wake for the renewal, or the report.
+			next := renewDue
+			if unsaved && progressDue.Before(next) {
+				next = progressDue
+			}
+			resetTimer(t, next.Sub(now))
+			continue
+		}
+		if !unsaved {
+			p = nil // stored already: the renewal need not rewrite it
 		}
 		rj.mu.Lock()
 		if rj.finished {
@@ -800,20 +857,28 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 		// (Release) would then carry a stale _rev and be refused.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 		began := time.Now()
-		err := w.client.Extend(rctx, rj.item, w.cfg.LeaseDuration)
+		err := w.client.ExtendWithProgress(rctx, rj.item, w.cfg.LeaseDuration, p)
 		took := time.Since(began)
 		cancel()
-		if err == nil && rj.slot != nil {
+		if err == nil && rj.slot != nil && !now.Before(slotDue) {
+			// The run slot's lease runs on the heartbeat's schedule, however
+			// often progress renews the job's.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 			if serr := w.client.RenewRunSlot(sctx, rj.slot, rj.item.ID, w.cfg.LeaseDuration); serr != nil {
 				w.log.Warn().Str("job", rj.item.ID).Err(serr).Msg("renewing the job's run slot failed; will retry")
 			}
 			cancel()
+			slotDue = now.Add(w.cfg.HeartbeatInterval)
 		}
 		rj.mu.Unlock()
+		// A failed write is tried again a beat later, like a renewal.
+		lastWrite = now
 		w.checkRenewalLatency(rj.item.ID, took)
 		switch {
 		case err == nil:
+			if p != nil {
+				rj.savedProgress(p)
+			}
 			w.cfg.Metrics.renewal(r.typ, RenewalOK, took)
 		case errors.Is(err, protocol.ErrClaimLost), errors.Is(err, protocol.ErrNotFound):
 			// claims_lost counts it once the handler returned (run).
@@ -828,7 +893,18 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 			// The lease still has time: try again at the next beat.
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal failed; will retry")
 		}
+		next := w.cfg.HeartbeatInterval
+		if _, unsaved := rj.latestProgress(); unsaved {
+			next = min(next, w.cfg.ProgressInterval)
+		}
+		resetTimer(t, next)
 	}
+}
+
+// resetTimer sets t, which has fired or been drained, to fire after d.
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	t.Reset(max(d, time.Millisecond))
 }
 
 // slowRenewalWarnEvery bounds how often a worker warns about slow lease
