@@ -246,6 +246,15 @@ func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration
 	return c.p().Extend(ctx, item, lease)
 }
 
+// ReportProgress records how far a job the agent holds got: done out of
+// total (0 when unknown), with a short note, shown by couchq show and ls
+// and the dashboard. It writes at once (one write per call; a worker's
+// handler reports with Job.Progress instead, which is throttled) and
+// leaves the lease as it is. A 409 is ErrClaimLost.
+func (c *Client) ReportProgress(ctx context.Context, item *WorkItem, done, total int, note string) error {
+	return c.p().ReportProgress(ctx, item, done, total, note)
+}
+
 // Release gives a held job back to the queue without charging the
 // attempt, so that another claimant runs it.
 func (c *Client) Release(ctx context.Context, item *WorkItem, reason string) error {

@@ -11,13 +11,19 @@ import (
 // CouchDB: type ("WorkItem"), worker (the job type), date (when it is due,
 // Unix seconds), payload, status, claimed, claimed_by, lease_until,
 // attempts, max_attempts, priority, last_error, result, created_at,
-// started_at, finished_at, history and unique_key. Fields couchq does not
-// know are kept on every write couchq makes. The README's WorkItem table
-// gives each field's type and meaning.
+// started_at, finished_at, history, unique_key, site and progress. Fields
+// couchq does not know are kept on every write couchq makes. The README's
+// WorkItem table gives each field's type and meaning.
 //
 // Useful methods: DueAt (when it is due), EffectivePriority (1 runs first,
 // 5 last), Extra (a field couchq does not know) and Clone.
 type WorkItem = protocol.WorkItem
+
+// Progress is how far a job got, as its handler (worker.Job.Progress) or
+// agent (Client.ReportProgress) last reported it (WorkItem.Progress, stored
+// as {done, total, note, at}): Done out of Total (0 when unknown), a short
+// Note, and when (At, Unix seconds). String reads "40/120 (33%) page 40".
+type Progress = protocol.Progress
 
 // Event is one entry of a job's activity log (WorkItem.History): when (At),
 // what (Event: enqueued, claimed, done, failed, retry-scheduled, snoozed,

@@ -103,17 +103,7 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 			results[i].Err = err
 			continue
 		}
-		next := it.Clone()
-		next.Claimed = true
-		next.Status = StatusRunning
-		next.ClaimedBy = by
-		next.ClaimedAt = ToUnix(now)
-		next.LeaseUntil = ToUnix(now.Add(lease))
-		next.Attempts++
-		if next.StartedAt == 0 {
-			next.StartedAt = next.ClaimedAt
-		}
-		c.recordAt(next, now, EventClaimed, by, "")
+		next := c.claimed(it, by, lease, now)
 		results[i].Item = next
 		docs = append(docs, next)
 		index = append(index, i)
@@ -169,6 +159,23 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 		}
 	}
 	return results
+}
+
+// claimed is what claiming it stores: running, held by by until now +
+// lease, its attempt charged.
+func (c *Client) claimed(it *WorkItem, by string, lease time.Duration, now time.Time) *WorkItem {
+	next := it.Clone()
+	next.Claimed = true
+	next.Status = StatusRunning
+	next.ClaimedBy = by
+	next.ClaimedAt = ToUnix(now)
+	next.LeaseUntil = ToUnix(now.Add(lease))
+	next.Attempts++
+	if next.StartedAt == 0 {
+		next.StartedAt = next.ClaimedAt
+	}
+	c.recordAt(next, now, EventClaimed, by, "")
+	return next
 }
 
 // concessionReason says in a conceded claim's history why it did not run.
