@@ -17,13 +17,14 @@ import (
 // review tool, a worker in another language) claim and finish jobs over
 // HTTP as the CouchDB user they authenticate as. That user is the agent:
 // it is recorded in the job's claimed_by and history, and may only
-// complete, fail, extend or release what it holds; a server admin may
+// complete, fail, extend, report the progress of or release what it holds; a server admin may
 // release anyone's.
 //
 //	POST /api/claim                 {"type": T, "count": N, "lease": "1h"}
 //	POST /api/jobs/{id}/complete    {"result": any JSON}
 //	POST /api/jobs/{id}/fail        {"error": MSG, "no_retry": bool}
 //	POST /api/jobs/{id}/extend      {"lease": "1h"}
+//	POST /api/jobs/{id}/progress    {"done": N, "total": M, "note": TEXT}
 //	POST /api/jobs/{id}/release     {}
 //
 // A job the agent does not hold is 409 with who holds it.
@@ -151,6 +152,27 @@ func (s *server) agentExtend(ctx context.Context, r *http.Request, u sessionUser
 		return nil, err
 	}
 	return it, s.q.Extend(ctx, it, lease)
+}
+
+// agentProgress records how far the agent got: one write per call, the
+// lease left as it is.
+func (s *server) agentProgress(ctx context.Context, r *http.Request, u sessionUser) (any, error) {
+	var req struct {
+		Done  *int   `json:"done"`
+		Total int    `json:"total"`
+		Note  string `json:"note"`
+	}
+	if err := readBody(r, &req); err != nil {
+		return nil, err
+	}
+	if req.Done == nil {
+		return nil, &badRequest{errors.New(`"done" is required: the units done, 0 or more`)}
+	}
+	it, err := s.heldJob(ctx, r, u, false)
+	if err != nil {
+		return nil, err
+	}
+	return it, s.q.ReportProgress(ctx, it, *req.Done, req.Total, req.Note)
 }
 
 func (s *server) agentRelease(ctx context.Context, r *http.Request, u sessionUser) (any, error) {

@@ -73,6 +73,22 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, body = post("/api/jobs/doc-0/extend", alice, `{"lease":"2h"}`); code != http.StatusOK {
 		t.Errorf("extend: %d %s", code, body)
 	}
+	// Progress, over HTTP as the worker's is stored, and shown by the API.
+	if code, body = post("/api/jobs/doc-0/progress", alice, `{"done":40,"total":120,"note":"page 40"}`); code != http.StatusOK ||
+		!strings.Contains(body, `"progress": {`) || !strings.Contains(body, `"note": "page 40"`) {
+		t.Errorf("progress: %d %s", code, body)
+	}
+	if code, body = post("/api/jobs/doc-0/progress", bob, `{"done":1}`); code != http.StatusConflict {
+		t.Errorf("bob reporting progress of alice's job: %d %s", code, body)
+	}
+	for _, bad := range []string{`{}`, `{"done":5,"total":4}`, `{"done":-1}`} {
+		if code, body = post("/api/jobs/doc-0/progress", alice, bad); code != http.StatusBadRequest {
+			t.Errorf("progress %s: %d %s, want 400", bad, code, body)
+		}
+	}
+	if code, body := get(t, hs, "/api/jobs?type=review&status=running"); code != http.StatusOK || !strings.Contains(body, `"done": 40`) || !strings.Contains(body, `"total": 120`) {
+		t.Errorf("GET /api/jobs of the running jobs after progress: %d %s", code, body)
+	}
 	if code, body = post("/api/jobs/doc-0/complete", alice, `{"result":{"approved":true}}`); code != http.StatusOK {
 		t.Errorf("complete: %d %s", code, body)
 	}

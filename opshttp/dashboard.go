@@ -68,6 +68,7 @@ func (s *server) dashboardRoutes(mux *http.ServeMux) {
 	mux.Handle("POST /api/jobs/{id}/complete", protect.Handler(s.actionAs(s.agentComplete)))
 	mux.Handle("POST /api/jobs/{id}/fail", protect.Handler(s.actionAs(s.agentFail)))
 	mux.Handle("POST /api/jobs/{id}/extend", protect.Handler(s.actionAs(s.agentExtend)))
+	mux.Handle("POST /api/jobs/{id}/progress", protect.Handler(s.actionAs(s.agentProgress)))
 	mux.Handle("POST /api/jobs/{id}/release", protect.Handler(s.actionAs(s.agentRelease)))
 }
 

@@ -105,6 +105,11 @@ func TestDashboardInABrowser(t *testing.T) {
 	if err != nil || running != "1" {
 		t.Errorf("thumbnail's running cell: %q %v, want 1", running, err)
 	}
+	// The running job's progress, in its status cell (running is the
+	// list's first choice).
+	if jobs := text(`#jobs tbody`); !strings.Contains(jobs, "running") || !strings.Contains(jobs, "40/120 (33%) page 40") {
+		t.Errorf("the jobs table lacks the running job's progress:\n%s", jobs)
+	}
 	if failed := text(`#failed tbody`); !strings.Contains(failed, "550 mailbox unavailable") {
 		t.Errorf("failed table lacks the last error:\n%s", failed)
 	}
@@ -243,6 +248,9 @@ func seedEveryState(ctx context.Context, t *testing.T, q *protocol.Client, now t
 	enqueue(protocol.NewJob{Worker: "report", At: now.Add(time.Hour)}) // scheduled
 	running, err := q.Claim(ctx, enqueue(protocol.NewJob{Worker: "thumbnail"}), "host-a/4242/w1", time.Hour)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.ReportProgress(ctx, running, 40, 120, "page 40"); err != nil {
 		t.Fatal(err)
 	}
 	failed := enqueue(protocol.NewJob{ID: "mail-bounce-1", Worker: "mail", MaxAttempts: 1})

@@ -37,7 +37,7 @@
 // and the agents' (agents.go), as the authenticated user:
 //
 //	/api/claim, /api/jobs/{id}/complete, /api/jobs/{id}/fail,
-//	/api/jobs/{id}/extend, /api/jobs/{id}/release
+//	/api/jobs/{id}/extend, /api/jobs/{id}/progress, /api/jobs/{id}/release
 //
 // NewCollector returns the queue's metrics alone, for a service that
 // already serves /metrics from its own prometheus.Registry.

@@ -64,6 +64,19 @@ the agent does not hold it.
 ` + agentFlagsUsage + `	--lease D        the new lease from now (default 1h)
 `
 
+const progressUsage = `Usage: couchq progress ID --as NAME --done N [--total M] [--note TEXT] [flags]
+
+Records how far the agent got with a job it holds: N out of M units (M 0
+or left out when unknown), with a short note ("page 40"). couchq show and
+ls and the dashboard show it. Each call writes once; the lease stays as it
+is (renew it with 'couchq extend'). Exit status 3 when the agent does not
+hold the job.
+
+` + agentFlagsUsage + `	--done N         units done (required)
+	--total M        units in all (default 0: unknown)
+	--note TEXT      what the agent is at (at most 200 bytes kept)
+`
+
 const releaseUsage = `Usage: couchq release ID --as NAME [flags]
 
 Gives a job the agent holds back to the queue, due now, without charging
@@ -253,6 +266,36 @@ func (m *Main) runExtend(ctx context.Context, log zerolog.Logger, args []string)
 		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
 	return m.agentDone(conn, it, "extended to "+protocol.FromUnix(it.LeaseUntil).UTC().Format(time.RFC3339))
+}
+
+func (m *Main) runProgress(ctx context.Context, log zerolog.Logger, args []string) error {
+	var done, total int
+	var note string
+	q, it, conn, closeQueue, err := m.agentJob(ctx, log, "progress", progressUsage, args,
+		func(fs *flag.FlagSet) {
+			fs.IntVar(&done, "done", -1, "units done")
+			fs.IntVar(&total, "total", 0, "units in all")
+			fs.StringVar(&note, "note", "", "note")
+		},
+		func() error {
+			switch {
+			case done < 0:
+				return cli.Usagef("--done N is required: the units done, 0 or more")
+			case total < 0:
+				return cli.Usagef("invalid --total %d: 0 (unknown) or more", total)
+			case total > 0 && done > total:
+				return cli.Usagef("--done %d is more than --total %d", done, total)
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	defer closeQueue()
+	if err := q.ReportProgress(ctx, it, done, total, note); err != nil {
+		return cli.ServerError(conn.URL, notHeldIfLost(err))
+	}
+	return m.agentDone(conn, it, "progress "+it.Progress.String()+" of")
 }
 
 func (m *Main) runRelease(ctx context.Context, log zerolog.Logger, args []string) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -33,6 +34,22 @@ func TestAgentCommands(t *testing.T) {
 	}
 	expect(t, c.run(t, "complete", mine, "--as", "bob"), exitNotHeld, "alice holds it")
 	expect(t, c.run(t, "extend", mine, "--as", "alice", "--lease", "2h"), exitOK)
+	r = c.run(t, "progress", mine, "--as", "alice", "--done", "40", "--total", "120", "--note", "page 40")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "progress 40/120 (33%) page 40 of "+mine {
+		t.Errorf("progress: %q", r.stdout)
+	}
+	r = c.run(t, "show", mine)
+	if !regexp.MustCompile(`\n  progress +40/120 \(33%\) page 40, reported `).MatchString(r.stdout) {
+		t.Errorf("show after progress:\n%s", r.stdout)
+	}
+	r = c.run(t, "ls", "--type", "review")
+	if !strings.Contains(r.stdout, "running 40/120") {
+		t.Errorf("ls after progress:\n%s", r.stdout)
+	}
+	expect(t, c.run(t, "progress", mine, "--as", "bob", "--done", "1"), exitNotHeld, "alice holds it")
+	expect(t, c.run(t, "progress", mine, "--as", "alice"), exitUsage, "--done N is required")
+	expect(t, c.run(t, "progress", mine, "--as", "alice", "--done", "5", "--total", "4"), exitUsage, "more than --total")
 	expect(t, c.run(t, "complete", mine, "--as", "alice", "--result", `{"ok":true}`), exitOK)
 	expect(t, c.run(t, "complete", mine, "--as", "alice"), exitNotHeld, "nobody holds it")
 	r = c.run(t, "fail", other, "--as", "alice", "--error", "bad", "--no-retry")

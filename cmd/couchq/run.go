@@ -83,6 +83,7 @@ func commands() []command {
 		{"complete", "finish a job an agent holds, with an optional result", completeUsage, (*Main).runComplete},
 		{"fail", "fail a job an agent holds: retried while attempts remain", failUsage, (*Main).runFail},
 		{"extend", "renew the lease of a job an agent holds", extendUsage, (*Main).runExtend},
+		{"progress", "record how far an agent got with a job it holds", progressUsage, (*Main).runProgress},
 		{"release", "give a job an agent holds back to the queue", releaseUsage, (*Main).runRelease},
 		{"slots", "reserve, release and list the slots of a sequence (serials, invoice numbers)", slotsUsage, (*Main).runSlots},
 		{"purge", "delete old done, failed or cancelled jobs in bulk", purgeUsage, (*Main).runPurge},

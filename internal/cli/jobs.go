@@ -57,7 +57,7 @@ func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *prot
 		if owner == "" {
 			owner = "-" // a single database's: any worker's
 		}
-		row(it.ID, it.Worker, owner, string(it.Status), fmt.Sprintf("%d/%d", it.Attempts, q.MaxAttempts(it)),
+		row(it.ID, it.Worker, owner, statusCell(it), fmt.Sprintf("%d/%d", it.Attempts, q.MaxAttempts(it)),
 			dueString(it, now), OneLine(it.LastError, lastErrorWidth))
 	}
 	for _, bad := range batch.Malformed {
@@ -71,6 +71,19 @@ func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *prot
 		return err
 	}
 	return nil
+}
+
+// statusCell is a job's status, with how far it got while it runs
+// ("running 40/120").
+func statusCell(it *protocol.WorkItem) string {
+	p := it.Progress
+	if it.Status != protocol.StatusRunning || p == nil {
+		return string(it.Status)
+	}
+	if p.Total > 0 {
+		return fmt.Sprintf("%s %d/%d", it.Status, p.Done, p.Total)
+	}
+	return fmt.Sprintf("%s %d", it.Status, p.Done)
 }
 
 // dueString says when a job is due, relative to now when that is close.
@@ -153,6 +166,13 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	}
 	field("due", due)
 	field("attempts", fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it)))
+	if p := it.Progress; p != nil {
+		progress := p.String()
+		if p.At != 0 {
+			progress += ", reported " + TimeAndAgo(protocol.FromUnix(p.At), now)
+		}
+		field("progress", progress)
+	}
 	if it.Priority != 0 {
 		field("priority", fmt.Sprintf("%d (1 runs first, 5 last)", it.Priority))
 	}

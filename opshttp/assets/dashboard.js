@@ -184,13 +184,32 @@
     if (jobs.length === 0) fill('failed', [emptyRow(6, 'no failed jobs')]);
   }
 
+  // statusCell is a job's status with, when its handler or agent reported
+  // any, how far it got: a bar when the total is known, and the note.
+  function statusCell(job) {
+    var cell = td(job.status || 'queued'), p = job.progress;
+    if (!p) return cell;
+    var text = p.total > 0 ? p.done + '/' + p.total + ' (' + Math.floor(100 * p.done / p.total) + '%)' : String(p.done);
+    var div = el('div', null, 'progress');
+    if (p.total > 0) {
+      var bar = el('progress');
+      bar.max = p.total;
+      bar.value = p.done;
+      div.append(bar, ' ');
+    }
+    div.append(text + (p.note ? ' ' + p.note : ''));
+    if (p.at) div.title = 'reported ' + new Date(p.at * 1000).toLocaleString();
+    cell.append(div);
+    return cell;
+  }
+
   function renderJobs(jobs) {
     fill('jobs', jobs.filter(function (j) { return j._id; }).map(function (j) {
       var tr = el('tr');
       tr.dataset.job = j._id;
       var err = td();
       err.append(el('div', j.last_error || ''), historyDetails(j));
-      tr.append(td(j._id), td(j.worker), td(j.status || 'queued'), td(j.attempts || 0, 'num'),
+      tr.append(td(j._id), td(j.worker), statusCell(j), td(j.attempts || 0, 'num'),
         td(j.claimed ? j.claimed_by : ''), err, jobActions(j));
       return tr;
     }));
