@@ -302,6 +302,13 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		{`{"type":"WorkItem","worker":"a","priority":0}`, "priority must be a whole number from 1"},
 		{`{"type":"WorkItem","worker":"a","priority":2.5}`, "priority must be a whole number from 1"},
 		{`{"type":"WorkItem","worker":"a","unique_key":"k"}`, "unique_key needs the id job:unique:a:k"},
+		{`{"type":"WorkItem","worker":"a","progress":5}`, "progress must be an object {done, total, note, at}"},
+		{`{"type":"WorkItem","worker":"a","progress":[1,2]}`, "progress must be an object"},
+		{`{"type":"WorkItem","worker":"a","progress":{"done":-1,"total":2}}`, "progress must be an object"},
+		{`{"type":"WorkItem","worker":"a","progress":{"done":1.5}}`, "progress must be an object"},
+		{`{"type":"WorkItem","worker":"a","progress":{"done":3,"total":2}}`, "progress must be an object"},
+		{`{"type":"WorkItem","worker":"a","progress":{"done":1,"note":7}}`, "progress must be an object"},
+		{`{"type":"WorkItem","worker":"a","progress":{"done":1,"at":"now"}}`, "progress must be an object"},
 	}
 	for i, c := range cases {
 		code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/bad-%d", i), c.body)
@@ -313,6 +320,9 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		`{"type":"WorkItem","worker":"a"}`,
 		`{"type":"WorkItem","worker":"a","date":null,"status":"queued","attempts":0,"claimed":false}`,
 		`{"type":"WorkItem","worker":"a","priority":1}`,
+		`{"type":"WorkItem","worker":"a","progress":{"done":40,"total":120,"note":"page 40","at":1764100000.5}}`,
+		`{"type":"WorkItem","worker":"a","progress":{"done":7}}`,
+		`{"type":"WorkItem","worker":"a","progress":null}`,
 		`{"type":"SomethingElse","worker":5}`,
 	} {
 		if code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/good-%d", i), ok); code != http.StatusCreated {
