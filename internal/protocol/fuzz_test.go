@@ -34,6 +34,7 @@ func FuzzWorkItemDecode(f *testing.F) {
 		`{"type":"WorkItem","worker":"email"}`,
 		`{"_id":"a","_rev":"1-x","type":"WorkItem","worker":"email","date":12.5,"payload":{"to":"a@b"},"tenant":"acme"}`,
 		`{"type":"WorkItem","worker":"a","attempts":-1}`,
+		`{"type":"WorkItem","worker":"a","progress":{"done":40,"total":120,"note":"page 40","at":12.5}}`,
 		`null`,
 		`[1,2]`,
 		`{`,
@@ -173,6 +174,9 @@ func sameItem(t *testing.T, a, b *WorkItem, out []byte) {
 	}
 	if len(a.History) != len(b.History) || (len(a.History) > 0 && !reflect.DeepEqual(a.History, b.History)) {
 		fail("history", a.History, b.History)
+	}
+	if !reflect.DeepEqual(a.Progress, b.Progress) {
+		fail("progress", a.Progress, b.Progress)
 	}
 	if !sameJSON(a.Payload, b.Payload) {
 		fail("payload", string(a.Payload), string(b.Payload))
