@@ -164,7 +164,8 @@ func TestRequireEnqueued(t *testing.T) {
 		t.Errorf("returned %d jobs on a failure", len(got))
 	}
 	msg := f.failed(t, `no invoice job with payload containing {"customer":"initech"}, priority 1 was enqueued`,
-		"the 2 jobs of the type found:", `"customer":"acme"`, `"customer":"globex"`, "queued priority 1", "queued priority 3")
+		"2 invoice jobs found:", `"customer":"acme"`, `"customer":"globex"`, "queued priority 1", "queued priority 3")
+	t.Logf("a failure reads:\n%s", msg)
 	if strings.Contains(msg, "(* matches)") {
 		t.Errorf("nothing matched, yet marked:\n%s", msg)
 	}
@@ -179,7 +180,7 @@ func TestRequireEnqueued(t *testing.T) {
 
 	f = &fakeTB{TB: t}
 	couchqtest.RequireEnqueued(ctx, f, q, "email", nil)
-	f.failed(t, "no email job was enqueued", "the database holds no job of this type")
+	f.failed(t, "no email job was enqueued", "the database holds no email job")
 
 	f = &fakeTB{TB: t}
 	couchqtest.RequireEnqueued(ctx, f, q, "invoice", &couchqtest.RequireOpts{Payload: func() {}})

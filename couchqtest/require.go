@@ -50,10 +50,10 @@ func RequireEnqueued(ctx context.Context, t testing.TB, client *couchq.Client, w
 	}
 	switch {
 	case opts != nil && opts.Count > 0 && len(matched) != opts.Count:
-		t.Fatalf("couchqtest: want %d %s jobs%s, found %d\n%s", opts.Count, worker, want, len(matched), listing(all, matched))
+		t.Fatalf("couchqtest: want %d %s jobs%s, found %d\n%s", opts.Count, worker, want, len(matched), listing(worker, all, matched))
 		return nil
 	case len(matched) == 0:
-		t.Fatalf("couchqtest: no %s job%s was enqueued\n%s", worker, want, listing(all, nil))
+		t.Fatalf("couchqtest: no %s job%s was enqueued\n%s", worker, want, listing(worker, all, nil))
 		return nil
 	}
 	return matched
@@ -66,7 +66,7 @@ func RequireNotEnqueued(ctx context.Context, t testing.TB, client *couchq.Client
 	t.Helper()
 	matched, all, want, ok := find(ctx, t, client, worker, opts)
 	if ok && len(matched) > 0 {
-		t.Fatalf("couchqtest: want no %s job%s, found %d\n%s", worker, want, len(matched), listing(all, matched))
+		t.Fatalf("couchqtest: want no %s job%s, found %d\n%s", worker, want, len(matched), listing(worker, all, matched))
 	}
 }
 
@@ -178,17 +178,22 @@ func describe(opts *RequireOpts, payload json.RawMessage) string {
 // maxShown bounds the jobs a failure lists.
 const maxShown = 20
 
-// listing lists the jobs found for a failure, marking those that matched.
-func listing(all, matched []*couchq.WorkItem) string {
+// listing lists the jobs of type worker found, for a failure, marking
+// those that matched.
+func listing(worker string, all, matched []*couchq.WorkItem) string {
 	if len(all) == 0 {
-		return "  (the database holds no job of this type)"
+		return "  (the database holds no " + worker + " job)"
 	}
 	hit := map[string]bool{}
 	for _, it := range matched {
 		hit[it.ID] = true
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "  the %d jobs of the type found", len(all))
+	noun := "jobs"
+	if len(all) == 1 {
+		noun = "job"
+	}
+	fmt.Fprintf(&b, "  %d %s %s found", len(all), worker, noun)
 	if len(all) >= maxListed {
 		fmt.Fprintf(&b, " (the first %d)", maxListed)
 	}

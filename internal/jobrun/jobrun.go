@@ -88,7 +88,7 @@ func (j *Job) Result() json.RawMessage { return j.result }
 // when unknown), with a short note ("page 40"; cut to 200 bytes). It does
 // not wait for a write: the worker stores the latest report with the job's
 // next lease renewal, or on its own at most once per
-// Config.ProgressInterval, and the last one with the job's outcome, so a
+// worker.Config.ProgressInterval, and the last one with the job's outcome, so a
 // handler may call it as often as it likes. It fails only on a report that
 // makes no sense (a negative count, done above a non-zero total) or once
 // ctx is done; the claim is never lost to a progress write.
