@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +180,73 @@ func TestProgressWriteRefusedCancelsTheHandler(t *testing.T) {
 	it, err := tb.client.Get(tb.ctx, job.ID)
 	if err != nil || it.Status != protocol.StatusCancelled || it.Claimed {
 		t.Fatalf("after the refused write: %+v %v, want cancelled as the operator left it", it, err)
+	}
+}
+
+// loseOneAnswer applies the first PUT of a job's document that carries a
+// progress report, then reports the connection cut: the answer is lost.
+type loseOneAnswer struct {
+	next http.RoundTripper
+	lost atomic.Bool
+}
+
+func (l *loseOneAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPut || r.Body == nil || l.lost.Load() {
+		return l.next.RoundTrip(r)
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := l.next.RoundTrip(r)
+	if err != nil || !bytes.Contains(body, []byte(`"progress"`)) || !l.lost.CompareAndSwap(false, true) {
+		return resp, err
+	}
+	_ = resp.Body.Close()
+	return nil, errors.New("connection reset (the test lost the answer)")
+}
+
+// A progress write the server applied but whose answer was lost makes the
+// next write stale (409): the worker finds its own write stored and keeps
+// the claim, so the job still runs once, to the end.
+func TestProgressWriteWhoseAnswerIsLostKeepsTheClaim(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	lose := &loseOneAnswer{}
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		lose.next = next
+		return lose
+	})
+	var runs atomic.Int32
+	cancelled := make(chan error, 1)
+	cfg := fastWorker(tb, map[string]worker.Handler{"crawl": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		runs.Add(1)
+		for i := 1; i <= 150; i++ {
+			if err := job.Progress(ctx, i, 150, ""); err != nil {
+				cancelled <- err
+				return err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	})})
+	cfg.ProgressInterval = 200 * time.Millisecond
+	cfg.HeartbeatInterval = tb.lease / 2
+	runWorker(t, tb.ctx, client, cfg)
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "crawl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := waitStatus(t, tb, job.ID, protocol.StatusDone, 30*time.Second)
+	select {
+	case err := <-cancelled:
+		t.Fatalf("the handler was cancelled: %v", err)
+	default:
+	}
+	if !lose.lost.Load() {
+		t.Fatal("no answer was lost: the test proved nothing")
+	}
+	if runs.Load() != 1 || it.Attempts != 1 || it.Progress == nil || it.Progress.Done != 150 {
+		t.Fatalf("runs %d, attempts %d, progress %+v; history %s", runs.Load(), it.Attempts, it.Progress, events(it))
 	}
 }

@@ -820,6 +820,9 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 	w := r.w
 	lastWrite := time.Now()
 	slotDue := lastWrite.Add(w.cfg.HeartbeatInterval)
+	// answerLost records that the last write failed without an answer
+	// (a timeout, a connection cut): the server may have applied it.
+	answerLost := false
 	t := time.NewTimer(w.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -880,6 +883,15 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 				rj.savedProgress(p)
 			}
 			w.cfg.Metrics.renewal(r.typ, RenewalOK, took)
+		case errors.Is(err, protocol.ErrClaimLost) && answerLost && r.appliedUnanswered(ctx, rj):
+			// Our own earlier write, applied although its answer was lost,
+			// made this one stale: the claim is still ours. Write again now
+			// on the stored revision.
+			answerLost = false
+			lastWrite = time.Time{} // the lease was not renewed: write at once
+			w.log.Info().Str("job", rj.item.ID).Msg("a lease renewal whose answer was lost had been applied; the claim holds")
+			resetTimer(t, 0)
+			continue
 		case errors.Is(err, protocol.ErrClaimLost), errors.Is(err, protocol.ErrNotFound):
 			// claims_lost counts it once the handler returned (run).
 			w.cfg.Metrics.renewal(r.typ, RenewalRefused, took)
@@ -893,12 +905,33 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 			// The lease still has time: try again at the next beat.
 			w.log.Warn().Str("job", rj.item.ID).Err(err).Msg("lease renewal failed; will retry")
 		}
+		answerLost = err != nil && !permanent(err)
 		next := w.cfg.HeartbeatInterval
 		if _, unsaved := rj.latestProgress(); unsaved {
 			next = min(next, w.cfg.ProgressInterval)
 		}
 		resetTimer(t, next)
 	}
+}
+
+// appliedUnanswered reports whether the job's stored document is a later
+// revision of the same claim (held by this worker since the same claim, the
+// same attempt): what a renewal or progress write leaves when the server
+// applied it but its answer was lost. On true the running job takes that
+// revision, so that its next write does not find its own write in the way.
+func (r *runner) appliedUnanswered(ctx context.Context, rj *runningJob) bool {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.w.cfg.QueryTimeout)
+	defer cancel()
+	rj.mu.Lock()
+	defer rj.mu.Unlock()
+	held := rj.item
+	cur, err := r.w.client.Get(gctx, held.ID)
+	if err != nil || rj.finished || !cur.Claimed || cur.Status != protocol.StatusRunning || cur.ClaimedBy != held.ClaimedBy ||
+		cur.ClaimedAt != held.ClaimedAt || cur.Attempts != held.Attempts || revGeneration(cur.Rev) <= revGeneration(held.Rev) {
+		return false
+	}
+	*rj.item = *cur
+	return true
 }
 
 // resetTimer sets t, which has fired or been drained, to fire after d.
