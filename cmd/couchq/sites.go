@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	kivik "github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/internal/cli"
@@ -226,12 +228,23 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
+	// The replicator's state is a server admin's to read: a member who may
+	// read the sites still gets them, and is told why the links are missing.
 	links, err := srv.Links(ctx, conn.DB)
+	linksHidden := ""
+	if status := kivik.HTTPStatus(err); err != nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
+		linksHidden = fmt.Sprintf("links not shown: reading the replicator's state (_scheduler/docs) needs a server admin (%v)", err)
+		err = nil
+	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
-		return cli.WriteJSON(m.Stdout, forms.SitesReport{Sites: rows, Links: forms.Links(links)})
+		report := forms.SitesReport{Sites: rows}
+		if linksHidden == "" {
+			report.Links = forms.Links(links)
+		}
+		return cli.WriteJSON(m.Stdout, report)
 	}
 	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintln(tw, "SITE\tDEFAULT\tHEARTBEAT\tTAKEN OVER BY")
@@ -243,6 +256,10 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, r.TakenOverBy)
 	}
 	fmt.Fprintln(tw)
+	if linksHidden != "" {
+		fmt.Fprintln(tw, linksHidden)
+		return tw.Flush()
+	}
 	fmt.Fprintln(tw, "LINK\tSTATE\tPENDING\tCOPIED\tERROR")
 	for _, l := range links {
 		pending := "?"

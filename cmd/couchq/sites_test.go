@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -73,6 +76,25 @@ func TestSitesCommands(t *testing.T) {
 		r := b.run(t, "sites", "--json")
 		return r.code == 0 && strings.Contains(r.stdout, `"site": "B"`)
 	})
+
+	// A user who is no server admin still lists the sites; the links, a
+	// server admin's to read, are said to be hidden, not an error.
+	member := fmt.Sprintf("member-%08x", rand.Uint32())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a0.AddUser(ctx, member, "member-pw"); err == nil {
+		expect(t, a.run(t, "init", "--workers", member), exitOK)
+		r := a.as(t, member, "member-pw").run(t, "sites")
+		if r.code != 0 || !strings.Contains(r.stdout, "links not shown") || !strings.Contains(r.stdout, "A ") {
+			t.Fatalf("sites as a member: %+v", r)
+		}
+		r = a.as(t, member, "member-pw").run(t, "sites", "--json")
+		if r.code != 0 || strings.Contains(r.stdout, `"links"`) || !strings.Contains(r.stdout, `"site": "B"`) {
+			t.Fatalf("sites --json as a member: %+v", r)
+		}
+	} else if !errors.Is(err, couchtest.ErrNoUsers) {
+		t.Fatal(err)
+	}
 
 	r = a.run(t, "enqueue", "--type", "thumb", "--payload", `{"n":1}`, "--site", "B")
 	if r.code != 0 {
