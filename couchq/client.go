@@ -189,6 +189,20 @@ func (c *Client) Resume(ctx context.Context, typ string) error {
 	return c.p().Resume(ctx, typ, c.actor())
 }
 
+// PauseAt pauses a job type at one site of a queue of several: at once
+// when site is the client's own (Config.Site), else through a request
+// that site's workers apply when the links bring it (the call returns
+// ErrForwarded). A pause or resume made at that site after the request
+// was made wins over it.
+func (c *Client) PauseAt(ctx context.Context, site, typ, reason string) error {
+	return c.p().PauseAt(ctx, site, typ, c.actor(), reason)
+}
+
+// ResumeAt resumes a job type at one site, as PauseAt pauses it.
+func (c *Client) ResumeAt(ctx context.Context, site, typ string) error {
+	return c.p().ResumeAt(ctx, site, typ, c.actor())
+}
+
 // Stats reports the queue per job type: jobs by status, the due backlog,
 // and the finished jobs' figures over a window.
 func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {

@@ -42,8 +42,9 @@ field), else the default site (the first added).
 	           both sides' credentials, readable by server admins only
 	unlink     removes the links this server holds for the database
 	requests   the cancels and retries asked of other sites' jobs here, or
-	           of this site's jobs elsewhere, and whether their owner
-	           applied them (couchq cancel and retry of another site's job
+	           of this site's jobs elsewhere, and the pauses and resumes
+	           asked of other sites (pause --at), and whether they were
+	           applied (couchq cancel and retry of another site's job
 	           write such a request; its owner's workers apply it)
 	takeover   moves every unfinished job of site FROM (gone: down, or cut
 	           off for longer than its jobs can wait) to site --to, which
@@ -154,7 +155,11 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 		tw := cli.NewTable(m.Stdout)
 		fmt.Fprintln(tw, "REQUEST\tJOB\tACTION\tFROM\tFOR\tSTATE\tRESULT")
 		for _, r := range reqs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Job, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
+			what := r.Job
+			if what == "" {
+				what = "type " + r.Worker // a pause or resume
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, what, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
 		}
 		return tw.Flush()
 	}

@@ -124,6 +124,37 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatalf("B's job after B's worker: %v %+v\n%s", err, job, r.stdout)
 	}
 
+	// A pause of thumb at B, asked at A: B's workers apply it.
+	expect(t, a.run(t, "pause", "thumb", "--at", "no way"), exitUsage, "invalid --at")
+	r = a.run(t, "pause", "thumb", "--at", "B", "--reason", "disk full")
+	if r.code != 0 || !strings.Contains(r.stdout, "pause of thumb requested from site B") {
+		t.Fatalf("pause --at B: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "sites", "requests")
+		return r.code == 0 && strings.Contains(r.stdout, "type thumb")
+	})
+	if r := b.run(t, "sweep"); r.code != 0 { // as B's workers' sweeps do
+		t.Fatalf("B's sweep: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "stats", "--json")
+		return r.code == 0 && strings.Contains(r.stdout, `"paused": true`)
+	})
+	if r := a.run(t, "resume", "thumb", "--at", "B"); r.code != 0 || !strings.Contains(r.stdout, "resume of thumb requested from site B") {
+		t.Fatalf("resume --at B: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "sites", "requests")
+		return r.code == 0 && strings.Count(r.stdout, "type thumb") == 2
+	})
+	if r := b.run(t, "sweep"); r.code != 0 {
+		t.Fatalf("B's sweep: %+v", r)
+	}
+	if r := b.run(t, "stats", "--json"); r.code != 0 || strings.Contains(r.stdout, `"paused": true`) {
+		t.Fatalf("thumb still paused at B: %+v", r)
+	}
+
 	// ls: both sites, A the default, and the links A holds.
 	r = a.run(t, "sites")
 	for _, want := range []string{"SITE", "A     yes", "B", "LINK", "B -> A", "running"} {
