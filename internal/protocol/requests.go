@@ -41,8 +41,8 @@ var ErrForwarded = errors.New("forwarded to the job's owner site")
 
 // SiteRequest is an operator's action on a job, for the job's owner site.
 type SiteRequest struct {
-	ID     string `json:"_id"`
-	Rev    string `json:"_rev,omitempty"`
+	ID   string `json:"_id"`
+	Rev  string `json:"_rev,omitempty"`
 	Type string `json:"type"`
 	// Job is the job a cancel or retry acts on; Worker the job type a
 	// pause or resume acts on.
@@ -173,7 +173,7 @@ func (c *Client) applyRequests(ctx context.Context, by string) (int, error) {
 // setting r's state; false when the request is not this site's to apply
 // (yet).
 func (c *Client) applyJobRequest(ctx context.Context, r *SiteRequest, by string) bool {
-		it, err := c.Get(ctx, r.Job)
+	it, err := c.Get(ctx, r.Job)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		if r.Site != c.cfg.Site {
