@@ -33,7 +33,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/couchq/couchq/couchq"
-	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -150,7 +149,10 @@ func Middleware(opts ...Option) worker.Middleware {
 		otel.Handle(err) // the meter still returns a usable (no-op) instrument
 	}
 	took, err := meter.Float64Histogram("couchq.job.run.duration",
-		metric.WithDescription("How long job attempts ran, by job type and outcome."), metric.WithUnit("s"))
+		metric.WithDescription("How long job attempts ran, by job type and outcome."), metric.WithUnit("s"),
+		// The SDK's default buckets are for milliseconds; jobs run from
+		// milliseconds to an hour.
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
 	if err != nil {
 		otel.Handle(err)
 	}
@@ -174,7 +176,8 @@ func Middleware(opts ...Option) worker.Middleware {
 		runCtx, span := tracer.Start(runCtx, "run "+job.Type, start...)
 		defer span.End()
 		if job.Item != nil && job.Item.ClaimedAt > 0 {
-			span.AddEvent("claimed", trace.WithTimestamp(protocol.FromUnix(job.Item.ClaimedAt)),
+			claimed := time.UnixMicro(int64(job.Item.ClaimedAt * 1e6)) // stored as Unix seconds
+			span.AddEvent("claimed", trace.WithTimestamp(claimed),
 				trace.WithAttributes(attribute.String("couchq.job.claimed_by", job.Item.ClaimedBy)))
 		}
 		// runCtx is the worker's context (its cancellation) with the run

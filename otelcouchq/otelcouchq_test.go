@@ -190,6 +190,9 @@ func TestOtelMiddlewareSpansAndMetrics(t *testing.T) {
 				for _, dp := range data.DataPoints {
 					out, _ := dp.Attributes.Value("couchq.job.outcome")
 					histograms[m.Name+" "+out.String()] += dp.Count
+					if len(dp.Bounds) == 0 || dp.Bounds[0] != 0.005 || dp.Bounds[len(dp.Bounds)-1] != 3600 {
+						t.Fatalf("histogram buckets %v, want seconds from 5 ms to an hour", dp.Bounds)
+					}
 				}
 			}
 		}
