@@ -95,8 +95,9 @@ func WithNewTracePerRun() Option {
 // EnqueueHook returns a hook for couchq.Config.BeforeEnqueue that starts an
 // "enqueue <type>" span as a child of the caller's span and stores its
 // trace context in the job's trace field, for Middleware to continue. A
-// job that already carries a trace context keeps it, and the span is that
-// context's child. The span marks the moment the job was made: the write
+// job that already carries a trace context stays in that trace: the span
+// is the child of the span it names, rather than of the caller's. The
+// span marks the moment the job was made: the write
 // that follows is the caller's.
 func EnqueueHook(opts ...Option) func(ctx context.Context, job *couchq.NewJob) error {
 	c := newConfig(opts)

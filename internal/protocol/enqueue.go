@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -109,8 +110,12 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	case id == "":
 		id = NewID()
 	}
-	if err := checkTrace(j.Trace); err != nil {
-		return nil, err
+	var trace map[string]string
+	if len(j.Trace) > 0 { // an empty one is no trace context
+		if err := checkTrace(j.Trace); err != nil {
+			return nil, fmt.Errorf("%w: trace %w", ErrInvalidJob, err)
+		}
+		trace = maps.Clone(j.Trace)
 	}
 	extra, err := extraFields(j.Extra)
 	if err != nil {
@@ -119,7 +124,7 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
 		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
-		Site: site, Trace: maps.Clone(j.Trace), extra: extra,
+		Site: site, Trace: trace, extra: extra,
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil
@@ -129,22 +134,23 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
 
 // checkTrace refuses the trace contexts the design document's validation
-// refuses, so that a database without validation stores none either.
+// refuses (a given trace field must name a well-formed traceparent), so
+// that the Go client stores none and the decoder reads none either.
 func checkTrace(tr map[string]string) error {
-	if len(tr) == 0 {
-		return nil
-	}
 	for k := range tr {
 		if k != "traceparent" && k != "tracestate" {
-			return fmt.Errorf("%w: trace may hold only traceparent and tracestate, got %q", ErrInvalidJob, k)
+			return fmt.Errorf("may hold only traceparent and tracestate, got %q", k)
 		}
 	}
-	tp := tr["traceparent"]
+	tp, ok := tr["traceparent"]
+	if !ok {
+		return errors.New("needs a traceparent: the W3C traceparent of the enqueue")
+	}
 	if !traceparentRE.MatchString(tp) || strings.HasPrefix(tp, "ff-") || tp[3:35] == strings.Repeat("0", 32) || tp[36:52] == strings.Repeat("0", 16) {
-		return fmt.Errorf("%w: trace.traceparent must be a W3C traceparent (version-traceid-parentid-flags in lower-case hex, ids not all zero), got %q", ErrInvalidJob, tp)
+		return fmt.Errorf("traceparent must be a W3C traceparent (version-traceid-parentid-flags in lower-case hex, ids not all zero), got %q", tp)
 	}
 	if len(tr["tracestate"]) > 8192 {
-		return fmt.Errorf("%w: trace.tracestate is longer than 8192 characters", ErrInvalidJob)
+		return errors.New("tracestate is longer than 8192 characters")
 	}
 	return nil
 }

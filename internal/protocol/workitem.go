@@ -379,10 +379,10 @@ func (p *fieldParser) history(dst *[]Event) {
 	}
 }
 
-// trace decodes the trace context: an object of strings. Whether its
-// traceparent is well formed is for the tracer that reads it (the design
-// document's validation refuses a malformed one): a job is runnable
-// without a usable trace.
+// trace decodes the trace context: an object of strings with a
+// well-formed traceparent, as the design document's validation requires
+// (a job stored while validation was off is quarantined rather than
+// claimed and refused).
 func (p *fieldParser) trace(dst *map[string]string) {
 	v := p.get("trace")
 	if v == nil {
@@ -392,8 +392,8 @@ func (p *fieldParser) trace(dst *map[string]string) {
 		p.fail("trace", `must be an object of strings {"traceparent": ..., "tracestate": ...}, got `+describeJSON(v))
 		return
 	}
-	if len(*dst) == 0 {
-		*dst = nil // stored as absent: {} carries no context
+	if err := checkTrace(*dst); err != nil {
+		p.fail("trace", err.Error())
 	}
 }
 
