@@ -3,6 +3,7 @@ package otelcouchq_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -70,6 +71,11 @@ func TestOtelTraceAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its first attempt fails: the second continues the same trace.
+	flaky, err := q.Enqueue(reqCtx, couchq.NewJob{Worker: "email", Payload: map[string]string{"to": "bob@example.com", "fail": "once"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	req.End()
 	// A producer in another language writes the field by hand.
 	const handTrace, handSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -78,15 +84,21 @@ func TestOtelTraceAcrossProcesses(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var enqueue tracetest.SpanStub
+	var enqueues []tracetest.SpanStub
 	for _, s := range exporter.GetSpans() {
 		if s.Name == "enqueue email" {
-			enqueue = s
+			enqueues = append(enqueues, s)
 		}
 	}
-	if !enqueue.SpanContext.IsValid() || enqueue.Parent.SpanID() != req.SpanContext().SpanID() {
-		t.Fatalf("enqueue span %+v", enqueue)
+	if len(enqueues) != 2 {
+		t.Fatalf("%d enqueue spans", len(enqueues))
 	}
+	for _, e := range enqueues {
+		if !e.SpanContext.IsValid() || e.Parent.SpanID() != req.SpanContext().SpanID() || e.SpanKind != trace.SpanKindProducer {
+			t.Fatalf("enqueue span %+v is not the request's child", e)
+		}
+	}
+	enqueue, enqueueFlaky := enqueues[0], enqueues[1]
 
 	out := filepath.Join(t.TempDir(), "spans.json")
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
@@ -103,17 +115,21 @@ func TestOtelTraceAcrossProcesses(t *testing.T) {
 	if err := json.Unmarshal(b, &spans); err != nil {
 		t.Fatal(err)
 	}
-	runs := map[string]spanJSON{} // by job id
+	runs := map[string]spanJSON{} // by job id, and attempt for the flaky job
 	var handler []spanJSON
 	for _, s := range spans {
 		switch s.Name {
 		case "run email":
-			runs[s.Attrs["couchq.job.id"]] = s
+			key := s.Attrs["couchq.job.id"]
+			if key == flaky.ID {
+				key += "#" + s.Attrs["couchq.job.attempt"]
+			}
+			runs[key] = s
 		case "send mail":
 			handler = append(handler, s)
 		}
 	}
-	if len(runs) != 2 || len(handler) != 2 {
+	if len(runs) != 4 || len(handler) != 4 {
 		t.Fatalf("the worker process recorded %d runs and %d handler spans: %+v", len(runs), len(handler), spans)
 	}
 	run := runs[job.ID]
@@ -130,16 +146,27 @@ func TestOtelTraceAcrossProcesses(t *testing.T) {
 	if len(run.Events) == 0 || run.Events[0] != "claimed" {
 		t.Fatalf("run span events %v", run.Events)
 	}
+	flakySpan := enqueueFlaky.SpanContext.SpanID().String()
+	for attempt, outcome := range map[string]string{"1": "retry", "2": "done"} {
+		r := runs[flaky.ID+"#"+attempt]
+		if r.TraceID != enqTrace || r.Parent != flakySpan || r.Attrs["couchq.job.outcome"] != outcome {
+			t.Fatalf("attempt %s of the flaky job: %+v, want a child of %s with outcome %s", attempt, r, flakySpan, outcome)
+		}
+	}
 	hand := runs["job:by-hand"]
 	if hand.TraceID != handTrace || hand.Parent != handSpan {
 		t.Fatalf("the hand-written job's run span %+v, want trace %s, parent %s", hand, handTrace, handSpan)
 	}
+	runIDs := map[string]bool{}
+	for _, r := range runs {
+		runIDs[r.SpanID] = true
+	}
 	for _, h := range handler {
-		if h.Parent != runs[job.ID].SpanID && h.Parent != hand.SpanID {
+		if !runIDs[h.Parent] {
 			t.Fatalf("handler span %+v is no run span's child", h)
 		}
 	}
-	for _, id := range []string{job.ID, "job:by-hand"} {
+	for _, id := range []string{job.ID, flaky.ID, "job:by-hand"} {
 		it, err := q.Get(ctx, id)
 		if err != nil || it.Status != couchq.StatusDone {
 			t.Fatalf("job %s: %+v %v", id, it, err)
@@ -168,12 +195,16 @@ func TestHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, err := worker.New(q, worker.Config{
-		Handlers: map[string]worker.Handler{"email": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		Handlers: map[string]worker.Handler{"email": worker.Typed(func(ctx context.Context, job *worker.Job, args map[string]string) error {
 			_, span := tp.Tracer("mailer").Start(ctx, "send mail")
 			defer span.End()
+			if args["fail"] == "once" && job.Attempt == 1 {
+				return errors.New("mail server busy")
+			}
 			return nil
 		})},
 		Middleware: []worker.Middleware{otelcouchq.Middleware(otelcouchq.WithTracerProvider(tp))},
+		Retry:      func(int) time.Duration { return 10 * time.Millisecond },
 		Drain:      true,
 	})
 	if err != nil {
