@@ -51,6 +51,14 @@ type Config struct {
 	// claim only the jobs the site owns, and the jobs it enqueues are the
 	// site's unless NewJob.Site names another. Empty in a single database.
 	Site string
+	// BeforeEnqueue hooks run, in order, on every job the client enqueues
+	// (Enqueue, EnqueueMany, unique jobs, and the periodic jobs of workers
+	// given the client) before it is checked and stored, with the
+	// caller's context: they may set its fields, such as a tenant in
+	// Extra or the caller's trace context in Trace (otelcouchq's
+	// EnqueueHook). A hook's error refuses the job, wrapped in an error
+	// that names the hook's place in the list.
+	BeforeEnqueue []func(ctx context.Context, job *NewJob) error
 }
 
 // Server is a connection to a CouchDB server (Apache CouchDB, a cluster of
@@ -99,6 +107,7 @@ func (s *Server) Open(ctx context.Context, db string, cfg Config) (*Client, erro
 		HistoryLimit:   cfg.HistoryLimit,
 		ReadYourWrites: cfg.ReadYourWrites,
 		Site:           cfg.Site,
+		BeforeEnqueue:  cfg.BeforeEnqueue,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", db, err)

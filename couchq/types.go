@@ -11,8 +11,9 @@ import (
 // CouchDB: type ("WorkItem"), worker (the job type), date (when it is due,
 // Unix seconds), payload, status, claimed, claimed_by, lease_until,
 // attempts, max_attempts, priority, last_error, result, created_at,
-// started_at, finished_at, history and unique_key. Fields couchq does not
-// know are kept on every write couchq makes. The README's WorkItem table
+// started_at, finished_at, history, unique_key, priority, site and trace
+// (the W3C trace context of the enqueue: {"traceparent": ..., "tracestate":
+// ...}). Fields couchq does not know are kept on every write couchq makes. The README's WorkItem table
 // gives each field's type and meaning.
 //
 // Useful methods: DueAt (when it is due), EffectivePriority (1 runs first,
@@ -63,6 +64,11 @@ const DocType = protocol.DocType
 //     be empty.
 //   - Site: the job's owner in a queue of several sites; empty means the
 //     client's Config.Site, else the default site.
+//   - Trace: the W3C trace context ("traceparent", "tracestate") the job's
+//     run continues; set by an enqueue hook such as otelcouchq's.
+//   - Extra: fields of your own (a tenant, say) stored at the top level of
+//     the document, read back with WorkItem.Extra; couchq's own names and
+//     names starting with '_' are refused.
 type NewJob = protocol.NewJob
 
 // UniqueOpts make an enqueue idempotent: at most one job of a type holds a

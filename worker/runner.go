@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -646,18 +645,6 @@ func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logge
 			Msg("the job used its slot but could not release it: make the sequence's TTL longer than the handler runs")
 	}
 	return nil
-}
-
-// invoke calls the handler, turning a panic into an error.
-func (r *runner) invoke(ctx context.Context, job *Job) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.w.log.Error().Str("job", job.ID).Str("type", job.Type).Interface("panic", p).
-				Str("stack", string(debug.Stack())).Msg("handler panicked")
-			err = fmt.Errorf("handler panicked: %v", p)
-		}
-	}()
-	return r.handler.Handle(ctx, job)
 }
 
 // finish records the handler's outcome, steered by its error.

@@ -86,6 +86,11 @@ type Config struct {
 	// several sites linked by replication (sites.go): they claim only the
 	// jobs it owns. Empty in a database without sites.
 	Site string
+	// BeforeEnqueue hooks run, in order, on every job this client
+	// enqueues (Enqueue, EnqueueMany, unique and periodic jobs) before it
+	// is checked and stored: they may set its fields (Extra, Trace). An
+	// error refuses the job.
+	BeforeEnqueue []func(ctx context.Context, job *NewJob) error
 }
 
 // WithDefaults returns c with every unset field at its default.

@@ -61,7 +61,10 @@ func TestWorkItemMalformedNamesTheField(t *testing.T) {
 		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:   "claimed",
 		`{"type":"WorkItem","worker":"a","history":{}}`:      "history",
 		`{"type":"Other","worker":"a"}`:                      "type",
-		`[1,2]`:                                              "document",
+		`{"type":"WorkItem","worker":"a","trace":"00-x"}`:    "trace",
+		`{"type":"WorkItem","worker":"a","trace":{}}`:        "trace",
+		`{"type":"WorkItem","worker":"a","trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}}`: "trace",
+		`[1,2]`: "document",
 	}
 	for in, field := range cases {
 		var it WorkItem
@@ -74,6 +77,25 @@ func TestWorkItemMalformedNamesTheField(t *testing.T) {
 		if m.Field != field {
 			t.Errorf("%s: field %q, want %q (%v)", in, m.Field, field, err)
 		}
+	}
+}
+
+// The trace field survives every write couchq makes of a job.
+func TestWorkItemKeepsTrace(t *testing.T) {
+	in := `{"type":"WorkItem","worker":"email","trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=1"}}`
+	var it WorkItem
+	if err := json.Unmarshal([]byte(in), &it); err != nil {
+		t.Fatal(err)
+	}
+	if it.Trace["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" || it.Trace["tracestate"] != "a=1" {
+		t.Fatalf("trace %v", it.Trace)
+	}
+	out, err := json.Marshal(it.Clone())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=1"}`) {
+		t.Fatalf("written back as %s", out)
 	}
 }
 
