@@ -96,22 +96,44 @@ func TestServeReportsAnUnavailableDatabase(t *testing.T) {
 	}
 }
 
-// Binding beyond loopback works but warns.
-func TestServeWarnsOffLoopback(t *testing.T) {
+// Reads need a CouchDB login by default off loopback, and not on it;
+// --read-auth says otherwise either way, and binding beyond loopback with
+// open reads warns. /healthz and /metrics are open whatever the setting.
+func TestServeReadAuthFollowsTheAddress(t *testing.T) {
 	t.Parallel()
 	c := online(t).mustInit(t)
-	s := startServe(t, c, "--addr", "0.0.0.0:0")
-	if code, _ := s.get(t, "/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz: %d", code)
-	}
-	s.stop(t)
-	if !strings.Contains(s.stderr.String(), "not loopback") {
-		t.Errorf("no warning about the address:\n%s", s.stderr)
-	}
-	s = startServe(t, c, "--addr", "127.0.0.1:0")
-	s.stop(t)
-	if strings.Contains(s.stderr.String(), "loopback") {
-		t.Errorf("warned on loopback:\n%s", s.stderr)
+	for _, tc := range []struct {
+		args      []string
+		protected bool
+		warns     bool
+	}{
+		{[]string{"--addr", "0.0.0.0:0"}, true, false},
+		{[]string{"--addr", "0.0.0.0:0", "--read-auth=false"}, false, true},
+		{[]string{"--addr", "127.0.0.1:0"}, false, false},
+		{[]string{"--addr", "127.0.0.1:0", "--read-auth"}, true, false},
+	} {
+		s := startServe(t, c, tc.args...)
+		for _, open := range []string{"/healthz", "/metrics"} {
+			if code, body := s.get(t, open); code != http.StatusOK {
+				t.Errorf("%v: %s: %d %s", tc.args, open, code, body)
+			}
+		}
+		want := http.StatusOK
+		if tc.protected {
+			want = http.StatusUnauthorized
+		}
+		resp, err := http.Get(s.url + "/api/jobs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want || tc.protected != (resp.Header.Get("WWW-Authenticate") == `Basic realm="couchq"`) {
+			t.Errorf("%v: /api/jobs without credentials: %d %q, want %d", tc.args, resp.StatusCode, resp.Header.Get("WWW-Authenticate"), want)
+		}
+		s.stop(t)
+		if warned := strings.Contains(s.stderr.String(), "not loopback"); warned != tc.warns {
+			t.Errorf("%v: warned %v, want %v:\n%s", tc.args, warned, tc.warns, s.stderr)
+		}
 	}
 }
 
