@@ -1,6 +1,7 @@
 package opshttp
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/go-kivik/kivik/v4"
 
 	"github.com/couchq/couchq/internal/couchtest"
@@ -205,5 +207,78 @@ func TestDashboardReadsOpenByDefault(t *testing.T) {
 	noURL := serveHandler(ctx, t, q, Config{ReadAuth: true})
 	if code, body := get(t, noURL, "/api/queues"); code != http.StatusForbidden || !strings.Contains(body, "CouchURL") {
 		t.Errorf("/api/queues with ReadAuth and no CouchURL: %d %s", code, body)
+	}
+}
+
+// The page with ReadAuth: it shows nothing and asks for a login in its
+// own form (no browser dialog), then reads as the user who logged in; a
+// hidden payload says "hidden".
+func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
+	t.Parallel()
+	browser := findBrowser()
+	if browser == "" {
+		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
+	}
+	admin, password := srv.Credentials()
+	if admin == "" {
+		couchtest.Skip(t, "the test server authenticates no users (PouchDB Server runs as an admin party): reads cannot need a login")
+	}
+	ctx, q := newQueue(t)
+	for _, j := range []protocol.NewJob{
+		{Worker: "mail", Payload: json.RawMessage(`{"to":"ann@example.com"}`)},
+		{Worker: "billing", Payload: json.RawMessage(`{"card":"4111"}`)},
+	} {
+		if _, err := q.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), ReadAuth: true, HidePayload: []string{"billing"}})
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser),
+		chromedp.NoSandbox, // tests run as root in containers
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	defer cancelBrowser()
+	bctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
+	defer cancel()
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	text := func(sel string) string {
+		v, err := chromedp.Run(bctx, chromedp.Text(css(sel)))
+		if err != nil {
+			t.Fatalf("reading %s: %v", sel, err)
+		}
+		return v
+	}
+	err := chromedp.Do(bctx,
+		chromedp.Navigate(hs.URL+"/"),
+		chromedp.Poll[chromedp.Void](`document.getElementById('who').textContent === 'reading needs a CouchDB user'`, chromedp.WithPollingTimeout(time.Minute)),
+	)
+	if err != nil {
+		t.Fatalf("loading the dashboard without a login: %v (status: %s)", err, text(`#status`))
+	}
+	if queues := text(`#queues tbody`); strings.Contains(queues, "mail") {
+		t.Errorf("the queues show without a login:\n%s", queues)
+	}
+	if status := text(`#status`); !strings.Contains(status, "log in") {
+		t.Errorf("status without a login: %q", status)
+	}
+	err = chromedp.Do(bctx,
+		chromedp.SetValue(css(`#jobs-status`), "queued"),
+		chromedp.SendKeys(css(`#user`), admin),
+		chromedp.SendKeys(css(`#password`), password),
+		chromedp.Click(css(`#login-button`)),
+		chromedp.WaitVisible(css(`#queues tr[data-type="billing"]`)),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#jobs tr[data-job]').length === 2`, chromedp.WithPollingTimeout(time.Minute)),
+	)
+	if err != nil {
+		t.Fatalf("logging in to read: %v (status: %s)", err, text(`#status`))
+	}
+	jobs, err := chromedp.Run(bctx, chromedp.Evaluate[string](`Array.prototype.map.call(document.querySelectorAll('#jobs pre.payload'), function (p) { return p.textContent; }).sort().join('\n')`))
+	if err != nil || jobs != "payload: hidden\npayload: {\"to\":\"ann@example.com\"}" {
+		t.Errorf("payloads on the page: %q %v", jobs, err)
 	}
 }
