@@ -381,9 +381,12 @@ func TestKubernetesManifestsNameOnlyWhatExists(t *testing.T) {
 				if f := passwordFile(cm.Data["workers.toml"]); !secretFiles[f] {
 					t.Errorf("%s: workers.toml's password_file %s is not a file of a mounted Secret (%v)", where, f, secretFiles)
 				}
-				grace := pod.Spec.TerminationGracePeriodSeconds
-				if grace == nil || time.Duration(*grace)*time.Second <= cfg.ShutdownTimeout {
-					t.Errorf("%s: terminationGracePeriodSeconds %v must be above the shutdown_timeout %s", where, grace, cfg.ShutdownTimeout)
+				grace := 30 * time.Second // Kubernetes' default
+				if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+					grace = time.Duration(*g) * time.Second
+				}
+				if grace <= cfg.ShutdownTimeout {
+					t.Errorf("%s: terminationGracePeriodSeconds %s must be above the shutdown_timeout %s", where, grace, cfg.ShutdownTimeout)
 				}
 				for _, p := range []struct {
 					probe *probe
