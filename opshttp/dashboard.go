@@ -145,7 +145,9 @@ func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
 // with the same path and query and, with ReadAuth, the same user.
 func (s *server) cached(compute func(ctx context.Context, q *protocol.Client, r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		rd, code, err := s.readerFor(r.Context(), r)
+		loginCtx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+		rd, code, err := s.readerFor(loginCtx, r)
+		cancel()
 		if err != nil {
 			refused(w, r, code, err)
 			return
