@@ -243,7 +243,8 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
 	defer cancelBrowser()
-	bctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
+	// Generous: on a loaded machine a browser starts slowly.
+	bctx, cancel := context.WithTimeout(bctx, 4*time.Minute)
 	defer cancel()
 	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
 	text := func(sel string) string {
@@ -255,10 +256,11 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 	}
 	err := chromedp.Do(bctx,
 		chromedp.Navigate(hs.URL+"/"),
-		chromedp.Poll[chromedp.Void](`document.getElementById('who').textContent === 'reading needs a CouchDB user'`, chromedp.WithPollingTimeout(time.Minute)),
+		chromedp.Poll[chromedp.Void](`document.getElementById('who').textContent === 'reading needs a CouchDB user'`, chromedp.WithPollingTimeout(2*time.Minute)),
 	)
 	if err != nil {
-		t.Fatalf("loading the dashboard without a login: %v (status: %s)", err, text(`#status`))
+		status, _ := chromedp.Run(bctx, chromedp.Text(css(`#status`)))
+		t.Fatalf("loading the dashboard without a login: %v (status: %q)", err, status)
 	}
 	if queues := text(`#queues tbody`); strings.Contains(queues, "mail") {
 		t.Errorf("the queues show without a login:\n%s", queues)
@@ -272,10 +274,11 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 		chromedp.SendKeys(css(`#password`), password),
 		chromedp.Click(css(`#login-button`)),
 		chromedp.WaitVisible(css(`#queues tr[data-type="billing"]`)),
-		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#jobs tr[data-job]').length === 2`, chromedp.WithPollingTimeout(time.Minute)),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#jobs tr[data-job]').length === 2`, chromedp.WithPollingTimeout(2*time.Minute)),
 	)
 	if err != nil {
-		t.Fatalf("logging in to read: %v (status: %s)", err, text(`#status`))
+		status, _ := chromedp.Run(bctx, chromedp.Text(css(`#status`)))
+		t.Fatalf("logging in to read: %v (status: %q)", err, status)
 	}
 	jobs, err := chromedp.Run(bctx, chromedp.Evaluate[string](`Array.prototype.map.call(document.querySelectorAll('#jobs pre.payload'), function (p) { return p.textContent; }).sort().join('\n')`))
 	if err != nil || jobs != "payload: hidden\npayload: {\"to\":\"ann@example.com\"}" {
