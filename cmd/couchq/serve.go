@@ -51,7 +51,10 @@ not a loopback address, and off on loopback, where anyone who can reach
 the port already runs on the machine; --read-auth=false turns it off
 anywhere (then /api/jobs shows job payloads to anyone who reaches the
 port: put a proxy or firewall in front). Either way /metrics and /healthz
-stay open, for Prometheus and load balancers.
+stay open, for Prometheus and load balancers, and so do the page and its
+scripts, which hold no figures, so that the login form shows. With
+--read-auth, figures are cached per user (--cache), never shared between
+users.
 
 	--addr HOST:PORT     where to listen (default 127.0.0.1:9090; port 0 picks one)
 	--read-auth          reads need a CouchDB login and are made as that user
