@@ -51,6 +51,14 @@ type Config struct {
 	// claim only the jobs the site owns, and the jobs it enqueues are the
 	// site's unless NewJob.Site names another. Empty in a single database.
 	Site string
+	// BeforeEnqueue hooks run, in order, on every job the client enqueues
+	// (Enqueue, EnqueueMany, unique jobs, and the periodic jobs of workers
+	// given the client) before it is checked and stored, with the
+	// caller's context: they may set its fields, such as a tenant in
+	// Extra or the caller's trace context in Trace (otelcouchq's
+	// EnqueueHook). A hook's error refuses the job, wrapped in an error
+	// that names the hook's place in the list.
+	BeforeEnqueue []func(ctx context.Context, job *NewJob) error
 }
 
 // Server is a connection to a CouchDB server (Apache CouchDB, a cluster of
@@ -99,6 +107,7 @@ func (s *Server) Open(ctx context.Context, db string, cfg Config) (*Client, erro
 		HistoryLimit:   cfg.HistoryLimit,
 		ReadYourWrites: cfg.ReadYourWrites,
 		Site:           cfg.Site,
+		BeforeEnqueue:  cfg.BeforeEnqueue,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", db, err)
@@ -187,6 +196,20 @@ func (c *Client) Pause(ctx context.Context, typ, reason string) error {
 // Resume lets the workers of a paused job type claim it again.
 func (c *Client) Resume(ctx context.Context, typ string) error {
 	return c.p().Resume(ctx, typ, c.actor())
+}
+
+// PauseAt pauses a job type at one site of a queue of several: at once
+// when site is the client's own (Config.Site), else through a request
+// that site's workers apply when the links bring it (the call returns
+// ErrForwarded). A pause or resume made at that site after the request
+// was made wins over it.
+func (c *Client) PauseAt(ctx context.Context, site, typ, reason string) error {
+	return c.p().PauseAt(ctx, site, typ, c.actor(), reason)
+}
+
+// ResumeAt resumes a job type at one site, as PauseAt pauses it.
+func (c *Client) ResumeAt(ctx context.Context, site, typ string) error {
+	return c.p().ResumeAt(ctx, site, typ, c.actor())
 }
 
 // Stats reports the queue per job type: jobs by status, the due backlog,

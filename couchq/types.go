@@ -11,9 +11,11 @@ import (
 // CouchDB: type ("WorkItem"), worker (the job type), date (when it is due,
 // Unix seconds), payload, status, claimed, claimed_by, lease_until,
 // attempts, max_attempts, priority, last_error, result, created_at,
-// started_at, finished_at, history, unique_key, site and progress. Fields
-// couchq does not know are kept on every write couchq makes. The README's
-// WorkItem table gives each field's type and meaning.
+// started_at, finished_at, history, unique_key, site, trace (the W3C trace
+// context of the enqueue: {"traceparent": ..., "tracestate": ...}) and
+// progress ({done, total, note, at}). Fields couchq does not know are kept
+// on every write couchq makes. The README's WorkItem table gives each
+// field's type and meaning.
 //
 // Useful methods: DueAt (when it is due), EffectivePriority (1 runs first,
 // 5 last), Extra (a field couchq does not know) and Clone.
@@ -69,6 +71,11 @@ const DocType = protocol.DocType
 //     be empty.
 //   - Site: the job's owner in a queue of several sites; empty means the
 //     client's Config.Site, else the default site.
+//   - Trace: the W3C trace context ("traceparent", "tracestate") the job's
+//     run continues; set by an enqueue hook such as otelcouchq's.
+//   - Extra: fields of your own (a tenant, say) stored at the top level of
+//     the document, read back with WorkItem.Extra; couchq's own names and
+//     names starting with '_' are refused.
 type NewJob = protocol.NewJob
 
 // UniqueOpts make an enqueue idempotent: at most one job of a type holds a

@@ -93,6 +93,20 @@ func TestRunJobOutcomes(t *testing.T) {
 	if out.Kind != couchqtest.Failed || !strings.Contains(out.Err.Error(), "decoding payload") {
 		t.Errorf("undecodable payload: %+v", out)
 	}
+	// Middleware wraps the handler as under a worker: its wrapping of a
+	// steering error still steers.
+	var seen []string
+	tenant := func(ctx context.Context, job *worker.Job, next func(context.Context) error) error {
+		seen = append(seen, "before "+job.Type)
+		if err := next(ctx); err != nil {
+			return fmt.Errorf("tenant acme: %w", err)
+		}
+		return nil
+	}
+	out = run(Invoice{}, &couchqtest.RunOpts{Middleware: []worker.Middleware{tenant}})
+	if out.Kind != couchqtest.Cancelled || len(seen) != 1 || seen[0] != "before invoice" {
+		t.Errorf("through middleware: %+v, middleware saw %q", out, seen)
+	}
 	// A job's own max_attempts counts.
 	j := couchq.NewJob{Worker: "invoice", Payload: Invoice{Customer: "flaky"}, MaxAttempts: 1}
 	if out := couchqtest.RunJob(ctx, t, h, j, nil); out.Kind != couchqtest.Failed {
@@ -107,7 +121,8 @@ func TestRunJobPanicAndBadJob(t *testing.T) {
 	f := &fakeTB{TB: t}
 	boom := worker.HandlerFunc(func(context.Context, *worker.Job) error { panic("boom") })
 	out := couchqtest.RunJob(ctx, f, boom, couchq.NewJob{Worker: "x"}, nil)
-	if out.Kind != couchqtest.Retry || out.Err.Error() != "handler panicked: boom" {
+	var perr *worker.PanicError
+	if out.Kind != couchqtest.Retry || !errors.As(out.Err, &perr) || perr.Value != "boom" || out.Err.Error() != "handler panicked: boom" {
 		t.Errorf("panic: %+v", out)
 	}
 	if len(f.logged) != 1 || !strings.Contains(f.logged[0], "panicked: boom") || !strings.Contains(f.logged[0], "goroutine") {

@@ -46,6 +46,8 @@ type RunOpts struct {
 	MaxAttempts int
 	// Slot is the sequence slot handed to the handler (Job.Slot).
 	Slot string
+	// Middleware wraps the handler call as worker.Config.Middleware does.
+	Middleware []worker.Middleware
 }
 
 // Outcome is what RunJob's attempt came to.
@@ -54,7 +56,7 @@ type Outcome struct {
 	// cancelled or snoozed.
 	Kind Kind
 	// Err is the handler's error: nil when done (a cancel's reason is
-	// its CancelError; a panic is an error naming it).
+	// its CancelError; a handler's panic a *worker.PanicError).
 	Err error
 	// Result is what the handler recorded with Job.SetResult.
 	Result json.RawMessage
@@ -72,8 +74,8 @@ type Outcome struct {
 // Enqueue would build it) or a *couchq.WorkItem (as stored, say by
 // Client.Get), claimed as a worker claims it. The handler runs in the
 // calling goroutine on a context derived from ctx, as a worker derives it
-// from its own, and a panic is recovered as a worker recovers it (logged
-// with t). A job that could not be enqueued fails the test.
+// from its own, through opts.Middleware as a worker's, and a panic is
+// recovered as a worker recovers it (logged with t). A job that could not be enqueued fails the test.
 func RunJob[J couchq.NewJob | *couchq.WorkItem](ctx context.Context, t testing.TB, handler worker.Handler, job J, opts *RunOpts) *Outcome {
 	t.Helper()
 	if opts == nil {
@@ -113,8 +115,8 @@ func RunJob[J couchq.NewJob | *couchq.WorkItem](ctx context.Context, t testing.T
 	// cause) when its claim is lost or the worker stops.
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	err := jobrun.Call(jctx, j, handler.Handle, func(p any, stack []byte) {
-		t.Logf("couchqtest: handler of job %s panicked: %v\n%s", j.ID, p, stack)
+	err := jobrun.Call(jctx, j, handler.Handle, opts.Middleware, func(what string, p any, stack []byte) {
+		t.Logf("couchqtest: %s of job %s panicked: %v\n%s", what, j.ID, p, stack)
 	})
 	out := jobrun.Decide(err, j.Attempt, j.MaxAttempts)
 	o := &Outcome{Kind: out.Kind, Err: out.Err, SnoozeDelay: out.Delay, Job: j}

@@ -164,6 +164,12 @@ type Options struct {
 	// Handlers are Go handlers by job type, for the types whose Handler is
 	// empty.
 	Handlers map[string]worker.Handler
+	// Middleware wraps every handler call of every type (see
+	// worker.Config.Middleware), built-in handlers included.
+	Middleware []worker.Middleware
+	// BeforeEnqueue hooks run on the periodic jobs the fleet enqueues (see
+	// couchq.Config.BeforeEnqueue).
+	BeforeEnqueue []func(ctx context.Context, job *couchq.NewJob) error
 	// Logger receives the workers' logs, each job's claim and success at
 	// info level. The zero value discards them.
 	Logger zerolog.Logger
@@ -207,6 +213,9 @@ func Run(ctx context.Context, cfg *Config, opts Options) error {
 	specs, err := cfg.specs(opts.Handlers)
 	if err != nil {
 		return err
+	}
+	for _, s := range specs {
+		s.Middleware, s.BeforeEnqueue = opts.Middleware, opts.BeforeEnqueue
 	}
 	log := opts.Logger
 	if cfg.LogLevel != "" {

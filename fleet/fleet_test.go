@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/fleet"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
@@ -243,5 +244,71 @@ func TestOpenNeedsInit(t *testing.T) {
 	_, _, err := conn.Open(context.Background(), testLog(t))
 	if err == nil || !strings.Contains(err.Error(), "run 'couchq init' first") {
 		t.Errorf("Open of a missing database: %v", err)
+	}
+}
+
+// Options.Middleware wraps built-in and Go handlers alike, and
+// Options.BeforeEnqueue runs on the fleet's periodic jobs.
+func TestRunMiddlewareAndHooks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	user, password := srv.Credentials()
+	db := srv.UniqueDBName(t)
+	cfg, err := fleet.Load(filepath.Join("testdata", "mixed.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Connection = fleet.Connection{URL: srv.URL(), User: user, Password: password, DB: db}
+	cfg.Periodic = []couchq.Periodic{{Name: "tick", Schedule: "@every 1s", Job: couchq.NewJob{Worker: "mine"}}}
+	if _, err := protocol.Init(ctx, srv.Client(t), db, testLog(t)); err != nil {
+		t.Fatal(err)
+	}
+	q, closeQueue, err := cfg.Connection.Open(ctx, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeQueue()
+	if _, err := q.Enqueue(ctx, protocol.NewJob{ID: "builtin-1", Worker: "builtin"}); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan string, 100)
+	tenants := make(chan string, 100)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- fleet.Run(runCtx, cfg, fleet.Options{
+			Handlers: map[string]worker.Handler{"mine": worker.HandlerFunc(func(_ context.Context, job *worker.Job) error {
+				tenant, _ := job.Item.Extra("tenant")
+				tenants <- string(tenant)
+				return nil
+			})},
+			Middleware: []worker.Middleware{func(ctx context.Context, job *worker.Job, next func(context.Context) error) error {
+				seen <- job.Type
+				return next(ctx)
+			}},
+			BeforeEnqueue: []func(context.Context, *couchq.NewJob) error{func(_ context.Context, job *couchq.NewJob) error {
+				job.Extra = map[string]any{"tenant": "acme"}
+				return nil
+			}},
+		})
+	}()
+	types := map[string]bool{}
+	for len(types) < 2 {
+		select {
+		case typ := <-seen:
+			types[typ] = true
+		case err := <-done:
+			t.Fatalf("Run returned: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("the middleware saw only %v", types)
+		}
+	}
+	if tenant := <-tenants; tenant != `"acme"` {
+		t.Errorf("a periodic job's tenant: %s", tenant)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run after its context ended: %v", err)
 	}
 }

@@ -72,3 +72,38 @@ func TestReadersShowAConflictedJobAsItWillBeSettled(t *testing.T) {
 		t.Errorf("after the sweep, CouchDB's own pick is %+v (%v); want the settled branch, done", winner, err)
 	}
 }
+
+// A job finished on one branch while CouchDB's pick is a queued branch
+// (as a requeue by a site that no longer owned it would leave) is not due:
+// Queues and Stats count it done, not waiting to run.
+func TestQueuesDoNotCountAConflictedFinishedJobAsDue(t *testing.T) {
+	cb := setupConflict(t)
+	it, err := cb.client.Enqueue(cb.ctx, protocol.NewJob{Worker: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := cb.claimDirectly(t, it, "host/1/w1")
+	if err := cb.client.Complete(cb.ctx, claimed, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The other branch, three revisions deep over the enqueued one:
+	// queued and due, CouchDB's pick.
+	rev := it.Rev
+	for range 3 {
+		doc := asDoc(t, it.Clone())
+		doc["_id"] = it.ID
+		rev = cb.child(t, rev, doc)
+	}
+	var winner protocol.WorkItem
+	if err := cb.db.Get(cb.ctx, it.ID).ScanDoc(&winner); err != nil || winner.Status != protocol.StatusQueued {
+		t.Fatalf("the test needs the queued branch to be CouchDB's pick: %+v %v", winner, err)
+	}
+	queues, err := cb.client.Queues(cb.ctx)
+	if err != nil || len(queues) != 1 || queues[0].Done != 1 || queues[0].Due != 0 {
+		t.Errorf("Queues: %+v %v", queues, err)
+	}
+	stats, err := cb.client.Stats(cb.ctx, protocol.StatsOptions{Worker: "q"})
+	if err != nil || len(stats.Types) != 1 || stats.Types[0].Queue.Done != 1 || stats.Types[0].Queue.Due != 0 {
+		t.Errorf("Stats: %+v %v", stats, err)
+	}
+}

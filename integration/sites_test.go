@@ -641,6 +641,121 @@ func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
 	}
 }
 
+// Pause and resume of a job type at another site, with the links up and
+// cut: each is applied at the site named, in the order asked; a change made
+// at that site after a request was made wins over the request.
+func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"mail": rc.handler("A")}, ID: "A-0",
+		HeartbeatInterval: time.Second, SweepInterval: time.Second, FallbackPoll: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+	})
+	pausedAt := func(s *testSite, typ string) bool {
+		t.Helper()
+		p, err := s.client.Paused(ctx, typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p[typ]
+	}
+	waitPaused := func(typ string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for pausedAt(a, typ) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s paused at A: want %v", typ, want)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+
+	// Links up: B asks A to pause mail; A's worker stops claiming it.
+	if err := b.client.PauseAt(ctx, "A", "mail", "ops@B", "smtp down"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatalf("pause at another site: %v", err)
+	}
+	if pausedAt(b, "mail") {
+		t.Fatal("a pause asked of A paused B")
+	}
+	waitPaused("mail", true)
+	time.Sleep(time.Second) // the worker hears of it within a moment
+	ids := a.enqueue(ctx, t, "mail", "", 3)
+	time.Sleep(3 * time.Second)
+	if n := len(rc.snapshot()); n != 0 {
+		t.Fatalf("%d jobs ran at A while mail was paused there", n)
+	}
+
+	// Links cut: a resume waits at B. A pause of "other" asked before A
+	// paused and resumed it itself is superseded by A's own change.
+	for _, s := range []*testSite{a, b} {
+		if _, err := s.conn.Unlink(ctx, sitesDB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.client.ResumeAt(ctx, "A", "mail", "ops@B"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	if err := b.client.PauseAt(ctx, "A", "other", "ops@B", "stale"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := a.client.PauseAt(ctx, "A", "other", "ops@A", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.client.ResumeAt(ctx, "A", "other", "ops@A"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if !pausedAt(a, "mail") {
+		ctls, _ := a.client.Controls(ctx, "mail")
+		reqs, _ := a.client.Requests(ctx, "")
+		t.Fatalf("a resume crossed a cut link: %+v; requests at A: %+v", ctls, reqs)
+	}
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	waitPaused("mail", false)
+	waitStatusAt(ctx, t, a, protocol.StatusDone, ids...)
+	waitFor := time.Now().Add(time.Minute)
+	for {
+		reqs, err := b.client.Requests(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		states := map[string]string{}
+		for _, r := range reqs {
+			states[r.Action+" "+r.Worker] = r.State
+		}
+		want := map[string]string{"pause mail": protocol.RequestApplied, "resume mail": protocol.RequestApplied, "pause other": protocol.RequestRefused}
+		if len(reqs) == 3 && states["pause mail"] == want["pause mail"] && states["resume mail"] == want["resume mail"] && states["pause other"] == want["pause other"] {
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("requests as B has them: %+v", reqs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if pausedAt(a, "other") {
+		t.Error("a pause superseded by the site's own resume was applied")
+	}
+	for _, id := range ids {
+		if r := rc.snapshot()[id]; len(r) != 1 {
+			t.Errorf("job %s ran %v times", id, r)
+		}
+	}
+	// Bad input: an unknown site, a bad name, no type.
+	for _, err := range []error{
+		b.client.PauseAt(ctx, "C", "mail", "ops@B", ""),
+		b.client.PauseAt(ctx, "no way", "mail", "ops@B", ""),
+		b.client.ResumeAt(ctx, "A", "", "ops@B"),
+	} {
+		if err == nil || errors.Is(err, protocol.ErrForwarded) {
+			t.Errorf("bad pause: %v", err)
+		}
+	}
+}
+
 // waitStatusAt waits until every job in ids has status st at site s.
 func waitStatusAt(ctx context.Context, t *testing.T, s *testSite, st protocol.Status, ids ...string) {
 	t.Helper()

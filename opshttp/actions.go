@@ -38,74 +38,24 @@ func (u sessionUser) serverAdmin() bool {
 }
 
 // authenticateUser asks CouchDB who the request's credentials belong to
-// (GET /_session with them), whether that user may read the database
-// (GET /{db} with them) and, where the database has couchq's roles, holds
-// the worker role: only they act on its jobs, as they could through
-// CouchDB itself. It returns the user, whose name goes in the activity log.
+// and whether that user may read the database (login), and, where the
+// database has couchq's roles, whether the user holds the worker role:
+// only they act on its jobs, as they could through CouchDB itself. It
+// returns the user, whose name goes in the activity log.
 func (s *server) authenticateUser(ctx context.Context, r *http.Request) (sessionUser, int, error) {
 	if s.cfg.CouchURL == "" {
 		return sessionUser{}, http.StatusForbidden, errors.New("actions are off: the handler was not given CouchDB's URL to check credentials against (opshttp.Config.CouchURL)")
 	}
-	_, _, basic := r.BasicAuth()
-	cookie, _ := r.Cookie(sessionCookie)
-	if !basic && cookie == nil {
-		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
-	}
-	ask := func(path string) (*http.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.CouchURL+path, nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		// Only the credentials travel on, not the rest of the browser's
-		// request.
-		if h := r.Header.Get("Authorization"); basic {
-			req.Header.Set("Authorization", h)
-		} else {
-			req.AddCookie(&http.Cookie{Name: sessionCookie, Value: cookie.Value})
-		}
-		return s.cfg.HTTPClient.Do(req)
-	}
-	resp, err := ask("/_session")
+	user, code, err := s.login(ctx, r)
 	if err != nil {
-		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: %w", err)
+		return user, code, err
 	}
-	var session struct {
-		UserCtx struct {
-			Name  *string  `json:"name"`
-			Roles []string `json:"roles"`
-		} `json:"userCtx"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&session)
-	_ = resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadRequest:
-		// 400: CouchDB's answer to a malformed AuthSession cookie.
-		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
-	case resp.StatusCode != http.StatusOK || err != nil:
-		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)
-	case session.UserCtx.Name == nil || *session.UserCtx.Name == "":
-		// CouchDB answers 200 to unknown cookies, as anonymous.
-		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
-	}
-	user := sessionUser{name: *session.UserCtx.Name, roles: session.UserCtx.Roles}
-	resp, err = ask("/" + url.PathEscape(s.db))
-	if err != nil {
-		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: %w", s.db, err)
-	}
-	_ = resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusForbidden:
-		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user.name, s.db)
-	default:
-		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
-	}
+	ask := func(path string) (*http.Response, error) { return s.askCouch(ctx, r, path) }
 	// The actions write with this handler's own connection, so they must
 	// not let a user do what CouchDB would refuse it: where the database
 	// has couchq's roles (couchq init --workers/--producers), acting takes
 	// the worker role or an admin's.
-	resp, err = ask("/" + url.PathEscape(s.db) + "/_security")
+	resp, err := ask("/" + url.PathEscape(s.db) + "/_security")
 	if err != nil {
 		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("reading the roles of database %s: %w", s.db, err)
 	}
@@ -156,10 +106,7 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 		u, code, err := s.authenticateUser(ctx, r)
 		user := u.name
 		if err != nil {
-			if code == http.StatusUnauthorized {
-				w.Header().Set("WWW-Authenticate", authRealm)
-			}
-			writeAPIError(w, code, err.Error())
+			refused(w, r, code, err)
 			return
 		}
 		out, err := do(ctx, r, u)
@@ -187,11 +134,19 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 }
 
 func (s *server) retry(ctx context.Context, r *http.Request, by string) (any, error) {
-	return s.q.Retry(ctx, r.PathValue("id"), by)
+	it, err := s.q.Retry(ctx, r.PathValue("id"), by)
+	if err != nil {
+		return nil, err
+	}
+	return s.hidePayload(it)
 }
 
 func (s *server) cancelJob(ctx context.Context, r *http.Request, by string) (any, error) {
-	return s.q.CancelJob(ctx, r.PathValue("id"), by, "cancelled from the dashboard by "+by)
+	it, err := s.q.CancelJob(ctx, r.PathValue("id"), by, "cancelled from the dashboard by "+by)
+	if err != nil {
+		return nil, err
+	}
+	return s.hidePayload(it)
 }
 
 func (s *server) pause(ctx context.Context, r *http.Request, by string) (any, error) {

@@ -123,7 +123,7 @@ func newMetricDescs() metricDescs {
 		workerHeartbeatAge: prometheus.NewDesc("couchq_worker_heartbeat_age_seconds", "How long ago a worker process last reported.", claimant, nil),
 		siteHeartbeatAge: prometheus.NewDesc("couchq_site_heartbeat_age_seconds",
 			"How long ago the site's workers last wrote its heartbeat, as this database has it: how far behind this copy of that site is, plus up to a heartbeat interval. "+
-				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it). "+
+				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it); none for a site taken over by another. "+
 				"None for a database without sites.", []string{"site"}, nil),
 
 		up: prometheus.NewDesc("couchq_up",
@@ -251,7 +251,9 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		send(d.workersDead, prometheus.GaugeValue, dead[typ], typ)
 	}
 	for _, s := range c.snap.sites {
-		if s.HeartbeatAge != nil {
+		// A taken-over site's jobs run elsewhere: its silence is expected,
+		// and a series growing for ever would only trip alerts.
+		if s.HeartbeatAge != nil && s.TakenOverBy == "" {
 			send(d.siteHeartbeatAge, prometheus.GaugeValue, *s.HeartbeatAge, s.Site)
 		}
 	}

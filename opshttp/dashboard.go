@@ -47,11 +47,11 @@ func (s *server) dashboardRoutes(mux *http.ServeMux) {
 	}
 	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
 	mux.HandleFunc("GET /{$}", s.page)
-	mux.HandleFunc("GET /api/queues", s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
-		return s.q.Queues(ctx)
+	mux.HandleFunc("GET /api/queues", s.cached(func(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
+		return q.Queues(ctx)
 	}))
-	mux.HandleFunc("GET /api/workers", s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
-		return s.q.WorkersNow(ctx)
+	mux.HandleFunc("GET /api/workers", s.cached(func(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
+		return q.WorkersNow(ctx)
 	}))
 	mux.HandleFunc("GET /api/series", s.apiSeries)
 	mux.HandleFunc("GET /api/failed", s.apiFailed)
@@ -95,8 +95,8 @@ func (s *server) apiSeries(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusBadRequest, fmt.Sprintf("invalid window %q: want 1h, 24h or 7d", name))
 		return
 	}
-	s.cached(func(ctx context.Context, r *http.Request) (any, error) {
-		return s.q.Series(ctx, protocol.SeriesOptions{
+	s.cached(func(ctx context.Context, q *protocol.Client, r *http.Request) (any, error) {
+		return q.Series(ctx, protocol.SeriesOptions{
 			Worker: r.URL.Query().Get("type"), Until: s.cfg.Now(), Window: win.window, Step: win.step,
 		})
 	})(w, r)
@@ -112,13 +112,13 @@ func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	s.cached(func(ctx context.Context, r *http.Request) (any, error) {
+	s.cached(func(ctx context.Context, q *protocol.Client, r *http.Request) (any, error) {
 		var types []string
 		if t := r.URL.Query().Get("type"); t != "" {
 			types = []string{t}
 		} else {
 			// Only the types that have failed jobs: one range each.
-			queues, err := s.q.Queues(ctx)
+			queues, err := q.Queues(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -129,27 +129,36 @@ func (s *server) apiFailed(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
-		items, err := s.q.RecentFailed(ctx, types, limit)
+		items, err := q.RecentFailed(ctx, types, limit)
 		if err != nil {
 			return nil, err
 		}
-		if items == nil {
-			items = []*protocol.WorkItem{}
+		jobs := make([]any, len(items))
+		for i, it := range items {
+			jobs[i] = it
 		}
-		return items, nil
+		return s.hidePayloads(jobs)
 	})(w, r)
 }
 
-// cached answers a GET with compute's value as JSON, reused for CacheTTL
-// by every request with the same path and query.
-func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any, error)) http.HandlerFunc {
+// cached answers a GET with compute's value as JSON, read by the
+// request's reader (readerFor) and reused for CacheTTL by every request
+// with the same path and query and, with ReadAuth, the same user.
+func (s *server) cached(compute func(ctx context.Context, q *protocol.Client, r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, err := s.cache.get(r.URL.RequestURI(), func() ([]byte, error) {
+		loginCtx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+		rd, code, err := s.readerFor(loginCtx, r)
+		cancel()
+		if err != nil {
+			refused(w, r, code, err)
+			return
+		}
+		body, err := s.cache.get(rd.cacheKey(r), func() ([]byte, error) {
 			// Others may wait for this answer: one client going away
 			// must not fail theirs.
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.RefreshTimeout)
 			defer cancel()
-			v, err := compute(ctx, r)
+			v, err := compute(ctx, rd.q, r)
 			if err != nil {
 				return nil, err
 			}
@@ -158,7 +167,7 @@ func (s *server) cached(compute func(ctx context.Context, r *http.Request) (any,
 			return buf.Bytes(), err
 		})
 		if err != nil {
-			s.serverFailed(w, err)
+			s.readFailed(w, r, rd, err)
 			return
 		}
 		writeAPIBody(w, http.StatusOK, body)

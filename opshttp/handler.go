@@ -37,8 +37,12 @@ type server struct {
 	db  string
 	cfg Config // with its defaults
 	// cache holds the answers of the read-only endpoints but /api/jobs, by
-	// path and query.
+	// path and query, and by user with ReadAuth.
 	cache *responseCache
+	// logins are the users recently logged in with ReadAuth.
+	logins *loginCache
+	// hidden are the types of Config.HidePayload.
+	hidden map[string]bool
 }
 
 // NewHandler returns the handler for every endpoint of the package (see
@@ -54,7 +58,11 @@ type server struct {
 func NewHandler(ctx context.Context, queue *couchq.Client, cfg Config) http.Handler {
 	q := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
-	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now}}
+	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now},
+		logins: &loginCache{ttl: cfg.ttl()}, hidden: map[string]bool{}}
+	for _, typ := range cfg.HidePayload {
+		s.hidden[typ] = true
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		newCollector(ctx, q, cfg),
@@ -91,8 +99,8 @@ func (s *server) apiStats(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	s.cached(func(ctx context.Context, _ *http.Request) (any, error) {
-		return forms.Stats(ctx, s.q, opts)
+	s.cached(func(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
+		return forms.Stats(ctx, q, opts)
 	})(w, r)
 }
 
@@ -114,18 +122,28 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
 	defer cancel()
-	batch, err := s.q.List(ctx, opts)
+	rd, code, err := s.readerFor(ctx, r)
+	if err != nil {
+		refused(w, r, code, err)
+		return
+	}
+	batch, err := rd.q.List(ctx, opts)
+	if err != nil {
+		s.readFailed(w, r, rd, err)
+		return
+	}
+	jobs, err := s.hidePayloads(forms.Jobs(batch))
 	if err != nil {
 		s.serverFailed(w, err)
 		return
 	}
-	s.writeJSON(w, forms.Jobs(batch))
+	s.writeJSON(w, jobs)
 }
 
 // apiSites is the sites with their heartbeats' age and, when they can be
 // read, the links this server holds for the database.
-func (s *server) apiSites(ctx context.Context, _ *http.Request) (any, error) {
-	sites, err := forms.Sites(ctx, s.q, s.cfg.Now())
+func (s *server) apiSites(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
+	sites, err := forms.Sites(ctx, q, s.cfg.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +154,7 @@ func (s *server) apiSites(ctx context.Context, _ *http.Request) (any, error) {
 	// The links are extra: the replicator's state is a server admin's to
 	// read, and a client not opened through a Server has no way to it.
 	// Without them the sites still answer.
-	if links, err := s.q.Links(ctx); err == nil {
+	if links, err := q.Links(ctx); err == nil {
 		report.Links = forms.Links(links)
 	} else {
 		s.cfg.Logger.Debug().Err(err).Msg("/api/sites without the links")

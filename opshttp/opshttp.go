@@ -42,9 +42,13 @@
 // NewCollector returns the queue's metrics alone, for a service that
 // already serves /metrics from its own prometheus.Registry.
 //
-// Only the actions authenticate; the rest, including /api/jobs with its
-// payloads, is read by anyone who reaches it: mount the handler behind
-// whatever guards the rest of the service's private endpoints.
+// By default only the actions authenticate; the rest, including /api/jobs
+// with its payloads, is read by anyone who reaches it, with the queue
+// client's own CouchDB account: mount the handler behind whatever guards
+// the rest of the service's private endpoints, or set Config.ReadAuth to
+// make every read but /healthz and /metrics need a CouchDB login and read
+// as that user. Config.HidePayload keeps the payloads of some job types
+// out of every answer.
 package opshttp
 
 import (
@@ -102,6 +106,19 @@ type Config struct {
 	// serve passes the client it reaches CouchDB with (its CA, its
 	// failover between nodes).
 	HTTPClient *http.Client
+	// ReadAuth makes every read but /healthz, /metrics and the page's
+	// static files (the page and its scripts, which hold no figures) need
+	// the CouchDB login the actions need, and makes the read as that user,
+	// through CouchURL and HTTPClient: the database's _security applies,
+	// so a user it leaves out gets 403, and a request without a login 401.
+	// Answers are cached per user. Off, every read is made with the
+	// queue client's own account, for anyone who reaches the handler.
+	ReadAuth bool
+	// HidePayload lists job types whose payloads the API does not show:
+	// their jobs come without "payload" and with "payload_hidden": true,
+	// and the dashboard says "hidden". The agents' claims still carry the
+	// payload, which the agent needs to do the job.
+	HidePayload []string
 }
 
 // WithDefaults returns c with every unset field at its default.

@@ -83,6 +83,10 @@ func TestHandlerSites(t *testing.T) {
 	if report, _ = getSites(t, hs.URL); report.Sites[0].TakenOverBy != "B" || report.Sites[0].Default || !report.Sites[1].Default {
 		t.Errorf("/api/sites after B took A over: %+v", report)
 	}
+	// A's silence is now expected: its gauge stops rather than grow for ever.
+	if f := scrape(t, hs)["couchq_site_heartbeat_age_seconds"]; f != nil {
+		t.Errorf("a taken-over site still has a heartbeat age: %v", f)
+	}
 }
 
 // A client opened through a Server, as couchq serve's is, reads the links

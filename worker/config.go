@@ -140,6 +140,10 @@ type Config struct {
 	TakeOverAfter time.Duration
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
+	// Middleware wraps every handler call of every type, the first in the
+	// list outermost (see Middleware for where it runs and what it sees):
+	// logging fields, error reporting, tracing, per-tenant context.
+	Middleware []Middleware
 	// Metrics, when set, records the worker's Prometheus metrics (see
 	// NewMetrics); nil records none, at no cost. Workers may share one.
 	Metrics *Metrics
@@ -213,6 +217,11 @@ func (c Config) validate() error {
 		}
 		if h == nil {
 			return fmt.Errorf("worker config: job type %q has a nil handler", typ)
+		}
+	}
+	for i, m := range c.Middleware {
+		if m == nil {
+			return fmt.Errorf("worker config: middleware %d is nil", i)
 		}
 	}
 	for typ, rl := range c.RateLimits {

@@ -685,14 +685,6 @@ func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logge
 	return nil
 }
 
-// invoke calls the handler, turning a panic into an error.
-func (r *runner) invoke(ctx context.Context, job *Job) error {
-	return jobrun.Call(ctx, job, r.handler.Handle, func(p any, stack []byte) {
-		r.w.log.Error().Str("job", job.ID).Str("type", job.Type).Interface("panic", p).
-			Str("stack", string(stack)).Msg("handler panicked")
-	})
-}
-
 // finish records the handler's outcome, steered by its error.
 func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, herr error) error {
 	w := r.w

@@ -2,14 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/internal/cli"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
-const pauseUsage = `Usage: couchq pause TYPE [--reason TEXT] [flags]
+const pauseUsage = `Usage: couchq pause TYPE [--reason TEXT] [--at SITE] [flags]
 
 Pauses a job type: every worker of TYPE stops claiming it within a moment
 (they follow the type's control document, control:TYPE, through the
@@ -18,13 +20,22 @@ still be enqueued; they wait. 'couchq stats' and 'ls' show paused types,
 and a paused type's due jobs do not count as late. Pausing a paused type
 changes nothing. 'couchq resume TYPE' undoes it.
 
+In a queue of several sites a pause stops the workers of one site: this
+one's (--site), or with --at another's, through a request that site's
+workers apply when the links bring it (couchq sites requests). A pause or
+resume made at that site after the request wins over it.
+
 	--reason TEXT   why, kept on the control document and shown by stats
+	--at SITE       pause it at SITE
 `
 
-const resumeUsage = `Usage: couchq resume TYPE [flags]
+const resumeUsage = `Usage: couchq resume TYPE [--at SITE] [flags]
 
 Resumes a paused job type: its workers claim its due jobs again at once.
-Resuming a type that is not paused changes nothing.
+Resuming a type that is not paused changes nothing. In a queue of several
+sites, --at resumes it at another site, as 'couchq pause --at' pauses it.
+
+	--at SITE       resume it at SITE
 `
 
 // pauseResult is what pause and resume print with --json.
@@ -48,10 +59,11 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 	}
 	fs := m.newFlagSet(name, usage)
 	conn := addConnFlags(fs)
-	var reason string
+	var reason, at string
 	if paused {
 		fs.StringVar(&reason, "reason", "", "why")
 	}
+	fs.StringVar(&at, "at", "", "the site to act at")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -65,15 +77,26 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 		return cli.Usagef("the job TYPE must not be empty")
 	}
 	typ := rest[0]
+	if at != "" && !protocol.ValidSiteName(at) {
+		return cli.Usagef("invalid --at %q: a site name has 1 to 63 letters, digits, '.', '_' or '-'", at)
+	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
 	if paused {
-		err = q.Pause(ctx, typ, q.Config().Actor, reason)
+		err = q.PauseAt(ctx, at, typ, q.Config().Actor, reason)
 	} else {
-		err = q.Resume(ctx, typ, q.Config().Actor)
+		err = q.ResumeAt(ctx, at, typ, q.Config().Actor)
+	}
+	if fwd := (*protocol.ForwardedError)(nil); errors.As(err, &fwd) {
+		if conn.json {
+			return cli.WriteJSON(m.Stdout, fwd.Request)
+		}
+		_, err = fmt.Fprintf(m.Stdout, "%s of %s requested from site %s, which applies it when the request reaches it (request %s; couchq sites requests)\n",
+			fwd.Request.Action, typ, fwd.Request.Site, fwd.Request.ID)
+		return err
 	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)

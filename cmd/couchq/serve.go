@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -18,7 +19,7 @@ import (
 	"github.com/couchq/couchq/opshttp"
 )
 
-const serveUsage = `Usage: couchq serve [--addr HOST:PORT] [--cache DURATION] [--settle DURATION] [flags]
+const serveUsage = `Usage: couchq serve [--addr HOST:PORT] [--read-auth=true|false] [--hide-payload TYPES] [flags]
 
 Serves the queue's dashboard, metrics and a JSON API over HTTP until
 interrupted:
@@ -40,11 +41,26 @@ interrupted:
 The actions (POST /api/jobs/ID/retry, /api/jobs/ID/cancel,
 /api/types/TYPE/pause, /api/types/TYPE/resume) need a CouchDB user who may
 read the database: basic auth or CouchDB's AuthSession cookie, checked with
-the server's /_session, and named in the job's history. Everything else has
-no authentication, and /api/jobs shows job payloads: the default address is
-loopback only, and binding elsewhere prints a warning.
+the server's /_session, and named in the job's history.
+
+With --read-auth, every read but /healthz and /metrics needs that login
+too (401 without one; the page's own form asks for it), and is made as
+that user: the database's _security applies, so a user it leaves out gets
+403, as from CouchDB itself. --read-auth is on by default when --addr is
+not a loopback address, and off on loopback, where anyone who can reach
+the port already runs on the machine; --read-auth=false turns it off
+anywhere (then /api/jobs shows job payloads to anyone who reaches the
+port: put a proxy or firewall in front). Either way /metrics and /healthz
+stay open, for Prometheus and load balancers, and so do the page and its
+scripts, which hold no figures, so that the login form shows. With
+--read-auth, figures are cached per user (--cache), never shared between
+users.
 
 	--addr HOST:PORT     where to listen (default 127.0.0.1:9090; port 0 picks one)
+	--read-auth          reads need a CouchDB login and are made as that user
+	                     (default: on unless --addr is loopback)
+	--hide-payload TYPES comma-separated job types whose payloads the API and
+	                     the dashboard do not show ("hidden")
 	--cache DURATION     reuse figures read from CouchDB for this long, so that
 	                     frequent scrapes do not load it (default 5s)
 	--settle DURATION    counters count activity up to this long ago, so that
@@ -70,9 +86,12 @@ const serveWriteTimeout = opshttp.RefreshTimeoutDefault + 15*time.Second
 func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("serve", serveUsage)
 	conn := addConnFlags(fs)
-	var addr string
+	var addr, hide string
 	var cache, settle time.Duration
+	var readAuth bool
 	fs.StringVar(&addr, "addr", "127.0.0.1:9090", "listen address")
+	fs.BoolVar(&readAuth, "read-auth", false, "reads need a CouchDB login (default: unless --addr is loopback)")
+	fs.StringVar(&hide, "hide-payload", "", "job types whose payloads are not shown")
 	fs.DurationVar(&cache, "cache", opshttp.CacheTTLDefault, "how long figures are reused")
 	fs.DurationVar(&settle, "settle", opshttp.SettleDefault, "how far behind now the counters count")
 	rest, err := m.parseArgs(fs, args)
@@ -88,6 +107,15 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	if cache < 0 || settle < 0 {
 		return cli.Usagef("--cache and --settle must not be negative")
+	}
+	if !flagSet(fs, "read-auth") {
+		// Whoever can reach a loopback address is on this machine already;
+		// anywhere else, the job payloads would be anyone's to read.
+		readAuth = !cli.IsLoopback(host)
+	}
+	hidden, err := typeList("hide-payload", hide)
+	if err != nil {
+		return err
 	}
 	if err := conn.resolve(m); err != nil {
 		return err
@@ -119,9 +147,9 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	couchURL.User = nil
 
-	if !cli.IsLoopback(host) {
+	if !cli.IsLoopback(host) && !readAuth {
 		log.Warn().Str("addr", ln.Addr().String()).
-			Msg("listening on an address that is not loopback: only the dashboard's actions authenticate, and /api/jobs shows job payloads; put a proxy or firewall in front")
+			Msg("listening on an address that is not loopback with --read-auth=false: only the dashboard's actions authenticate, and /api/jobs shows job payloads; put a proxy or firewall in front")
 	}
 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
@@ -137,13 +165,19 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		ErrorMessage: func(err error) string { return cli.DescribeError(cli.ServerError(conn.URL, err)) },
 		CouchURL:     couchURL.String(),
 		HTTPClient:   hc,
+		ReadAuth:     readAuth,
+		HidePayload:  hidden,
 	}), serveWriteTimeout, log)
 	base := "http://" + ln.Addr().String()
 	if conn.json {
 		// One line, so that whatever started serve can read it as it comes.
-		err = json.NewEncoder(m.Stdout).Encode(map[string]string{"listening": base, "metrics": base + "/metrics", "database": conn.DB})
+		err = json.NewEncoder(m.Stdout).Encode(map[string]any{"listening": base, "metrics": base + "/metrics", "database": conn.DB, "read_auth": readAuth})
 	} else {
-		_, err = fmt.Fprintf(m.Stdout, "serving %s: the dashboard at %s/, metrics at %s/metrics\n", conn.DB, base, base)
+		reads := "reads open to anyone who reaches the port"
+		if readAuth {
+			reads = "reads need a CouchDB login"
+		}
+		_, err = fmt.Fprintf(m.Stdout, "serving %s: the dashboard at %s/, metrics at %s/metrics (%s)\n", conn.DB, base, base, reads)
 	}
 	if err != nil {
 		_ = ln.Close()
@@ -176,4 +210,18 @@ func zeroIsNone(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// typeList reads a comma-separated list of job types ("" is none).
+func typeList(flagName, s string) ([]string, error) {
+	var types []string
+	for _, t := range strings.Split(s, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			types = append(types, t)
+		}
+	}
+	if s != "" && len(types) == 0 {
+		return nil, cli.Usagef("invalid --%s %q: want job types separated by commas", flagName, s)
+	}
+	return types, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -96,22 +97,44 @@ func TestServeReportsAnUnavailableDatabase(t *testing.T) {
 	}
 }
 
-// Binding beyond loopback works but warns.
-func TestServeWarnsOffLoopback(t *testing.T) {
+// Reads need a CouchDB login by default off loopback, and not on it;
+// --read-auth says otherwise either way, and binding beyond loopback with
+// open reads warns. /healthz and /metrics are open whatever the setting.
+func TestServeReadAuthFollowsTheAddress(t *testing.T) {
 	t.Parallel()
 	c := online(t).mustInit(t)
-	s := startServe(t, c, "--addr", "0.0.0.0:0")
-	if code, _ := s.get(t, "/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz: %d", code)
-	}
-	s.stop(t)
-	if !strings.Contains(s.stderr.String(), "not loopback") {
-		t.Errorf("no warning about the address:\n%s", s.stderr)
-	}
-	s = startServe(t, c, "--addr", "127.0.0.1:0")
-	s.stop(t)
-	if strings.Contains(s.stderr.String(), "loopback") {
-		t.Errorf("warned on loopback:\n%s", s.stderr)
+	for _, tc := range []struct {
+		args      []string
+		protected bool
+		warns     bool
+	}{
+		{[]string{"--addr", "0.0.0.0:0"}, true, false},
+		{[]string{"--addr", "0.0.0.0:0", "--read-auth=false"}, false, true},
+		{[]string{"--addr", "127.0.0.1:0"}, false, false},
+		{[]string{"--addr", "127.0.0.1:0", "--read-auth"}, true, false},
+	} {
+		s := startServe(t, c, tc.args...)
+		for _, open := range []string{"/healthz", "/metrics"} {
+			if code, body := s.get(t, open); code != http.StatusOK {
+				t.Errorf("%v: %s: %d %s", tc.args, open, code, body)
+			}
+		}
+		want := http.StatusOK
+		if tc.protected {
+			want = http.StatusUnauthorized
+		}
+		resp, err := http.Get(s.url + "/api/jobs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want || tc.protected != (resp.Header.Get("WWW-Authenticate") == `Basic realm="couchq"`) {
+			t.Errorf("%v: /api/jobs without credentials: %d %q, want %d", tc.args, resp.StatusCode, resp.Header.Get("WWW-Authenticate"), want)
+		}
+		s.stop(t)
+		if warned := strings.Contains(s.stderr.String(), "not loopback"); warned != tc.warns {
+			t.Errorf("%v: warned %v, want %v:\n%s", tc.args, warned, tc.warns, s.stderr)
+		}
 	}
 }
 
@@ -203,5 +226,53 @@ func TestServeDashboardActionsAsACouchDBUser(t *testing.T) {
 	}
 	if code, body := s.get(t, "/api/jobs?status=queued"); code != http.StatusOK || !strings.Contains(body, `"_id": "m1"`) {
 		t.Errorf("m1 not queued after the retry: %d %s", code, body)
+	}
+}
+
+// couchq serve --read-auth reads as the user who logs in: a member of the
+// database (a couchq worker, by role) reads the jobs, a user outside the
+// database's _security gets 403, no credentials 401; --hide-payload keeps
+// a type's payloads out.
+func TestServeReadsAsACouchDBUser(t *testing.T) {
+	t.Parallel()
+	admin := online(t)
+	worker, wpw := addUser(t, "dash-reader", "couchq-test-dash-readers")
+	outsider, opw := addUser(t, "dash-reader-outsider")
+	expect(t, admin.run(t, "init", "--workers", "role:couchq-test-dash-readers"), exitOK)
+	expect(t, admin.run(t, "enqueue", "--type", "mail", "--id", "m1", "--payload", `{"to":"ann@example.com"}`), exitOK)
+	expect(t, admin.run(t, "enqueue", "--type", "billing", "--id", "b1", "--payload", `{"card":"4111"}`), exitOK)
+	s := startServe(t, admin, "--addr", "127.0.0.1:0", "--read-auth", "--hide-payload", "billing")
+
+	read := func(user, password string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, s.url+"/api/jobs?status=queued", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if user != "" {
+			req.SetBasicAuth(user, password)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	if code, body := read("", ""); code != http.StatusUnauthorized {
+		t.Errorf("/api/jobs without credentials: %d %s", code, body)
+	}
+	if code, body := read(outsider, opw); code != http.StatusForbidden || !strings.Contains(body, "may not read database") {
+		t.Errorf("/api/jobs as an outsider: %d %s", code, body)
+	}
+	code, body := read(worker, wpw)
+	if code != http.StatusOK || !strings.Contains(body, "ann@example.com") || strings.Contains(body, "4111") || !strings.Contains(body, `"payload_hidden": true`) {
+		t.Errorf("/api/jobs as a member: %d %s", code, body)
+	}
+	if code, _ := s.get(t, "/metrics"); code != http.StatusOK {
+		t.Errorf("/metrics: %d", code)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	kivik "github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/internal/cli"
@@ -40,8 +42,9 @@ field), else the default site (the first added).
 	           both sides' credentials, readable by server admins only
 	unlink     removes the links this server holds for the database
 	requests   the cancels and retries asked of other sites' jobs here, or
-	           of this site's jobs elsewhere, and whether their owner
-	           applied them (couchq cancel and retry of another site's job
+	           of this site's jobs elsewhere, and the pauses and resumes
+	           asked of other sites (pause --at), and whether they were
+	           applied (couchq cancel and retry of another site's job
 	           write such a request; its owner's workers apply it)
 	takeover   moves every unfinished job of site FROM (gone: down, or cut
 	           off for longer than its jobs can wait) to site --to, which
@@ -152,7 +155,11 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 		tw := cli.NewTable(m.Stdout)
 		fmt.Fprintln(tw, "REQUEST\tJOB\tACTION\tFROM\tFOR\tSTATE\tRESULT")
 		for _, r := range reqs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Job, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
+			what := r.Job
+			if what == "" {
+				what = "type " + r.Worker // a pause or resume
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, what, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
 		}
 		return tw.Flush()
 	}
@@ -226,12 +233,23 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
+	// The replicator's state is a server admin's to read: a member who may
+	// read the sites still gets them, and is told why the links are missing.
 	links, err := srv.Links(ctx, conn.DB)
+	linksHidden := ""
+	if status := kivik.HTTPStatus(err); err != nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
+		linksHidden = fmt.Sprintf("links not shown: reading the replicator's state (_scheduler/docs) needs a server admin (%v)", err)
+		err = nil
+	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
 	if conn.json {
-		return cli.WriteJSON(m.Stdout, forms.SitesReport{Sites: rows, Links: forms.Links(links)})
+		report := forms.SitesReport{Sites: rows}
+		if linksHidden == "" {
+			report.Links = forms.Links(links)
+		}
+		return cli.WriteJSON(m.Stdout, report)
 	}
 	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintln(tw, "SITE\tDEFAULT\tHEARTBEAT\tTAKEN OVER BY")
@@ -243,6 +261,10 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, r.TakenOverBy)
 	}
 	fmt.Fprintln(tw)
+	if linksHidden != "" {
+		fmt.Fprintln(tw, linksHidden)
+		return tw.Flush()
+	}
 	fmt.Fprintln(tw, "LINK\tSTATE\tPENDING\tCOPIED\tERROR")
 	for _, l := range links {
 		pending := "?"

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -74,6 +77,25 @@ func TestSitesCommands(t *testing.T) {
 		return r.code == 0 && strings.Contains(r.stdout, `"site": "B"`)
 	})
 
+	// A user who is no server admin still lists the sites; the links, a
+	// server admin's to read, are said to be hidden, not an error.
+	member := fmt.Sprintf("member-%08x", rand.Uint32())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a0.AddUser(ctx, member, "member-pw"); err == nil {
+		expect(t, a.run(t, "init", "--workers", member), exitOK)
+		r := a.as(t, member, "member-pw").run(t, "sites")
+		if r.code != 0 || !strings.Contains(r.stdout, "links not shown") || !strings.Contains(r.stdout, "A ") {
+			t.Fatalf("sites as a member: %+v", r)
+		}
+		r = a.as(t, member, "member-pw").run(t, "sites", "--json")
+		if r.code != 0 || strings.Contains(r.stdout, `"links"`) || !strings.Contains(r.stdout, `"site": "B"`) {
+			t.Fatalf("sites --json as a member: %+v", r)
+		}
+	} else if !errors.Is(err, couchtest.ErrNoUsers) {
+		t.Fatal(err)
+	}
+
 	r = a.run(t, "enqueue", "--type", "thumb", "--payload", `{"n":1}`, "--site", "B")
 	if r.code != 0 {
 		t.Fatalf("enqueue for B: %+v", r)
@@ -100,6 +122,37 @@ func TestSitesCommands(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &job); err != nil || job.Status != "done" || job.Site != "B" {
 		t.Fatalf("B's job after B's worker: %v %+v\n%s", err, job, r.stdout)
+	}
+
+	// A pause of thumb at B, asked at A: B's workers apply it.
+	expect(t, a.run(t, "pause", "thumb", "--at", "no way"), exitUsage, "invalid --at")
+	r = a.run(t, "pause", "thumb", "--at", "B", "--reason", "disk full")
+	if r.code != 0 || !strings.Contains(r.stdout, "pause of thumb requested from site B") {
+		t.Fatalf("pause --at B: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "sites", "requests")
+		return r.code == 0 && strings.Contains(r.stdout, "type thumb")
+	})
+	if r := b.run(t, "sweep"); r.code != 0 { // as B's workers' sweeps do
+		t.Fatalf("B's sweep: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "stats", "--json")
+		return r.code == 0 && strings.Contains(r.stdout, `"paused": true`)
+	})
+	if r := a.run(t, "resume", "thumb", "--at", "B"); r.code != 0 || !strings.Contains(r.stdout, "resume of thumb requested from site B") {
+		t.Fatalf("resume --at B: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := b.run(t, "sites", "requests")
+		return r.code == 0 && strings.Count(r.stdout, "type thumb") == 2
+	})
+	if r := b.run(t, "sweep"); r.code != 0 {
+		t.Fatalf("B's sweep: %+v", r)
+	}
+	if r := b.run(t, "stats", "--json"); r.code != 0 || strings.Contains(r.stdout, `"paused": true`) {
+		t.Fatalf("thumb still paused at B: %+v", r)
 	}
 
 	// ls: both sites, A the default, and the links A holds.

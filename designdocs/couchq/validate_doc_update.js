@@ -167,6 +167,33 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (given(newDoc.site) && !(typeof newDoc.site === 'string' && /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(newDoc.site))) {
     reject('site', 'must be a site name (1 to 63 letters, digits, \'.\', \'_\' or \'-\', starting with a letter or digit), got ' + JSON.stringify(newDoc.site));
   }
+  // The W3C trace context of the code that enqueued the job, which its run
+  // continues: tracers read only these two keys, and a malformed traceparent
+  // would silently start a new trace, so it is refused here where the
+  // producer still hears why.
+  if (given(newDoc.trace)) {
+    var tr = newDoc.trace;
+    if (typeof tr !== 'object' || Array.isArray(tr)) {
+      reject('trace', 'must be an object {"traceparent": ..., "tracestate": ...}, got ' + describe(tr));
+    }
+    for (var key in tr) {
+      if (key !== 'traceparent' && key !== 'tracestate') {
+        reject('trace', 'may hold only traceparent and tracestate, got ' + JSON.stringify(key));
+      }
+    }
+    var tp = tr.traceparent;
+    if (!given(tp)) {
+      reject('trace.traceparent', 'is required: the W3C traceparent of the enqueue');
+    }
+    if (typeof tp !== 'string' || !/^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/.test(tp) ||
+        tp.indexOf('ff-') === 0 || tp.indexOf('00000000000000000000000000000000') === 3 || tp.indexOf('-0000000000000000-') === 35) {
+      reject('trace.traceparent', 'must be a W3C traceparent: version-traceid-parentid-flags in lower-case hex ' +
+        '(2, 32, 16 and 2 digits, ids not all zero, as in "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), got ' + JSON.stringify(tp));
+    }
+    if (given(tr.tracestate) && !(typeof tr.tracestate === 'string' && tr.tracestate.length <= 8192)) {
+      reject('trace.tracestate', 'must be a string of at most 8192 characters, as in the W3C tracestate header');
+    }
+  }
   var times = ['claimed_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
   for (var j = 0; j < times.length; j++) {
     var t = newDoc[times[j]];

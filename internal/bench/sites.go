@@ -668,6 +668,11 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 			o.sc, groupThousands(fmt.Sprint(cfg.SitesJobs)), cfg.Workers), o.tput[0], "jobs/s", 0)).Key = keySitesAlone
 	case !o.sc.linked:
 		s.add(ratesRow(fmt.Sprintf("%s (the machine shared): throughput of A / B", o.sc), o.tput))
+		if hasAlone {
+			// What sharing one machine's CPU costs before any link: the
+			// bound on "linked / alone" when every site runs here.
+			s.add(numRow("  site A side by side, not linked / alone (the machine's share)", 100*ratio(o.tput[0], alone.tput[0]), "%", 1))
+		}
 	case o.sc.sites == 2:
 		s.add(numRow(fmt.Sprintf("%s: site A's throughput", o.sc), o.tput[0], "jobs/s", 0)).Key = keySitesLinked
 		s.add(numRow("  site B's throughput", o.tput[1], "jobs/s", 0))
@@ -706,6 +711,12 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 		row.Key = map[int]string{1: keySitesCPU1, 2: keySitesCPU2, 3: keySitesCPU3}[o.sc.sites]
 	}
 	s.add(durRow("  of which couchjs (validate_doc_update, views)", js))
+	if o.sc.linked {
+		// A linked site stores every site's jobs (so that each shows them
+		// all): its CPU per job it stores is what replication adds per
+		// document, apart from holding the others' jobs at all.
+		s.add(durRow(fmt.Sprintf("  per job it stores (its own and the %d other sites')", o.sc.sites-1), all/time.Duration(o.sc.sites)))
+	}
 	if !o.sc.linked || !hasAlone {
 		return
 	}

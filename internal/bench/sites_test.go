@@ -167,6 +167,8 @@ func TestSitesRows(t *testing.T) {
 		"  the same read at A itself (the measure's floor): p50 / p99 | 5.00 ms / 6.00 ms\n",
 		"3 sites, every pair linked both ways: throughput of A / B / C | 60 / 59 / 58 jobs/s\n",
 		"  of which couchjs (validate_doc_update, views) | 1.00 ms\n",
+		"  site A side by side, not linked / alone (the machine's share) | 55.0 %\n",
+		"  per job it stores (its own and the 2 other sites') | 6.33 ms\n",
 	} {
 		wantIn(t, "section 9's rows", table.String(), want)
 	}

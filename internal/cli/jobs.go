@@ -179,6 +179,9 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	if it.UniqueKey != "" {
 		field("unique key", it.UniqueKey)
 	}
+	if tp := it.Trace["traceparent"]; tp != "" {
+		field("trace", tp) // the W3C traceparent: the trace id is its second part
+	}
 	if it.CreatedAt != 0 {
 		field("created", TimeAndAgo(protocol.FromUnix(it.CreatedAt), now))
 	}

@@ -128,18 +128,60 @@ type FailError struct{ Err error }
 func (e *FailError) Error() string { return e.Err.Error() }
 func (e *FailError) Unwrap() error { return e.Err }
 
-// Call runs handle on job, turning a panic into an error (after telling
-// onPanic, with the stack, when it is set).
-func Call(ctx context.Context, job *Job, handle func(context.Context, *Job) error, onPanic func(p any, stack []byte)) (err error) {
+// Middleware wraps a handler call; worker.Middleware documents it.
+type Middleware func(ctx context.Context, job *Job, next func(ctx context.Context) error) error
+
+// PanicError is what a handler's panic becomes: the attempt fails with it
+// (and is retried like any failure). Value is what the handler panicked
+// with and Stack the goroutine's stack where it did.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// Call runs handle on job through mw, the first in the list outermost. A
+// handler's panic is recovered before any middleware sees it and becomes a
+// *PanicError; a middleware's own panic fails the attempt with an error
+// naming it. onPanic, when set, is told of each, what ("handler" or
+// "middleware") with its value and stack.
+func Call(ctx context.Context, job *Job, handle func(context.Context, *Job) error, mw []Middleware,
+	onPanic func(what string, p any, stack []byte)) error {
+	call := func(ctx context.Context) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				perr := &PanicError{Value: p, Stack: debug.Stack()}
+				if onPanic != nil {
+					onPanic("handler", p, perr.Stack)
+				}
+				err = perr
+			}
+		}()
+		return handle(ctx, job)
+	}
+	if len(mw) == 0 {
+		return call(ctx)
+	}
+	for i := len(mw) - 1; i >= 0; i-- {
+		m, next := mw[i], call
+		call = func(ctx context.Context) error { return m(ctx, job, next) }
+	}
+	return protect(ctx, call, onPanic)
+}
+
+// protect runs the middleware chain, turning a middleware's own panic into
+// a failed attempt rather than a crashed worker.
+func protect(ctx context.Context, chain func(context.Context) error, onPanic func(what string, p any, stack []byte)) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if onPanic != nil {
-				onPanic(p, debug.Stack())
+				onPanic("middleware", p, debug.Stack())
 			}
-			err = fmt.Errorf("handler panicked: %v", p)
+			err = fmt.Errorf("middleware panicked: %v", p)
 		}
 	}()
-	return handle(ctx, job)
+	return chain(ctx)
 }
 
 // Kind is what becomes of a job after an attempt.

@@ -86,6 +86,11 @@ type Config struct {
 	// several sites linked by replication (sites.go): they claim only the
 	// jobs it owns. Empty in a database without sites.
 	Site string
+	// BeforeEnqueue hooks run, in order, on every job this client
+	// enqueues (Enqueue, EnqueueMany, unique and periodic jobs) before it
+	// is checked and stored: they may set its fields (Extra, Trace). An
+	// error refuses the job.
+	BeforeEnqueue []func(ctx context.Context, job *NewJob) error
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -377,4 +382,27 @@ func wrapLost(what, id string, err error) error {
 		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrNotFound, err)
 	}
 	return fmt.Errorf("%s %s: %w", what, id, err)
+}
+
+// As returns a client of the same database, with the same configuration,
+// whose requests go to baseURL (the server's URL without credentials)
+// through hc and carry no credentials of their own: hc's transport adds
+// whoever's the requests are made as. The dashboard reads as the person
+// reading this way, so that the database's _security applies to them.
+// Nothing is asked of the server.
+func (c *Client) As(hc *http.Client, baseURL string) (*Client, error) {
+	opts := []kivik.Option{couchdb.OptionHTTPClient(hc), couchdb.OptionNoRequestCompression()}
+	kc, err := kivik.New("couch", baseURL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", Redact(baseURL), err)
+	}
+	as := &Client{db: kc.DB(c.db.Name()), cfg: c.cfg, log: c.log, n: c.n}
+	if c.couch != nil {
+		if as.couch, err = chttp.New(hc, baseURL, allOptions(opts)); err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", Redact(baseURL), err)
+		}
+	}
+	as.singleQueries.Store(c.singleQueries.Load())
+	as.sites.Store(c.sites.Load())
+	return as, nil
 }

@@ -4,8 +4,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -35,6 +40,15 @@ type NewJob struct {
 	// in a database of several sites (sites.go). Empty means the
 	// enqueueing client's site (Config.Site), else the default site.
 	Site string
+	// Trace is the W3C trace context the job's run continues (see
+	// WorkItem.Trace); an enqueue hook (Config.BeforeEnqueue) such as
+	// package otelcouchq's sets it.
+	Trace map[string]string
+	// Extra holds fields of the application's own, stored at the top
+	// level of the document beside couchq's (a tenant, say) and read back
+	// with WorkItem.Extra; each value is encoded with encoding/json. Names
+	// couchq uses, and names starting with '_', are refused.
+	Extra map[string]any
 }
 
 // NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
@@ -96,19 +110,95 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	case id == "":
 		id = NewID()
 	}
+	var trace map[string]string
+	if len(j.Trace) > 0 { // an empty one is no trace context
+		if err := checkTrace(j.Trace); err != nil {
+			return nil, fmt.Errorf("%w: trace %w", ErrInvalidJob, err)
+		}
+		trace = maps.Clone(j.Trace)
+	}
+	extra, err := extraFields(j.Extra)
+	if err != nil {
+		return nil, err
+	}
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
 		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
-		Site: site,
+		Site: site, Trace: trace, extra: extra,
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil
+}
+
+// traceparentRE is a W3C traceparent header's value.
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// checkTrace refuses the trace contexts the design document's validation
+// refuses (a given trace field must name a well-formed traceparent), so
+// that the Go client stores none and the decoder reads none either.
+func checkTrace(tr map[string]string) error {
+	for k := range tr {
+		if k != "traceparent" && k != "tracestate" {
+			return fmt.Errorf("may hold only traceparent and tracestate, got %q", k)
+		}
+	}
+	tp, ok := tr["traceparent"]
+	if !ok {
+		return errors.New("needs a traceparent: the W3C traceparent of the enqueue")
+	}
+	if !traceparentRE.MatchString(tp) || strings.HasPrefix(tp, "ff-") || tp[3:35] == strings.Repeat("0", 32) || tp[36:52] == strings.Repeat("0", 16) {
+		return fmt.Errorf("traceparent must be a W3C traceparent (version-traceid-parentid-flags in lower-case hex, ids not all zero), got %q", tp)
+	}
+	if len(tr["tracestate"]) > 8192 {
+		return errors.New("tracestate is longer than 8192 characters")
+	}
+	return nil
+}
+
+// extraFields encodes NewJob.Extra, refusing names couchq reads itself.
+func extraFields(fields map[string]any) (map[string]json.RawMessage, error) {
+	if len(fields) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]json.RawMessage, len(fields))
+	for name, v := range fields {
+		if name == "" || knownField(name) || strings.HasPrefix(name, "_") {
+			return nil, fmt.Errorf("%w: extra field %q: the name is couchq's (or CouchDB's, starting with '_')", ErrInvalidJob, name)
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: encoding extra field %q: %w", ErrInvalidJob, name, err)
+		}
+		out[name] = b
+	}
+	return out, nil
+}
+
+// beforeEnqueue runs the client's enqueue hooks (Config.BeforeEnqueue) on
+// a copy of j, whose maps are copied too so that a hook that adds to them
+// does not change the caller's.
+func (c *Client) beforeEnqueue(ctx context.Context, j NewJob) (NewJob, error) {
+	if len(c.cfg.BeforeEnqueue) == 0 {
+		return j, nil
+	}
+	j.Trace = maps.Clone(j.Trace)
+	j.Extra = maps.Clone(j.Extra)
+	for i, hook := range c.cfg.BeforeEnqueue {
+		if err := hook(ctx, &j); err != nil {
+			return j, fmt.Errorf("enqueueing %s job: refused by enqueue hook %d: %w", j.Worker, i, err)
+		}
+	}
+	return j, nil
 }
 
 // Enqueue stores one job and returns it as stored. For a unique job whose
 // key is taken (see UniqueOpts) it returns the job that holds the key and
 // an error wrapping ErrDuplicate: the job exists, nothing was written.
 func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
+	j, err := c.beforeEnqueue(ctx, j)
+	if err != nil {
+		return nil, err
+	}
 	it, err := c.item(j)
 	if err != nil {
 		return nil, err
@@ -146,7 +236,14 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	results := make([]EnqueueResult, len(jobs))
 	docs := make([]any, 0, len(jobs))
 	index := make([]int, 0, len(jobs))
+	jobs = slices.Clone(jobs) // the hooks' changes are not the caller's
 	for i, j := range jobs {
+		j, err := c.beforeEnqueue(ctx, j)
+		if err != nil {
+			results[i].Err = err
+			continue
+		}
+		jobs[i] = j
 		it, err := c.item(j)
 		if err != nil {
 			results[i].Err = err

@@ -205,8 +205,39 @@ func (s *Server) Unlink(ctx context.Context, db string) (int, error) {
 			return 0, fmt.Errorf("removing _replicator/%s: %w", e.id, err)
 		}
 	}
+	// The replicator stops a link's job a moment after its document is
+	// deleted, and a write made meanwhile could still cross: wait until
+	// its scheduler no longer has the job (it removes the job when stopped).
+	for _, e := range docs {
+		s.awaitLinkStopped(ctx, e.id)
+	}
 	return len(docs), nil
 }
+
+// awaitLinkStopped waits, up to unlinkWait, until the replicator's
+// scheduler no longer lists the replication of _replicator/id.
+func (s *Server) awaitLinkStopped(ctx context.Context, id string) {
+	if s.raw == nil {
+		return
+	}
+	deadline := time.Now().Add(unlinkWait)
+	for time.Now().Before(deadline) {
+		var doc map[string]any
+		err := s.raw.DoJSON(ctx, http.MethodGet, "/_scheduler/docs/_replicator/"+url.PathEscape(id), nil, &doc)
+		if err != nil {
+			return // gone (404), or not ours to read: nothing to wait for
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// unlinkWait bounds how long Unlink waits for the replicator to stop a
+// link's job.
+const unlinkWait = 10 * time.Second
 
 // LinkState is one link as the replicator of the server holding it
 // reports it (_scheduler/docs).

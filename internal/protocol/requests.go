@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 
 	"github.com/go-kivik/kivik/v4"
@@ -14,7 +15,9 @@ import (
 // so that no two sites ever write the same revision of it: a cancel or a
 // retry issued elsewhere becomes a request document, which the links
 // carry to the owner, whose sweeper applies it once and records the
-// outcome in it (which the links carry back).
+// outcome in it (which the links carry back). A pause or resume of a job
+// type at another site travels the same way: pause controls stay at
+// their site, so only that site writes them.
 
 const (
 	// SiteRequestDocType is the type of a request document.
@@ -23,6 +26,8 @@ const (
 	// Request actions.
 	requestCancel = "cancel"
 	requestRetry  = "retry"
+	requestPause  = "pause"
+	requestResume = "resume"
 	// Request states.
 	RequestPending = "pending"
 	RequestApplied = "applied"
@@ -36,10 +41,13 @@ var ErrForwarded = errors.New("forwarded to the job's owner site")
 
 // SiteRequest is an operator's action on a job, for the job's owner site.
 type SiteRequest struct {
-	ID     string `json:"_id"`
-	Rev    string `json:"_rev,omitempty"`
-	Type   string `json:"type"`
-	Job    string `json:"job"`
+	ID   string `json:"_id"`
+	Rev  string `json:"_rev,omitempty"`
+	Type string `json:"type"`
+	// Job is the job a cancel or retry acts on; Worker the job type a
+	// pause or resume acts on.
+	Job    string `json:"job,omitempty"`
+	Worker string `json:"worker,omitempty"`
 	Action string `json:"action"`
 	Reason string `json:"reason,omitempty"`
 	// By is who asked, and From the site where (empty: a client of no
@@ -62,6 +70,9 @@ type ForwardedError struct {
 }
 
 func (e *ForwardedError) Error() string {
+	if e.Request.Job == "" {
+		return fmt.Sprintf("%s of job type %s forwarded to site %s (request %s)", e.Request.Action, e.Request.Worker, e.Request.Site, e.Request.ID)
+	}
 	return fmt.Sprintf("%s of job %s %s %s (request %s)", e.Request.Action, e.Request.Job, ErrForwarded, e.Request.Site, e.Request.ID)
 }
 
@@ -130,25 +141,24 @@ func (c *Client) applyRequests(ctx context.Context, by string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// In the order they were made, so that of a pause and a resume asked
+	// of one type the later wins.
+	sort.SliceStable(reqs, func(i, j int) bool { return reqs[i].CreatedAt < reqs[j].CreatedAt })
 	applied := 0
 	for i := range reqs {
 		r := &reqs[i]
 		if r.State != RequestPending {
 			continue
 		}
-		it, err := c.Get(ctx, r.Job)
-		switch {
-		case errors.Is(err, ErrNotFound):
+		if r.Job == "" {
 			if r.Site != c.cfg.Site {
-				continue // it has not reached us yet, or was never ours
+				continue // another site's
 			}
-			r.State, r.Result = RequestRefused, "the job does not exist at its owner site"
-		case err != nil:
-			return applied, err
-		case c.Owner(it) != c.cfg.Site:
-			continue // another site's (the request follows the owner)
-		default:
-			c.applyRequest(ctx, r, it, by)
+			if err := c.applyTypeRequest(ctx, r, by); err != nil {
+				return applied, err
+			}
+		} else if !c.applyJobRequest(ctx, r, by) {
+			continue
 		}
 		r.AppliedAt = ToUnix(c.now())
 		if _, err := c.db.Put(ctx, r.ID, r, c.writeOpts()...); err != nil && !isStatus(err, http.StatusConflict) {
@@ -157,6 +167,107 @@ func (c *Client) applyRequests(ctx context.Context, by string) (int, error) {
 		applied++
 	}
 	return applied, nil
+}
+
+// applyJobRequest applies a cancel or retry of a job this site owns,
+// setting r's state; false when the request is not this site's to apply
+// (yet).
+func (c *Client) applyJobRequest(ctx context.Context, r *SiteRequest, by string) bool {
+	it, err := c.Get(ctx, r.Job)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if r.Site != c.cfg.Site {
+			return false // it has not reached us yet, or was never ours
+		}
+		r.State, r.Result = RequestRefused, "the job does not exist at its owner site"
+	case err != nil:
+		c.log.Warn().Err(err).Str("request", r.ID).Msg("reading a request's job; trying again at the next sweep")
+		return false
+	case c.Owner(it) != c.cfg.Site:
+		return false // another site's (the request follows the owner)
+	default:
+		c.applyRequest(ctx, r, it, by)
+	}
+	return true
+}
+
+// applyTypeRequest applies a pause or resume asked of this site, setting
+// r's state. A change made at this site after the request was made wins
+// over it: the request is refused as superseded. Applying is recorded as
+// the control's last change, so a request applied but not yet marked is
+// marked, not applied again over a later change.
+func (c *Client) applyTypeRequest(ctx context.Context, r *SiteRequest, by string) error {
+	actor := fmt.Sprintf("%s via request %s", r.By, r.ID)
+	ctls, err := c.Controls(ctx, r.Worker)
+	if err != nil {
+		return fmt.Errorf("applying request %s: %w", r.ID, err)
+	}
+	ctl := ctls[r.Worker]
+	switch {
+	case ctl.ChangedBy == actor:
+		r.State, r.Result = RequestApplied, "applied: the type's control has it"
+		return nil
+	case ctl.ChangedAt > r.CreatedAt:
+		r.State, r.Result = RequestRefused, fmt.Sprintf("superseded: %s was %s at this site by %s after the request was made",
+			r.Worker, map[bool]string{true: "paused", false: "resumed"}[ctl.Paused], ctl.ChangedBy)
+		return nil
+	}
+	switch r.Action {
+	case requestPause:
+		err = c.Pause(ctx, r.Worker, actor, r.Reason)
+	case requestResume:
+		err = c.Resume(ctx, r.Worker, actor)
+	default:
+		err = fmt.Errorf("unknown action %q", r.Action)
+	}
+	if err != nil {
+		r.State, r.Result = RequestRefused, err.Error()
+		return nil
+	}
+	r.State, r.Result = RequestApplied, "applied by "+by
+	return nil
+}
+
+// PauseAt pauses typ at site: at once when site is this client's own,
+// else through a request the site applies (a *ForwardedError).
+func (c *Client) PauseAt(ctx context.Context, site, typ, by, reason string) error {
+	return c.typeAt(ctx, site, typ, requestPause, by, reason)
+}
+
+// ResumeAt resumes typ at site, as PauseAt pauses it.
+func (c *Client) ResumeAt(ctx context.Context, site, typ, by string) error {
+	return c.typeAt(ctx, site, typ, requestResume, by, "")
+}
+
+func (c *Client) typeAt(ctx context.Context, site, typ, action, by, reason string) error {
+	if typ == "" {
+		return fmt.Errorf("%s at site %s: %w: the job type is required", action, site, ErrInvalidJob)
+	}
+	if site == "" || site == c.cfg.Site {
+		if action == requestPause {
+			return c.Pause(ctx, typ, by, reason)
+		}
+		return c.Resume(ctx, typ, by)
+	}
+	if !ValidSiteName(site) {
+		return fmt.Errorf("%s of %s: %w: %q is not a site name", action, typ, ErrInvalidJob, site)
+	}
+	if err := c.RefreshSites(ctx); err != nil {
+		return err
+	}
+	if !c.siteView().names[site] {
+		return fmt.Errorf("%s of %s at site %s: %w: the sites document does not list it", action, typ, site, ErrNotFound)
+	}
+	req := &SiteRequest{
+		ID: requestPrefix + strings.TrimPrefix(NewID(), "job:"), Type: SiteRequestDocType, Worker: typ, Action: action,
+		Reason: reason, By: by, From: c.cfg.Site, Site: site, CreatedAt: ToUnix(c.now()), State: RequestPending,
+	}
+	rev, err := c.db.Put(ctx, req.ID, req, c.writeOpts()...)
+	if err != nil {
+		return fmt.Errorf("writing a %s request for job type %s: %w", action, typ, err)
+	}
+	req.Rev = rev
+	return &ForwardedError{Request: req}
 }
 
 // applyRequest applies r to it, the job as this site has it, setting r's

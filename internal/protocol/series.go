@@ -344,7 +344,7 @@ type TypeQueue struct {
 // the same figures with a window's activity, at many more queries a type.
 func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 	now := ToUnix(c.now())
-	counts, err := c.Counts(ctx)
+	counts, shifts, err := c.counts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -388,6 +388,9 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 			}
 			q.Scheduled = waiting[t] - q.Due
 		}
+		// A conflicted job the due view lists under CouchDB's pick but
+		// that will settle otherwise is not due (nor the reverse).
+		q.Due = max(q.Due+shifts[t][StatusQueued], 0)
 		if q.Due > 0 && !q.Paused {
 			if q.OldestDueAge, err = c.oldestDueAge(ctx, t, now); err != nil {
 				return nil, err

@@ -229,6 +229,13 @@ func (c *Client) Types(ctx context.Context) ([]string, error) {
 
 // Counts returns the number of jobs of each type in each status.
 func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error) {
+	out, _, err := c.counts(ctx)
+	return out, err
+}
+
+// counts is Counts, and the conflict shifts it applied (conflictShifts),
+// for readers that count from other views too.
+func (c *Client) counts(ctx context.Context) (map[string]map[Status]int64, map[string]map[Status]int64, error) {
 	rows := c.view(ctx, "status", kivik.Params(map[string]any{"group": true}))
 	defer rows.Close()
 	out := map[string]map[Status]int64{}
@@ -236,10 +243,10 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error
 		var key []any
 		var n int64
 		if err := rows.ScanKey(&key); err != nil {
-			return nil, fmt.Errorf("counting jobs: %w", err)
+			return nil, nil, fmt.Errorf("counting jobs: %w", err)
 		}
 		if err := rows.ScanValue(&n); err != nil {
-			return nil, fmt.Errorf("counting jobs: %w", err)
+			return nil, nil, fmt.Errorf("counting jobs: %w", err)
 		}
 		if len(key) != 2 {
 			continue
@@ -252,11 +259,11 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error
 		out[typ][Status(st)] += n
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("counting jobs: %w", err)
+		return nil, nil, fmt.Errorf("counting jobs: %w", err)
 	}
 	shifts, err := c.conflictShifts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("counting jobs: %w", err)
+		return nil, nil, fmt.Errorf("counting jobs: %w", err)
 	}
 	for typ, byStatus := range shifts {
 		if out[typ] == nil {
@@ -266,7 +273,7 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[Status]int64, error
 			out[typ][st] += n
 		}
 	}
-	return out, nil
+	return out, shifts, nil
 }
 
 func (c *Client) typeStats(ctx context.Context, typ string, opts StatsOptions, now time.Time) (*TypeStats, error) {

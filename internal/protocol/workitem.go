@@ -101,6 +101,11 @@ type WorkItem struct {
 	// or agent last reported it; nil when none did. It is kept across
 	// attempts, so a retry may resume from it, until the next report.
 	Progress *Progress
+	// Trace is the W3C trace context of the code that enqueued the job,
+	// so that its run joins the same trace: "traceparent" (required when
+	// Trace is set) and "tracestate", as in the HTTP headers of that name.
+	// Any producer may write it; package otelcouchq writes and reads it.
+	Trace map[string]string
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -194,29 +199,30 @@ func (w *WorkItem) Clone() *WorkItem {
 
 // wireItem is the stored shape of the fields couchq knows.
 type wireItem struct {
-	ID          string          `json:"_id,omitempty"`
-	Rev         string          `json:"_rev,omitempty"`
-	Type        string          `json:"type"`
-	Worker      string          `json:"worker"`
-	Date        float64         `json:"date"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
-	Claimed     bool            `json:"claimed"`
-	ClaimedBy   string          `json:"claimed_by,omitempty"`
-	ClaimedAt   float64         `json:"claimed_at,omitempty"`
-	LeaseUntil  float64         `json:"lease_until,omitempty"`
-	Status      Status          `json:"status"`
-	Attempts    int             `json:"attempts"`
-	MaxAttempts int             `json:"max_attempts,omitempty"`
-	LastError   string          `json:"last_error,omitempty"`
-	Result      json.RawMessage `json:"result,omitempty"`
-	CreatedAt   float64         `json:"created_at,omitempty"`
-	StartedAt   float64         `json:"started_at,omitempty"`
-	FinishedAt  float64         `json:"finished_at,omitempty"`
-	History     []Event         `json:"history,omitempty"`
-	UniqueKey   string          `json:"unique_key,omitempty"`
-	Priority    int             `json:"priority,omitempty"`
-	Site        string          `json:"site,omitempty"`
-	Progress    *Progress       `json:"progress,omitempty"`
+	ID          string            `json:"_id,omitempty"`
+	Rev         string            `json:"_rev,omitempty"`
+	Type        string            `json:"type"`
+	Worker      string            `json:"worker"`
+	Date        float64           `json:"date"`
+	Payload     json.RawMessage   `json:"payload,omitempty"`
+	Claimed     bool              `json:"claimed"`
+	ClaimedBy   string            `json:"claimed_by,omitempty"`
+	ClaimedAt   float64           `json:"claimed_at,omitempty"`
+	LeaseUntil  float64           `json:"lease_until,omitempty"`
+	Status      Status            `json:"status"`
+	Attempts    int               `json:"attempts"`
+	MaxAttempts int               `json:"max_attempts,omitempty"`
+	LastError   string            `json:"last_error,omitempty"`
+	Result      json.RawMessage   `json:"result,omitempty"`
+	CreatedAt   float64           `json:"created_at,omitempty"`
+	StartedAt   float64           `json:"started_at,omitempty"`
+	FinishedAt  float64           `json:"finished_at,omitempty"`
+	History     []Event           `json:"history,omitempty"`
+	UniqueKey   string            `json:"unique_key,omitempty"`
+	Priority    int               `json:"priority,omitempty"`
+	Site        string            `json:"site,omitempty"`
+	Trace       map[string]string `json:"trace,omitempty"`
+	Progress    *Progress         `json:"progress,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -224,7 +230,7 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "progress":
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "trace", "progress":
 		return true
 	}
 	return false
@@ -241,7 +247,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Claimed: w.Claimed, ClaimedBy: w.ClaimedBy, ClaimedAt: w.ClaimedAt, LeaseUntil: w.LeaseUntil,
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
-		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site, Progress: w.Progress,
+		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site, Trace: w.Trace, Progress: w.Progress,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -320,6 +326,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 			p.fail("site", fmt.Sprintf("must be a site name (%s), got %q", siteNameRule, w.Site))
 		}
 	}
+	p.trace(&w.Trace)
 	p.progress(&w.Progress)
 	if c, ok := raw["_conflicts"]; ok {
 		_ = json.Unmarshal(c, &w.Conflicts) // informational only
@@ -447,6 +454,24 @@ func (p *fieldParser) progress(dst **Progress) {
 		return
 	}
 	*dst = &pr
+}
+
+// trace decodes the trace context: an object of strings with a
+// well-formed traceparent, as the design document's validation requires
+// (a job stored while validation was off is quarantined rather than
+// claimed and refused).
+func (p *fieldParser) trace(dst *map[string]string) {
+	v := p.get("trace")
+	if v == nil {
+		return
+	}
+	if json.Unmarshal(v, dst) != nil {
+		p.fail("trace", `must be an object of strings {"traceparent": ..., "tracestate": ...}, got `+describeJSON(v))
+		return
+	}
+	if err := checkTrace(*dst); err != nil {
+		p.fail("trace", err.Error())
+	}
 }
 
 // describeJSON names a raw JSON value's kind, with the value when short.

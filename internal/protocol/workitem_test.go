@@ -51,22 +51,25 @@ func TestWorkItemKeepsUnknownFields(t *testing.T) {
 
 func TestWorkItemMalformedNamesTheField(t *testing.T) {
 	cases := map[string]string{
-		`{"type":"WorkItem"}`:                                               "worker",
-		`{"type":"WorkItem","worker":5}`:                                    "worker",
-		`{"type":"WorkItem","worker":""}`:                                   "worker",
-		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`:                "date",
-		`{"type":"WorkItem","worker":"a","status":"paused"}`:                "status",
-		`{"type":"WorkItem","worker":"a","attempts":-1}`:                    "attempts",
-		`{"type":"WorkItem","worker":"a","attempts":1.5}`:                   "attempts",
-		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:                  "claimed",
-		`{"type":"WorkItem","worker":"a","history":{}}`:                     "history",
-		`{"type":"WorkItem","worker":"a","progress":5}`:                     "progress",
-		`{"type":"WorkItem","worker":"a","progress":{"done":-1}}`:           "progress",
-		`{"type":"WorkItem","worker":"a","progress":{"done":3,"total":2}}`:  "progress",
-		`{"type":"WorkItem","worker":"a","progress":{"done":1,"note":7}}`:   "progress",
-		`{"type":"WorkItem","worker":"a","progress":{"done":1,"at":"now"}}`: "progress",
-		`{"type":"Other","worker":"a"}`:                                     "type",
-		`[1,2]`:                                                             "document",
+		`{"type":"WorkItem"}`:                                "worker",
+		`{"type":"WorkItem","worker":5}`:                     "worker",
+		`{"type":"WorkItem","worker":""}`:                    "worker",
+		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`: "date",
+		`{"type":"WorkItem","worker":"a","status":"paused"}`: "status",
+		`{"type":"WorkItem","worker":"a","attempts":-1}`:     "attempts",
+		`{"type":"WorkItem","worker":"a","attempts":1.5}`:    "attempts",
+		`{"type":"WorkItem","worker":"a","claimed":"yes"}`:   "claimed",
+		`{"type":"WorkItem","worker":"a","history":{}}`:      "history",
+		`{"type":"Other","worker":"a"}`:                      "type",
+		`{"type":"WorkItem","worker":"a","trace":"00-x"}`:    "trace",
+		`{"type":"WorkItem","worker":"a","trace":{}}`:        "trace",
+		`{"type":"WorkItem","worker":"a","trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}}`: "trace",
+		`{"type":"WorkItem","worker":"a","progress":5}`:                                                                   "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":-1}}`:                                                         "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":3,"total":2}}`:                                                "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":1,"note":7}}`:                                                 "progress",
+		`{"type":"WorkItem","worker":"a","progress":{"done":1,"at":"now"}}`:                                               "progress",
+		`[1,2]`: "document",
 	}
 	for in, field := range cases {
 		var it WorkItem
@@ -79,6 +82,25 @@ func TestWorkItemMalformedNamesTheField(t *testing.T) {
 		if m.Field != field {
 			t.Errorf("%s: field %q, want %q (%v)", in, m.Field, field, err)
 		}
+	}
+}
+
+// The trace field survives every write couchq makes of a job.
+func TestWorkItemKeepsTrace(t *testing.T) {
+	in := `{"type":"WorkItem","worker":"email","trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=1"}}`
+	var it WorkItem
+	if err := json.Unmarshal([]byte(in), &it); err != nil {
+		t.Fatal(err)
+	}
+	if it.Trace["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" || it.Trace["tracestate"] != "a=1" {
+		t.Fatalf("trace %v", it.Trace)
+	}
+	out, err := json.Marshal(it.Clone())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=1"}`) {
+		t.Fatalf("written back as %s", out)
 	}
 }
 

@@ -59,7 +59,7 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 		metrics = worker.NewMetrics()
 	}
 	for i, f := range specs {
-		q, err := srv.Open(ctx, conn.DB, protocol.Config{Logger: log, MaxAttempts: f.MaxAttempts, Site: conn.Site})
+		q, err := srv.Open(ctx, conn.DB, protocol.Config{Logger: log, MaxAttempts: f.MaxAttempts, Site: conn.Site, BeforeEnqueue: f.BeforeEnqueue})
 		if err != nil {
 			return cli.ServerError(conn.URL, err)
 		}

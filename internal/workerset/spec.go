@@ -9,6 +9,7 @@
 package workerset
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strconv"
@@ -68,6 +69,11 @@ type Spec struct {
 	// Handlers are Go handlers by job type (package fleet), run instead of
 	// a built-in one.
 	Handlers map[string]worker.Handler
+	// Middleware and BeforeEnqueue are package fleet's options: the
+	// workers' middleware, and the hooks of the client that enqueues the
+	// periodic jobs.
+	Middleware    []worker.Middleware
+	BeforeEnqueue []func(context.Context, *protocol.NewJob) error
 
 	// Set records which flags were given, for those whose zero value is
 	// meaningful (--retry-delay 0 retries at once).
@@ -310,6 +316,7 @@ func (f *Spec) config(hs map[string]worker.Handler, log zerolog.Logger) worker.C
 		FleetConcurrency:  f.FleetLimits,
 		TakeOver:          f.TakeOver,
 		TakeOverAfter:     f.TakeOverAfter,
+		Middleware:        f.Middleware,
 		Logger:            log,
 	}
 	for _, t := range f.typeList {

@@ -29,9 +29,26 @@
   }
   function when(unix) { return unix ? new Date(unix * 1000).toLocaleString() : '—'; }
 
+  // headers of every request: the login once there is one, and the mark
+  // that makes the server's 401 leave the asking to this page's form
+  // rather than the browser's own dialog.
+  function headers() {
+    var h = {Accept: 'application/json', 'X-Couchq-Page': '1'};
+    if (creds) h.Authorization = creds;
+    return h;
+  }
+
+  // The reads need the login too when the server says so (couchq serve
+  // --read-auth): a 401 asks for it in the form.
   function getJSON(path) {
-    return fetch(path, {headers: {Accept: 'application/json'}}).then(function (r) {
+    return fetch(path, {headers: headers()}).then(function (r) {
       return r.json().then(function (body) {
+        if (r.status === 401) {
+          creds = null;
+          showWho(null, true);
+          $('user').focus();
+          throw new Error('log in with a CouchDB user to see the queue');
+        }
         if (!r.ok) throw new Error(path + ': ' + (body.error || r.status));
         return body;
       });
@@ -40,7 +57,7 @@
 
   function act(path, label) {
     if (!creds) { setStatus('log in to ' + label, true); $('user').focus(); return Promise.resolve(); }
-    return fetch(path, {method: 'POST', headers: {Authorization: creds, Accept: 'application/json'}})
+    return fetch(path, {method: 'POST', headers: headers()})
       .then(function (r) {
         return r.json().then(function (body) {
           if (r.status === 401) { creds = null; showWho(null); }
@@ -64,8 +81,11 @@
     s.textContent = msg;
     s.className = bad ? 'error' : 'muted';
   }
-  function showWho(user) {
-    $('who').textContent = user ? 'acting as ' + user : 'actions need a CouchDB user';
+  var readsNeedLogin = false; // once a read was answered 401
+  function showWho(user, needed) {
+    if (needed) readsNeedLogin = true;
+    $('who').textContent = user ? 'signed in as ' + user :
+      (readsNeedLogin ? 'reading needs a CouchDB user' : 'actions need a CouchDB user');
     document.body.dataset.user = user || '';
   }
 
@@ -75,6 +95,8 @@
     creds = 'Basic ' + btoa(unescape(encodeURIComponent(u + ':' + p)));
     $('password').value = '';
     showWho(u);
+    refreshFast();
+    refreshSlow();
   });
 
   // --- tables -----------------------------------------------------------
@@ -156,9 +178,17 @@
     if (links.length === 0) fill('links', [emptyRow(5, 'this server holds no links for the database')]);
   }
 
+  // payloadText is how a job's payload shows: "hidden" where the server
+  // keeps the type's payloads back (couchq serve --hide-payload).
+  function payloadText(job) {
+    if (job.payload_hidden) return 'payload: hidden';
+    return 'payload: ' + (job.payload === undefined ? 'none' : JSON.stringify(job.payload));
+  }
+
   function historyDetails(job) {
     var d = el('details');
     d.append(el('summary', (job.history || []).length + ' events'));
+    d.append(el('pre', payloadText(job), 'payload'));
     d.append(el('pre', (job.history || []).map(function (h) {
       return h.at + '  ' + h.event + (h.by ? '  by ' + h.by : '') + (h.attempt ? '  attempt ' + h.attempt : '') + (h.error ? '\n    ' + h.error : '');
     }).join('\n'), 'history'));

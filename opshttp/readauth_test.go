@@ -1,0 +1,292 @@
+package opshttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
+)
+
+// getAs fetches url with basic credentials unless user is empty, and the
+// given headers, and returns the status, the WWW-Authenticate header and
+// the body.
+func getAs(t *testing.T, url, user, password string, header ...string) (code int, challenge, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(b)
+}
+
+// recorder is a transport that notes the user of every basic-auth request
+// to a path containing a substring.
+type recorder struct {
+	base http.RoundTripper
+	sub  string
+
+	mu    sync.Mutex
+	users map[string]int
+}
+
+func (rec *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.Contains(req.URL.Path, rec.sub) {
+		user, _, _ := req.BasicAuth()
+		rec.mu.Lock()
+		rec.users[user]++
+		rec.mu.Unlock()
+	}
+	return rec.base.RoundTrip(req)
+}
+
+func (rec *recorder) count(user string) int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return rec.users[user]
+}
+
+// readers adds two users of the test's own, a member of q's database
+// (named in its _security) and an outsider, skipping the test where the
+// server authenticates no users.
+func readers(ctx context.Context, t *testing.T, q *protocol.Client) (member, outsider string) {
+	t.Helper()
+	stamp := time.Now().UnixNano()
+	member, outsider = fmt.Sprintf("dash-member-%d", stamp), fmt.Sprintf("dash-reader-outsider-%d", stamp)
+	for _, u := range []string{member, outsider} {
+		if err := srv.AddUser(ctx, u, "secret"); err != nil {
+			if errors.Is(err, couchtest.ErrNoUsers) {
+				couchtest.Skip(t, fmt.Sprintf("%s does not authenticate CouchDB users, so reads cannot need a login (%v)", srv.Caps().Vendor, err))
+			}
+			t.Fatal(err)
+		}
+	}
+	if err := q.DB().SetSecurity(ctx, &kivik.Security{Members: kivik.Members{Names: []string{member}}}); err != nil {
+		t.Fatal(err)
+	}
+	return member, outsider
+}
+
+// readPaths are the dashboard's reads.
+var readPaths = []string{
+	"/api/jobs?status=queued", "/api/queues", "/api/workers", "/api/failed",
+	"/api/series?window=1h", "/api/stats", "/api/sites",
+}
+
+// With ReadAuth every read needs a CouchDB login and is made as that user:
+// no credentials or wrong ones 401 with a challenge (not Basic for the
+// page's own requests, so the browser leaves the page's form to ask), a
+// user the database's _security leaves out 403 even right after a member
+// read the same path (the cache is per user), a member reads, with their
+// own credentials on the requests to CouchDB, and with a session cookie
+// as well; so does a server admin, where the server has one. /healthz,
+// /metrics and the page stay open. Payloads of hidden
+// types come without the payload and marked.
+func TestDashboardReadsAsTheUser(t *testing.T) {
+	t.Parallel()
+	ctx, q := newQueue(t)
+	member, outsider := readers(ctx, t, q)
+	for _, j := range []protocol.NewJob{
+		{Worker: "mail", Payload: json.RawMessage(`{"secret":"s3cr3t"}`)},
+		{Worker: "billing", Payload: json.RawMessage(`{"card":"4111"}`)},
+	} {
+		if _, err := q.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failJob(t, q, "billing", "card declined")
+
+	rec := &recorder{base: http.DefaultTransport, sub: "/_design/", users: map[string]int{}}
+	hs := serveHandler(ctx, t, q, Config{
+		CouchURL: srv.URL(), HTTPClient: &http.Client{Transport: rec},
+		ReadAuth: true, HidePayload: []string{"billing"},
+	})
+
+	for _, path := range []string{"/healthz", "/metrics", "/", "/assets/dashboard.js"} {
+		if code, _, body := getAs(t, hs.URL+path, "", ""); code != http.StatusOK {
+			t.Errorf("%s without credentials: %d %.200s", path, code, body)
+		}
+	}
+	// A user CouchDB does not know, not a wrong password for one it does:
+	// CouchDB 3.4+ locks an account out after a few failed logins.
+	if code, challenge, body := getAs(t, hs.URL+"/api/jobs", "dash-nobody", "wrong"); code != http.StatusUnauthorized || challenge == "" {
+		t.Errorf("/api/jobs with unknown credentials: %d %q %s", code, challenge, body)
+	}
+	for _, path := range readPaths {
+		if code, challenge, body := getAs(t, hs.URL+path, "", ""); code != http.StatusUnauthorized || challenge != `Basic realm="couchq"` {
+			t.Errorf("%s without credentials: %d %q %s", path, code, challenge, body)
+		}
+		if code, challenge, _ := getAs(t, hs.URL+path, "", "", "X-Couchq-Page", "1"); code != http.StatusUnauthorized || challenge != pageChallenge {
+			t.Errorf("%s from the page without credentials: %d %q", path, code, challenge)
+		}
+		if code, _, body := getAs(t, hs.URL+path, member, "secret"); code != http.StatusOK {
+			t.Errorf("%s as a member: %d %s", path, code, body)
+		}
+		// Within CacheTTL of the member's read: not served from the cache.
+		if code, _, body := getAs(t, hs.URL+path, outsider, "secret"); code != http.StatusForbidden || !strings.Contains(body, "may not read database") {
+			t.Errorf("%s as a user outside _security: %d %s", path, code, body)
+		}
+		if admin, adminPW := srv.Credentials(); admin != "" {
+			if code, _, body := getAs(t, hs.URL+path, admin, adminPW); code != http.StatusOK {
+				t.Errorf("%s as a server admin: %d %s", path, code, body)
+			}
+		}
+	}
+	if rec.count(member) == 0 || rec.count(outsider) != 0 {
+		t.Errorf("view requests to CouchDB by user: %v; want the member's, none of the outsider's", rec.users)
+	}
+
+	code, _, body := getAs(t, hs.URL+"/api/jobs?status=queued", member, "secret")
+	var jobs []map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(body), &jobs); code != http.StatusOK || err != nil || len(jobs) != 2 {
+		t.Fatalf("/api/jobs as a member: %d %v\n%s", code, err, body)
+	}
+	for _, j := range jobs {
+		switch string(j["worker"]) {
+		case `"mail"`:
+			var payload struct{ Secret string }
+			if json.Unmarshal(j["payload"], &payload) != nil || payload.Secret != "s3cr3t" || j["payload_hidden"] != nil {
+				t.Errorf("a mail job: %s", body)
+			}
+		case `"billing"`:
+			if j["payload"] != nil || string(j["payload_hidden"]) != "true" {
+				t.Errorf("a billing job, whose payloads are hidden: %s", body)
+			}
+		}
+	}
+	if _, _, body := getAs(t, hs.URL+"/api/failed", member, "secret"); strings.Contains(body, "4111") || !strings.Contains(body, `"payload_hidden": true`) {
+		t.Errorf("/api/failed shows a hidden payload or no marker: %s", body)
+	}
+
+	// CouchDB's session cookie works for reads as for the actions.
+	req, err := http.NewRequest(http.MethodGet, hs.URL+"/api/queues", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(&http.Cookie{Name: "AuthSession", Value: sessionCookieFor(t, member, "secret")})
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/api/queues with the member's session cookie: %d", resp.StatusCode)
+	}
+}
+
+// Without ReadAuth reads stay open, and HidePayload still applies; with
+// ReadAuth but no CouchURL reads are refused, saying why.
+func TestDashboardReadsOpenByDefault(t *testing.T) {
+	t.Parallel()
+	ctx, q := newQueue(t)
+	if _, err := q.Enqueue(ctx, protocol.NewJob{Worker: "billing", Payload: json.RawMessage(`{"card":"4111"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	hs := serveHandler(ctx, t, q, Config{HidePayload: []string{"billing"}})
+	if code, body := get(t, hs, "/api/jobs?status=queued"); code != http.StatusOK || strings.Contains(body, "4111") || !strings.Contains(body, `"payload_hidden": true`) {
+		t.Errorf("/api/jobs: %d %s", code, body)
+	}
+	noURL := serveHandler(ctx, t, q, Config{ReadAuth: true})
+	if code, body := get(t, noURL, "/api/queues"); code != http.StatusForbidden || !strings.Contains(body, "CouchURL") {
+		t.Errorf("/api/queues with ReadAuth and no CouchURL: %d %s", code, body)
+	}
+}
+
+// The page with ReadAuth: it shows nothing and asks for a login in its
+// own form (no browser dialog), then reads as the member who logged in; a
+// hidden payload says "hidden".
+func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
+	t.Parallel()
+	browser := findBrowser()
+	if browser == "" {
+		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
+	}
+	ctx, q := newQueue(t)
+	member, _ := readers(ctx, t, q)
+	for _, j := range []protocol.NewJob{
+		{Worker: "mail", Payload: json.RawMessage(`{"to":"ann@example.com"}`)},
+		{Worker: "billing", Payload: json.RawMessage(`{"card":"4111"}`)},
+	} {
+		if _, err := q.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), ReadAuth: true, HidePayload: []string{"billing"}})
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser),
+		chromedp.NoSandbox, // tests run as root in containers
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	defer cancelBrowser()
+	// Generous: on a loaded machine a browser starts slowly.
+	bctx, cancel := context.WithTimeout(bctx, 4*time.Minute)
+	defer cancel()
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	text := func(sel string) string {
+		v, err := chromedp.Run(bctx, chromedp.Text(css(sel)))
+		if err != nil {
+			t.Fatalf("reading %s: %v", sel, err)
+		}
+		return v
+	}
+	err := chromedp.Do(bctx,
+		chromedp.Navigate(hs.URL+"/"),
+		chromedp.Poll[chromedp.Void](`document.getElementById('who').textContent === 'reading needs a CouchDB user'`, chromedp.WithPollingTimeout(2*time.Minute)),
+	)
+	if err != nil {
+		status, _ := chromedp.Run(bctx, chromedp.Text(css(`#status`)))
+		t.Fatalf("loading the dashboard without a login: %v (status: %q)", err, status)
+	}
+	if queues := text(`#queues tbody`); strings.Contains(queues, "mail") {
+		t.Errorf("the queues show without a login:\n%s", queues)
+	}
+	if status := text(`#status`); !strings.Contains(status, "log in") {
+		t.Errorf("status without a login: %q", status)
+	}
+	err = chromedp.Do(bctx,
+		chromedp.SetValue(css(`#jobs-status`), "queued"),
+		chromedp.SendKeys(css(`#user`), member),
+		chromedp.SendKeys(css(`#password`), "secret"),
+		chromedp.Click(css(`#login-button`)),
+		chromedp.WaitVisible(css(`#queues tr[data-type="billing"]`)),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#jobs tr[data-job]').length === 2`, chromedp.WithPollingTimeout(2*time.Minute)),
+	)
+	if err != nil {
+		status, _ := chromedp.Run(bctx, chromedp.Text(css(`#status`)))
+		t.Fatalf("logging in to read: %v (status: %q)", err, status)
+	}
+	jobs, err := chromedp.Run(bctx, chromedp.Evaluate[string](`Array.prototype.map.call(document.querySelectorAll('#jobs pre.payload'), function (p) { return p.textContent; }).sort().join('\n')`))
+	if err != nil || jobs != "payload: hidden\npayload: {\"to\":\"ann@example.com\"}" {
+		t.Errorf("payloads on the page: %q %v", jobs, err)
+	}
+}
