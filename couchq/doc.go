@@ -25,7 +25,8 @@
 // TakeOver), each job running once, at its owner site. Workers are in
 // package worker; the dashboard and
 // metrics in package opshttp; a fleet of workers described by a config file
-// in package fleet.
+// in package fleet; test helpers (a handler run in-process, assertions on
+// what was enqueued) in package couchqtest.
 //
 // The guides in the repository's docs directory explain scheduling,
 // workers, operating, deploying, security, clusters and sites.
