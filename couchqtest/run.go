@@ -75,7 +75,8 @@ type Outcome struct {
 // Client.Get), claimed as a worker claims it. The handler runs in the
 // calling goroutine on a context derived from ctx, as a worker derives it
 // from its own, through opts.Middleware as a worker's, and a panic is
-// recovered as a worker recovers it (logged with t). A job that could not be enqueued fails the test.
+// recovered as a worker recovers it (logged with t). A job that could not
+// be enqueued fails the test.
 func RunJob[J couchq.NewJob | *couchq.WorkItem](ctx context.Context, t testing.TB, handler worker.Handler, job J, opts *RunOpts) *Outcome {
 	t.Helper()
 	if opts == nil {
