@@ -787,17 +787,27 @@ func (c *Client) traceWithdrawn(ctx context.Context, kept Leaf, gone []Leaf, by 
 // keptLeaf is the index of the leaf settling keeps among a job's live
 // leaves: the highest settleRank, ties to CouchDB's winner (live is in its
 // order, as Leaves returns them).
-// keptLeafOf is keptLeaf, except that at a site, among unfinished leaves,
-// a branch that gives the job to this site (a takeover) is kept over one
-// that gives it to another: the owner settles the job, and keeping the old
-// owner's branch would hand the job back to a site that was taken over.
+// keptLeafOf is keptLeaf, except that in a queue of several sites, among
+// unfinished leaves, a branch that gives the job to its owner (the site
+// the latest takeover names, ownerLeaf) is kept over one that gives it to
+// another: keeping the old owner's branch would hand the job back to a
+// site that was taken over. Readers at every site and the owner's sweep
+// settle alike.
 func (c *Client) keptLeafOf(live []Leaf) int {
 	keep := keptLeaf(live)
-	if c.cfg.Site == "" || live[keep].Item == nil || live[keep].Status.Terminal() || c.Owner(live[keep].Item) == c.cfg.Site {
+	if !c.siteView().multi || live[keep].Item == nil || live[keep].Status.Terminal() {
+		return keep
+	}
+	ol := ownerLeaf(live)
+	if ol == nil {
+		return keep
+	}
+	owner := c.Owner(ol)
+	if c.Owner(live[keep].Item) == owner {
 		return keep
 	}
 	for i := range live {
-		if live[i].Item != nil && !live[i].Status.Terminal() && c.Owner(live[i].Item) == c.cfg.Site && settleRank(&live[i]) >= 2 {
+		if live[i].Item != nil && !live[i].Status.Terminal() && c.Owner(live[i].Item) == owner && settleRank(&live[i]) >= 2 {
 			return i
 		}
 	}

@@ -180,7 +180,7 @@ func (c *Client) settledOf(leaves []Leaf) *WorkItem {
 	if len(live) == 0 {
 		return nil
 	}
-	return live[keptLeaf(live)].Item
+	return live[c.keptLeafOf(live)].Item
 }
 
 // ListOptions narrow List.

@@ -280,6 +280,16 @@ func (c *Client) ownsUnsited() bool {
 // takeover (the old owner's copy still names it): the branch that records
 // the latest takeover names the owner.
 func (c *Client) ownsLeaves(leaves []Leaf) bool {
+	owner := ownerLeaf(leaves)
+	if owner == nil {
+		return c.ownsUnsited()
+	}
+	return c.owns(owner) == nil
+}
+
+// ownerLeaf is the branch of a conflicted job that names its owner: the
+// one with the latest takeover, else the first live one (nil: none).
+func ownerLeaf(leaves []Leaf) *WorkItem {
 	var owner *WorkItem
 	latest := ""
 	for _, l := range leaves {
@@ -295,10 +305,7 @@ func (c *Client) ownsLeaves(leaves []Leaf) bool {
 			}
 		}
 	}
-	if owner == nil {
-		return c.ownsUnsited()
-	}
-	return c.owns(owner) == nil
+	return owner
 }
 
 // EventSiteTakeover is the history entry of a job moved to another site by
