@@ -207,7 +207,8 @@ func (s *Server) Unlink(ctx context.Context, db string) (int, error) {
 	}
 	// The replicator stops a link's job a moment after its document is
 	// deleted, and a write made meanwhile could still cross: wait until
-	// its scheduler no longer has the job (it removes the job when stopped).
+	// its scheduler no longer has the job. _scheduler/docs forgets the
+	// document before the job is stopped, so ask _scheduler/jobs.
 	for _, e := range docs {
 		s.awaitLinkStopped(ctx, e.id)
 	}
@@ -215,17 +216,27 @@ func (s *Server) Unlink(ctx context.Context, db string) (int, error) {
 }
 
 // awaitLinkStopped waits, up to unlinkWait, until the replicator's
-// scheduler no longer lists the replication of _replicator/id.
+// scheduler no longer runs a job for _replicator/id.
 func (s *Server) awaitLinkStopped(ctx context.Context, id string) {
 	if s.raw == nil {
 		return
 	}
 	deadline := time.Now().Add(unlinkWait)
 	for time.Now().Before(deadline) {
-		var doc map[string]any
-		err := s.raw.DoJSON(ctx, http.MethodGet, "/_scheduler/docs/_replicator/"+url.PathEscape(id), nil, &doc)
-		if err != nil {
-			return // gone (404), or not ours to read: nothing to wait for
+		var resp struct {
+			Jobs []struct {
+				DocID string `json:"doc_id"`
+			} `json:"jobs"`
+		}
+		if err := s.raw.DoJSON(ctx, http.MethodGet, "/_scheduler/jobs", nil, &resp); err != nil {
+			return // not ours to read, or no scheduler: nothing to wait for
+		}
+		running := false
+		for _, j := range resp.Jobs {
+			running = running || j.DocID == id
+		}
+		if !running {
+			return
 		}
 		select {
 		case <-ctx.Done():
