@@ -58,6 +58,9 @@ const (
 	// the target is that it does not grow with the jobs of other sites,
 	// with room for the noise of one shared machine.
 	TargetSitesCPUGrowth = 1.25
+	// TargetFleetShare is a fleet of separate worker processes' throughput
+	// (Fleet x FleetConcurrency), of the in-process figure.
+	TargetFleetShare = 0.80
 )
 
 // Config is one bench run. The zero value of a field means its default
@@ -105,8 +108,14 @@ type Config struct {
 	// Procs, when > 0, runs section 2's workers as this many `couchq
 	// worker --handler noop` processes instead (W split over them).
 	Procs int
-	// CouchqBin is the couchq CLI for Procs; empty builds ./cmd/couchq.
+	// CouchqBin is the couchq CLI for Procs and Fleet; empty builds
+	// ./cmd/couchq.
 	CouchqBin string
+	// Fleet and FleetConcurrency: after its in-process run, section 2 runs
+	// the same backlog with Fleet separate `couchq worker` processes of
+	// FleetConcurrency each, as a fleet runs in production, and compares
+	// the two (TargetFleetShare). A negative Fleet leaves it out.
+	Fleet, FleetConcurrency int
 	// Rate and Duration pace the wake-up section's enqueues.
 	Rate     float64
 	Duration time.Duration
@@ -168,6 +177,8 @@ const (
 	DurationDefault              = 10 * time.Second
 	ContentionJobsDefault        = 400
 	ContentionConcurrencyDefault = 4
+	FleetDefault                 = 8
+	FleetConcurrencyDefault      = 4
 	BacklogSmallDefault          = 1000
 	BacklogLargeDefault          = 20000
 	ClaimsDefault                = 200
@@ -211,6 +222,8 @@ func (c Config) WithDefaults() Config {
 		c.ContentionWorkers = ContentionWorkersDefault()
 	}
 	setInt(&c.ContentionConcurrency, ContentionConcurrencyDefault)
+	setInt(&c.Fleet, FleetDefault)
+	setInt(&c.FleetConcurrency, FleetConcurrencyDefault)
 	setInt(&c.BacklogSmall, BacklogSmallDefault)
 	setInt(&c.BacklogLarge, BacklogLargeDefault)
 	setInt(&c.Claims, ClaimsDefault)
@@ -286,6 +299,10 @@ func (c Config) Validate() error {
 	check("workers", c.Workers, 1, maxWorkers)
 	check("instances", c.Instances, 1, c.Workers)
 	check("procs", c.Procs, 0, c.Workers)
+	if c.Fleet > 0 {
+		check("fleet", c.Fleet, 1, maxWorkers)
+		check("fleet-concurrency", c.FleetConcurrency, 1, maxWorkers)
+	}
 	if c.Procs > 0 && c.Instances > 1 {
 		errs = append(errs, errors.New("--procs and --instances both split the workers: give one"))
 	}
@@ -371,7 +388,9 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.Workers, "workers", WorkersDefault, "section 2: worker goroutines W in all (section 3: the idle worker's concurrency)")
 	fs.IntVar(&c.Instances, "instances", InstancesDefault, "section 2: worker.Worker instances sharing the W goroutines")
 	fs.IntVar(&c.Procs, "procs", 0, "section 2: run the W goroutines as P `couchq worker --handler noop` processes instead (0: in this process)")
-	fs.StringVar(&c.CouchqBin, "couchq-bin", "", "the couchq CLI for --procs (default: go build ./cmd/couchq)")
+	fs.StringVar(&c.CouchqBin, "couchq-bin", "", "the couchq CLI for --procs and --fleet (default: go build ./cmd/couchq)")
+	fs.IntVar(&c.Fleet, "fleet", FleetDefault, "section 2: then the same jobs with this many `couchq worker` processes (-1: not)")
+	fs.IntVar(&c.FleetConcurrency, "fleet-concurrency", FleetConcurrencyDefault, "section 2: each --fleet process's concurrency")
 	fs.Float64Var(&c.Rate, "rate", RateDefault, "section 3: enqueues per second")
 	fs.DurationVar(&c.Duration, "duration", DurationDefault, "section 3: how long to enqueue")
 	fs.IntVar(&c.ContentionJobs, "contention-jobs", ContentionJobsDefault, "section 4: backlog of each run")

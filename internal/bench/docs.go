@@ -187,6 +187,8 @@ var targetRows = []struct {
 	{fmt.Sprintf("end to end, no-op jobs: ≥ %.0f %% of bulk/3", TargetThroughputShare*100),
 		headlineCell(keyThroughput, keyThroughputShare, func(s Row) string { return " (" + s.Text + " of bulk/3)" })},
 	{"… within reach of any queue keeping couchq's views? (the fastest minimal queue, share of bulk/3)", headlineCell(keyReach, "", nil)},
+	{fmt.Sprintf("a fleet of %d `couchq worker` processes × %d ≥ %.0f %% of the in-process figure", FleetDefault, FleetConcurrencyDefault, TargetFleetShare*100),
+		headlineCell(keyFleetShare, keyFleet, func(s Row) string { return " (" + s.Text + ")" })},
 	{fmt.Sprintf("idle wake-up, enqueue → handler start p99 < %d ms", TargetWakeupP99.Milliseconds()), headlineCell(keyWakeupP99, "", nil)},
 	{fmt.Sprintf("409s per claimed job at %d claimants < %.1f", targetConflictWorkers, TargetConflicts), headlineCell(keyConflicts, "", nil)},
 	{fmt.Sprintf("claim round, large backlog vs small ≤ %.1f× (view brought up to date / as it stands)", TargetBacklogRatio), func(r *Report) string {

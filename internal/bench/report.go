@@ -122,6 +122,8 @@ const (
 	keySitesCPU2      = "sites_cpu_2"
 	keySitesCPU3      = "sites_cpu_3"
 	keySitesCPUGrowth = "sites_cpu_growth"
+	keyFleet          = "fleet"       // section 2: Fleet worker processes' jobs/s
+	keyFleetShare     = "fleet_share" // the same, of the in-process figure
 )
 
 // headline is the report's row of that key.

@@ -31,6 +31,7 @@ func tiny() Config {
 		Jobs: 40, Workers: 4, Instances: 2,
 		Rate: 20, Duration: time.Second,
 		ContentionJobs: 24, ContentionWorkers: []int{1, 3}, ContentionConcurrency: 2,
+		Fleet: 2, FleetConcurrency: 2,
 		BacklogSmall: 20, BacklogLarge: 60, Claims: 8,
 		// Generous: the whole run, on a machine that may be busy with other tests.
 		Instrument: true, Timeout: 6 * time.Minute,
@@ -89,6 +90,7 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 	checkCeilingAndThroughputRows(t, rep, true)
 	checkBacklogRows(t, rep)
 	checkClaimIndexRows(t, rep)
+	checkFleetRows(t, rep)
 	// Every database the bench made is gone.
 	dbs, err := srv.Client(t).AllDBs(context.Background())
 	if err != nil {
@@ -604,4 +606,20 @@ func TestRunOnLocalServers(t *testing.T) {
 	}
 	// The docs have each server's table.
 	checkMarkdown(t, DocRun{Reports: reps, Command: "go run ./cmd/couchq-bench"})
+}
+
+// checkFleetRows checks section 2's fleet rows: the processes' throughput,
+// and its share of the in-process figure, judged against TargetFleetShare.
+func checkFleetRows(t *testing.T, rep *Report) {
+	t.Helper()
+	fleet, ok := rep.headline(keyFleet)
+	if !ok || fleet.Value <= 0 {
+		t.Fatalf("fleet row: %+v", fleet)
+	}
+	inProcess, _ := rep.headline(keyThroughput)
+	share, ok := rep.headline(keyFleetShare)
+	if !ok || share.Met == nil || !near(share.Value, 100*fleet.Value/inProcess.Value) ||
+		*share.Met != (fleet.Value >= TargetFleetShare*inProcess.Value) {
+		t.Errorf("fleet share row %+v (fleet %v, in-process %v)", share, fleet.Value, inProcess.Value)
+	}
 }

@@ -131,6 +131,9 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 		if err := b.couchqCounterRows(ctx, s, db, counters0, cfg.Jobs); err != nil {
 			return err
 		}
+		if err := b.runFleet(ctx, s, tput); err != nil {
+			return err
+		}
 		return b.runMinimalQueues(ctx, s, cfg.Jobs, tput)
 	}
 	if wb.workerOK {
@@ -232,4 +235,60 @@ func (b *run) workInProcesses(ctx context.Context, c *protocol.Client, db string
 		b.log.Warn().Err(err).Msg("no peak RSS for the worker processes")
 	}
 	return wb, nil
+}
+
+// runFleet runs the same backlog again, in a database of its own, with
+// Fleet separate `couchq worker` processes of FleetConcurrency each — how
+// a fleet runs in production, each process with its own feed, registry
+// entry and peers — and compares it with the in-process figure.
+func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error {
+	cfg := b.cfg
+	if cfg.Fleet <= 0 {
+		return nil
+	}
+	if _, err := b.cliPath(ctx); err != nil { // built before anything is timed
+		return err
+	}
+	db, err := b.newDB(ctx, s, "fleet")
+	if err != nil {
+		return err
+	}
+	c, err := b.t.open(ctx, db)
+	if err != nil {
+		return err
+	}
+	if _, err := enqueueBulk(ctx, c, cfg.Jobs); err != nil {
+		return err
+	}
+	if _, err := buildViews(ctx, c); err != nil {
+		return err
+	}
+	if _, err := b.buildOtherIndexes(ctx, db); err != nil {
+		return err
+	}
+	conc := make([]int, cfg.Fleet)
+	for i := range conc {
+		conc[i] = cfg.FleetConcurrency
+	}
+	p, err := b.startProcs(ctx, db, conc)
+	if err != nil {
+		return err
+	}
+	defer p.stop(b)
+	if err := p.waitCompleted(ctx, c, int64(cfg.Jobs), stallTimeout); err != nil {
+		return err
+	}
+	jt, err := readDone(ctx, c, cfg.Jobs)
+	if err != nil {
+		return err
+	}
+	tput := rate(int64(cfg.Jobs), jt.span())
+	row := s.add(numRow(fmt.Sprintf("fleet: %d `couchq worker` processes x %d, first claim -> last done", cfg.Fleet, cfg.FleetConcurrency),
+		tput, "jobs/s", 0))
+	row.Key = keyFleet
+	share := s.add(numRow("fleet / in-process", 100*ratio(tput, inProcess), "%", 1))
+	share.target(fmt.Sprintf(">= %.0f%% of in-process", TargetFleetShare*100), tput >= TargetFleetShare*inProcess)
+	share.Key = keyFleetShare
+	s.add(numRow("  fleet: jobs run more than once", float64(jt.reruns), "", 0))
+	return nil
 }
