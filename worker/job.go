@@ -5,9 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
+	"sync"
 	"time"
 
+	"github.com/go-kivik/kivik/v4"
+
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // Job is what a handler runs: one attempt of one claimed WorkItem.
@@ -27,8 +33,45 @@ type Job struct {
 	// Slot is the slot reserved for this attempt when the job type has a
 	// sequence (Config.Sequences); "" otherwise.
 	Slot string
+	// Continuation is set when the job runs again after its handler
+	// enqueued children and returned JobAwaitChildren, and they finished:
+	// Item.After lists the children, whose results the handler may read.
+	Continuation bool
 
-	result json.RawMessage
+	result   json.RawMessage
+	client   *protocol.Client
+	mu       sync.Mutex
+	children []string
+}
+
+// EnqueueChild enqueues a child of the running job: its id is derived
+// from the job's id and key (one child per key), so that a handler that
+// runs again after its claim was lost enqueues the same children, not
+// more. A child already there is returned as it is. A handler that then
+// returns JobAwaitChildren waits for every child it enqueued (or found) in
+// this run.
+func (j *Job) EnqueueChild(ctx context.Context, key string, child couchq.NewJob) (*couchq.WorkItem, error) {
+	if key == "" {
+		return nil, fmt.Errorf("enqueueing a child of job %s: %w: the child key is empty", j.ID, couchq.ErrInvalidJob)
+	}
+	if j.client == nil {
+		return nil, fmt.Errorf("enqueueing a child of job %s: the job is not run by a worker", j.ID)
+	}
+	child.ID = protocol.ChildID(j.ID, key)
+	it, err := j.client.Enqueue(ctx, child)
+	if kivik.HTTPStatus(err) == http.StatusConflict {
+		// Enqueued by an earlier run of this job.
+		it, err = j.client.Get(ctx, child.ID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing child %s of job %s: %w", key, j.ID, err)
+	}
+	j.mu.Lock()
+	if !slices.Contains(j.children, it.ID) {
+		j.children = append(j.children, it.ID)
+	}
+	j.mu.Unlock()
+	return it, nil
 }
 
 // SetResult records what the job produced. It is stored in the document's
@@ -120,6 +163,17 @@ func (e *FailError) Unwrap() error { return e.Err }
 
 // JobFail returns an error that fails the job permanently with err.
 func JobFail(err error) error { return &FailError{Err: err} }
+
+// AwaitChildrenError finishes the attempt as waiting for the children
+// the handler enqueued (Job.EnqueueChild): the job runs again, with
+// Job.Continuation set, once every child has finished, however it ended.
+type AwaitChildrenError struct{}
+
+func (e *AwaitChildrenError) Error() string { return "waiting for the job's children" }
+
+// JobAwaitChildren returns the error that makes the job wait for the
+// children its handler enqueued, without charging the attempt.
+func JobAwaitChildren() error { return &AwaitChildrenError{} }
 
 // steering classifies a handler's error.
 func steering(err error) (snooze *SnoozeError, cancel *CancelError, fail *FailError) {

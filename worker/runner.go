@@ -562,7 +562,8 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
 	job := &Job{
 		ID: item.ID, Type: item.Worker, Attempt: item.Attempts, MaxAttempts: w.client.MaxAttempts(item),
-		Payload: item.Payload, Item: item.Clone(),
+		Payload: item.Payload, Item: item.Clone(), Continuation: item.Continuation,
+		client: w.client,
 	}
 
 	hbDone := make(chan struct{})
@@ -613,6 +614,15 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 			return
 		}
 		log.Error().Err(ferr).Msg("could not record the job's outcome; the sweeper will retry it")
+		return
+	}
+	if item.Status.Terminal() {
+		// Jobs waiting for this one (and its batch's callback) are
+		// released by the worker that finished it; if this fails, or the
+		// process dies first, the sweeper does it.
+		if rerr := w.client.Finished(fctx, item, w.by); rerr != nil {
+			log.Warn().Err(rerr).Msg("could not release the jobs waiting for this one; the sweeper will")
+		}
 	}
 }
 
@@ -667,7 +677,8 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 	if herr == nil {
 		w.stats.completed.Add(1)
 		var err error
-		if w.cfg.DeleteDone[r.typ] {
+		if w.cfg.DeleteDone[r.typ] && item.Batch == "" {
+			// A batch's jobs stay: its callback counts them.
 			err = r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
 		} else {
 			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.result) })
@@ -678,7 +689,10 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 		return err
 	}
 	snooze, cancel, fail := steering(herr)
+	var await *AwaitChildrenError
 	switch {
+	case errors.As(herr, &await):
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.AwaitChildren(ctx, item, job.children) })
 	case snooze != nil:
 		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Snooze(ctx, item, snooze.Delay) })
 	case cancel != nil:

@@ -1,0 +1,822 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+)
+
+// Workflows: jobs that wait for other jobs.
+//
+// A waiting job (StatusWaiting) is one that names jobs it waits for
+// (after), or the callback of a batch (callback_of), or a job whose
+// handler enqueued children and waits for them (continuation). The due
+// views and the changes filter skip it, so no worker claims it. It is
+// released — written back to queued with released_at — by whoever sees
+// its dependencies finished first:
+//
+//   - the worker that finishes a dependency asks the dependents view for
+//     the waiting jobs keyed by the finished job's id, reads those and
+//     their dependencies' states in one _all_docs request, and writes the
+//     released ones with the revision it read (release);
+//   - the enqueue of a waiting job checks it once right after writing it,
+//     since its dependencies may have finished in between;
+//   - the sweeper reads the waiting view a page at a time and does the
+//     same, which covers a worker that died between finishing a job and
+//     releasing its dependents.
+//
+// No lock is taken: each release is a write over the revision read, and a
+// 409 means another releaser (or an operator) wrote first, so the job is
+// read and checked again. On a cluster two releases of one revision
+// through different nodes can both be stored; they are the same state, a
+// conflict the sweeper settles like any other (settleRank keeps one).
+
+// What a waiting job does when a dependency fails for good or is cancelled.
+const (
+	// DependencyCancel cancels the waiting job (the default).
+	DependencyCancel = "cancel"
+	// DependencyRun runs it anyway once every dependency has finished.
+	DependencyRun = "run"
+)
+
+// The activity-log events of workflows.
+const (
+	// EventDependenciesDone: a waiting job was released.
+	EventDependenciesDone = "dependencies-done"
+	// EventAwaitingChildren: a handler enqueued children and waits.
+	EventAwaitingChildren = "awaiting-children"
+)
+
+// MissingDependencyGrace is how long a waiting job may name a job that
+// does not exist before the sweeper fails it: couchq refuses such a
+// dependency at enqueue, but a document written by hand (or replicated in
+// before its dependency) is given this long for it to appear.
+const MissingDependencyGrace = time.Minute
+
+// maxAfter bounds how many jobs one job may wait for: they are read in one
+// request on every check.
+const maxAfter = 1000
+
+// waitingSweepInterval is how often a client's sweeps look at the waiting
+// jobs (a page each time): the workers that finish jobs release their
+// dependents at once, so this pass is the safety net, not the path.
+const waitingSweepInterval = 2 * time.Second
+
+// waitingMemory is how long a client, having seen waiting jobs, keeps
+// asking for dependents of every job it finishes without checking again
+// that any job waits; waitingRecheck is how long it trusts "none".
+const (
+	waitingMemory  = 30 * time.Second
+	waitingRecheck = time.Second
+)
+
+func validDependencyPolicy(s string) bool {
+	return s == "" || s == DependencyCancel || s == DependencyRun
+}
+
+// flowState is a client's memory of the waiting jobs: a database that
+// has none never pays a dependents query per finished job.
+type flowState struct {
+	seen    atomic.Int64 // Unix ns when waiting jobs were last known to exist
+	checked atomic.Int64 // Unix ns when the waiting view was last asked
+	swept   atomic.Int64 // Unix ns of the last sweep of waiting jobs
+	cursor  atomic.Pointer[string]
+}
+
+// DependencyError is an enqueue refused because of the jobs it names in
+// After: one that does not exist, or the job itself. It wraps
+// ErrInvalidJob.
+type DependencyError struct {
+	// Job is the job being enqueued, Dependency the job it names.
+	Job, Dependency string
+	// Reason says what is wrong with it.
+	Reason string
+	// Status is the HTTP status that fits: 422 for a job that does not
+	// exist, 400 for a malformed list.
+	Status int
+}
+
+func (e *DependencyError) Error() string {
+	return fmt.Sprintf("%s: job %s waits for %s: %s", ErrInvalidJob, e.Job, e.Dependency, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidJob) hold.
+func (e *DependencyError) Unwrap() error { return ErrInvalidJob }
+
+// HTTPStatus is the status an HTTP API answers the refusal with.
+func (e *DependencyError) HTTPStatus() int { return e.Status }
+
+// dependencies sets it's workflow fields from j: the list cleaned of
+// repeats, a self-reference refused, and the job waiting when it names any.
+func (c *Client) dependencies(it *WorkItem, j NewJob) error {
+	if !validDependencyPolicy(j.OnDependencyFailure) {
+		return fmt.Errorf("%w: on dependency failure must be %q or %q, got %q", ErrInvalidJob, DependencyCancel, DependencyRun, j.OnDependencyFailure)
+	}
+	it.OnDependencyFailure = j.OnDependencyFailure
+	seen := map[string]bool{}
+	for _, d := range j.After {
+		switch {
+		case d == "":
+			return &DependencyError{Job: it.ID, Dependency: `""`, Reason: "a job id must not be empty", Status: http.StatusBadRequest}
+		case d == it.ID:
+			return &DependencyError{Job: it.ID, Dependency: d, Reason: "a job cannot wait for itself", Status: http.StatusBadRequest}
+		case seen[d]:
+			continue
+		}
+		seen[d] = true
+		it.After = append(it.After, d)
+	}
+	if len(it.After) > maxAfter {
+		return fmt.Errorf("%w: a job waits for at most %d jobs, got %d", ErrInvalidJob, maxAfter, len(it.After))
+	}
+	if len(it.After) > 0 {
+		it.Status = StatusWaiting
+	}
+	return nil
+}
+
+// checkDependencies checks that every job the items wait for exists, in
+// one _all_docs request: a job named by an item may also be one of the
+// items before it (written in the same request). errs[i] is item i's
+// refusal. Since a dependency must exist first, no cycle can form.
+func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem) []error {
+	errs := make([]error, len(items))
+	earlier := map[string]bool{}
+	var keys []string
+	for _, it := range items {
+		for _, d := range it.After {
+			if !earlier[d] {
+				keys = append(keys, d)
+			}
+		}
+		earlier[it.ID] = true
+	}
+	exists := map[string]bool{}
+	if len(keys) > 0 {
+		stored, err := c.readJobs(ctx, keys, false)
+		if err != nil {
+			for i := range errs {
+				errs[i] = fmt.Errorf("checking the jobs %s waits for: %w", items[i].ID, err)
+			}
+			return errs
+		}
+		for id, st := range stored {
+			exists[id] = st.exists
+		}
+	}
+	before := map[string]bool{}
+	for i, it := range items {
+		for _, d := range it.After {
+			if !before[d] && !exists[d] {
+				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "no such job (a dependency must be enqueued first)", Status: http.StatusUnprocessableEntity}
+				break
+			}
+		}
+		before[it.ID] = errs[i] == nil
+	}
+	return errs
+}
+
+// checkMany is EnqueueMany's dependency check: the refused jobs get their
+// error and are left out of docs.
+func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []any, index []int) ([]any, []int) {
+	var items []*WorkItem
+	for _, i := range index {
+		items = append(items, results[i].Item)
+	}
+	if !slices.ContainsFunc(items, func(it *WorkItem) bool { return len(it.After) > 0 }) {
+		return docs, index
+	}
+	errs := c.checkDependencies(ctx, items)
+	var keptDocs []any
+	var keptIndex []int
+	for k, i := range index {
+		if errs[k] != nil {
+			results[i] = EnqueueResult{Err: errs[k]}
+			continue
+		}
+		keptDocs = append(keptDocs, docs[k])
+		keptIndex = append(keptIndex, i)
+	}
+	return keptDocs, keptIndex
+}
+
+// settleEnqueued checks waiting jobs just written: a dependency may have
+// finished between the enqueue's check and its write, and its worker
+// then found no dependent to release. A failure is logged; the sweeper
+// checks again.
+func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
+	var ids []string
+	for _, it := range items {
+		if it != nil && it.Rev != "" && it.Status == StatusWaiting {
+			ids = append(ids, it.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	c.flow.seen.Store(time.Now().UnixNano())
+	if _, err := c.releaseReady(ctx, ids, c.cfg.Actor); err != nil {
+		c.log.Warn().Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting; the sweeper will")
+	}
+}
+
+// jobState is what a release needs of a job: whether it exists and, if
+// it does, the job (nil when it is not a WorkItem couchq can read).
+type jobState struct {
+	exists  bool
+	deleted bool
+	item    *WorkItem
+}
+
+// readJobs reads ids in one _all_docs request, with the documents when
+// docs is set.
+func (c *Client) readJobs(ctx context.Context, ids []string, docs bool) (map[string]jobState, error) {
+	out := make(map[string]jobState, len(ids))
+	for start := 0; start < len(ids); start += 1000 {
+		page := ids[start:min(start+1000, len(ids))]
+		rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{"keys": page, "include_docs": docs}))
+		for rows.Next() {
+			var stub struct {
+				Rev     string `json:"rev"`
+				Deleted bool   `json:"deleted"`
+			}
+			id, _ := rows.ID()
+			if err := rows.ScanValue(&stub); err != nil || stub.Rev == "" {
+				continue // an id never stored: an error row
+			}
+			st := jobState{exists: !stub.Deleted, deleted: stub.Deleted}
+			if docs && !stub.Deleted {
+				var raw json.RawMessage
+				if err := rows.ScanDoc(&raw); err == nil && !gone(raw) {
+					var it WorkItem
+					if json.Unmarshal(raw, &it) == nil {
+						st.item = &it
+					}
+				}
+			}
+			out[id] = st
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading %d jobs: %w", len(page), err)
+		}
+	}
+	return out, nil
+}
+
+// Finished releases what waited for item, which has just reached a final
+// state (done, failed for good, cancelled): its dependents, and its
+// batch's callback when it was the batch's last job. Workers call it after
+// every final outcome; an error is the caller's to log, since the sweeper
+// does the same later.
+func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error {
+	if !item.Status.Terminal() {
+		return nil
+	}
+	var ids []string
+	if item.Batch != "" {
+		// One view query per finished job of a batch; the callback is
+		// read only when none of the batch's jobs is left.
+		b, err := c.batchCounts(ctx, item.Batch)
+		if err != nil {
+			return err
+		}
+		if b.Pending == 0 {
+			ids = append(ids, BatchCallbackID(item.Batch))
+		}
+	}
+	if c.mayHaveWaiting(ctx) {
+		deps, err := c.dependents(ctx, []string{item.ID})
+		if err != nil {
+			return err
+		}
+		ids = append(ids, deps...)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := c.releaseReady(ctx, ids, by)
+	return err
+}
+
+// mayHaveWaiting reports whether the database may hold waiting jobs: it
+// held some lately, or a look at the waiting view (at most every
+// waitingRecheck) finds one.
+func (c *Client) mayHaveWaiting(ctx context.Context) bool {
+	now := time.Now().UnixNano()
+	if now-c.flow.seen.Load() < int64(waitingMemory) {
+		return true
+	}
+	last := c.flow.checked.Load()
+	if now-last < int64(waitingRecheck) || !c.flow.checked.CompareAndSwap(last, now) {
+		return false
+	}
+	rows := c.view(ctx, "waiting", kivik.Param("limit", 1))
+	defer rows.Close()
+	found := rows.Next()
+	if err := rows.Err(); err != nil {
+		c.log.Debug().Err(err).Msg("could not look for waiting jobs; asking for dependents anyway")
+		return true
+	}
+	if found {
+		c.flow.seen.Store(now)
+	}
+	return found
+}
+
+// dependents lists the waiting jobs that wait for any of ids (the
+// dependents view, keyed by the job waited for).
+func (c *Client) dependents(ctx context.Context, ids []string) ([]string, error) {
+	rows := c.view(ctx, "dependents", kivik.Param("keys", ids))
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		id, err := rows.ID()
+		if err != nil {
+			return nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+	}
+	return out, nil
+}
+
+// releaseRounds bounds how often releaseReady reads again after losing
+// write races.
+const releaseRounds = 5
+
+// releaseReady checks the waiting jobs among ids and writes each one
+// whose dependencies have all finished released (or cancelled, per its
+// policy), over the revision it read. A job another writer changed in
+// between (409) is read and checked again. It returns how many it wrote.
+func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int, error) {
+	written := 0
+	for range releaseRounds {
+		if len(ids) == 0 {
+			return written, nil
+		}
+		jobs, err := c.readJobs(ctx, ids, true)
+		if err != nil {
+			return written, fmt.Errorf("releasing waiting jobs: %w", err)
+		}
+		var waiting []*WorkItem
+		var deps []string
+		batches := map[string]*BatchStatus{}
+		for _, id := range ids {
+			it := jobs[id].item
+			if it == nil || it.Status != StatusWaiting || c.owns(it) != nil {
+				continue
+			}
+			waiting = append(waiting, it)
+			deps = append(deps, it.After...)
+			if it.CallbackOf != "" {
+				batches[it.CallbackOf] = nil
+			}
+		}
+		if len(waiting) == 0 {
+			return written, nil
+		}
+		states, err := c.readJobs(ctx, deps, true)
+		if err != nil {
+			return written, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
+		}
+		for b := range batches {
+			if batches[b], err = c.batchCounts(ctx, b); err != nil {
+				return written, err
+			}
+		}
+		var docs []any
+		var next []*WorkItem
+		for _, it := range waiting {
+			if n := c.decide(ctx, it, states, batches[it.CallbackOf], by); n != nil {
+				docs = append(docs, n)
+				next = append(next, n)
+			}
+		}
+		if len(docs) == 0 {
+			return written, nil
+		}
+		wctx, _ := c.traced(ctx)
+		bulk, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
+		ids = ids[:0]
+		keys := make([]string, len(next))
+		for k, n := range next {
+			keys[k] = n.ID
+		}
+		for k, r := range alignBulk(keys, bulk, err) {
+			switch {
+			case r.Error == nil:
+				written++
+				c.log.Debug().Str("job", r.ID).Str("status", string(next[k].Status)).Msg("waiting job settled")
+			case isStatus(r.Error, http.StatusConflict):
+				ids = append(ids, r.ID) // someone else wrote: read and check again
+			default:
+				return written, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
+			}
+		}
+	}
+	return written, nil
+}
+
+// decide returns the next state of waiting job it, or nil while it must
+// wait: released when every dependency is done (or finished, under
+// DependencyRun), cancelled when one failed under DependencyCancel, failed
+// when one has been missing for MissingDependencyGrace. A dependency that
+// was deleted counts as done: couchq deletes only finished jobs (a type
+// with DeleteDone, a purge).
+func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]jobState, batch *BatchStatus, by string) *WorkItem {
+	now := c.now()
+	var pending, failed, missing []string
+	for _, d := range it.After {
+		st := states[d]
+		switch {
+		case st.deleted:
+		case !st.exists:
+			missing = append(missing, d)
+		case st.item == nil:
+			missing = append(missing, d+" (not a job)")
+		case st.item.Status == StatusDone:
+		case st.item.Status == StatusFailed || st.item.Status == StatusCancelled:
+			failed = append(failed, fmt.Sprintf("%s (%s)", d, st.item.Status))
+		default:
+			pending = append(pending, d)
+		}
+	}
+	next := it.Clone()
+	c.unclaim(next)
+	if len(failed) > 0 && it.OnDependencyFailure != DependencyRun {
+		reason := fmt.Sprintf("dependency %s; on_dependency_failure is %s", strings.Join(failed, ", "), DependencyCancel)
+		next.Status = StatusCancelled
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(now)
+		c.record(next, EventCancelled, by, reason)
+		return next
+	}
+	if len(missing) > 0 {
+		if it.CreatedAt == 0 {
+			// A hand-written job without created_at: the grace starts now.
+			next.Status = StatusWaiting
+			next.CreatedAt = ToUnix(now)
+			return next
+		}
+		if now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace {
+			return nil
+		}
+		reason := fmt.Sprintf("waits for %s, which does not exist (%s after it was enqueued)", strings.Join(missing, ", "), MissingDependencyGrace)
+		next.Status = StatusFailed
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(now)
+		c.record(next, EventFailed, by, reason)
+		return next
+	}
+	if len(pending) > 0 {
+		return nil
+	}
+	var note string
+	if len(failed) > 0 {
+		note = fmt.Sprintf("dependency %s; on_dependency_failure is %s", strings.Join(failed, ", "), DependencyRun)
+	}
+	if it.CallbackOf != "" {
+		if batch == nil || !batch.Complete(it.BatchSize) {
+			return nil
+		}
+		next.Payload = withBatchSummary(next.Payload, batch)
+	}
+	next.Status = StatusQueued
+	next.ReleasedAt = ToUnix(now)
+	c.record(next, EventDependenciesDone, by, note)
+	return next
+}
+
+// SweepWaiting is the sweeper's pass over waiting jobs: at most every
+// waitingSweepInterval per client, a page of limit jobs of the waiting
+// view (the next page each time, from the start again after the last) is
+// checked as a finished dependency's worker would have. It returns how
+// many jobs it released, cancelled or failed.
+func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, error) {
+	now := time.Now().UnixNano()
+	last := c.flow.swept.Load()
+	if now-last < int64(waitingSweepInterval) || !c.flow.swept.CompareAndSwap(last, now) {
+		return 0, nil
+	}
+	params := map[string]any{"limit": limit + 1}
+	if cur := c.flow.cursor.Load(); cur != nil {
+		params["startkey_docid"] = *cur
+		params["startkey"] = *cur
+	}
+	rows := c.view(ctx, "waiting", kivik.Params(params))
+	var ids []string
+	for rows.Next() {
+		id, err := rows.ID()
+		if err != nil {
+			_ = rows.Close()
+			return 0, fmt.Errorf("listing waiting jobs: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return 0, fmt.Errorf("listing waiting jobs: %w", err)
+	}
+	if len(ids) > limit {
+		c.flow.cursor.Store(&ids[limit])
+		ids = ids[:limit]
+	} else {
+		c.flow.cursor.Store(nil)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	c.flow.seen.Store(now)
+	return c.releaseReady(ctx, ids, by)
+}
+
+// Batches: jobs enqueued together (EnqueueBatch) carry the batch's id;
+// its callback, a waiting job with the id BatchCallbackID, is released
+// once every job of the batch has finished, with a summary in its payload
+// under "batch". The batches view counts a batch's jobs by state
+// ([batch, state], reduced with _count), so that the check is one view
+// query whatever the batch's size.
+
+// BatchCallbackID is the id of the callback job of batch id.
+func BatchCallbackID(batch string) string { return "job:batch:" + batch }
+
+// BatchStatus is a batch's progress: how many of its jobs are done,
+// failed, cancelled and not finished yet, with the failed jobs' ids.
+type BatchStatus struct {
+	ID string `json:"id"`
+	// Size is how many jobs the batch was enqueued with (its callback's
+	// batch_size); 0 when the callback cannot be read.
+	Size      int64    `json:"size"`
+	Done      int64    `json:"done"`
+	Failed    int64    `json:"failed"`
+	Cancelled int64    `json:"cancelled"`
+	Pending   int64    `json:"pending"`
+	FailedIDs []string `json:"failed_ids,omitempty"`
+	// Callback is the callback job, as it stands (nil when missing).
+	Callback *WorkItem `json:"-"`
+}
+
+// Finished is how many of the batch's jobs have finished.
+func (b *BatchStatus) Finished() int64 { return b.Done + b.Failed + b.Cancelled }
+
+// Complete reports whether every one of size jobs has finished: none is
+// pending (a job that failed an attempt and will be retried is pending).
+func (b *BatchStatus) Complete(size int) bool {
+	return b.Pending == 0 && b.Finished() >= int64(size)
+}
+
+// maxFailedIDs bounds the failed ids a batch summary lists.
+const maxFailedIDs = 1000
+
+// batchCounts reads a batch's counts (one grouped query of the batches
+// view) and, when some failed, their ids.
+func (c *Client) batchCounts(ctx context.Context, batch string) (*BatchStatus, error) {
+	b := &BatchStatus{ID: batch}
+	rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+		"group_level": 2, "startkey": []any{batch}, "endkey": []any{batch, map[string]any{}},
+	}))
+	for rows.Next() {
+		var key []any
+		var n int64
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		if err := rows.ScanValue(&n); err != nil {
+			continue
+		}
+		switch key[1] {
+		case string(StatusDone):
+			b.Done += n
+		case string(StatusFailed):
+			b.Failed += n
+		case string(StatusCancelled):
+			b.Cancelled += n
+		default:
+			b.Pending += n
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("counting the jobs of batch %s: %w", batch, err)
+	}
+	if b.Failed > 0 {
+		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+			"reduce": false, "key": []any{batch, string(StatusFailed)}, "limit": maxFailedIDs,
+		}))
+		for rows.Next() {
+			if id, err := rows.ID(); err == nil {
+				b.FailedIDs = append(b.FailedIDs, id)
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("listing the failed jobs of batch %s: %w", batch, err)
+		}
+		sort.Strings(b.FailedIDs)
+	}
+	return b, nil
+}
+
+// withBatchSummary puts the batch's summary into a callback's payload
+// under "batch": into the object it is, or a new object (a payload that
+// is not an object goes under "payload").
+func withBatchSummary(payload json.RawMessage, b *BatchStatus) json.RawMessage {
+	obj := map[string]json.RawMessage{}
+	if len(payload) > 0 && json.Unmarshal(payload, &obj) != nil {
+		obj = map[string]json.RawMessage{"payload": payload}
+	}
+	summary := map[string]any{
+		"id": b.ID, "done": b.Done, "failed": b.Failed, "cancelled": b.Cancelled,
+		"failed_ids": append([]string{}, b.FailedIDs...),
+	}
+	obj["batch"] = mustJSON(summary)
+	return mustJSON(obj)
+}
+
+// Batch reads a batch's progress and its callback.
+func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
+	b, err := c.batchCounts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cb, err := c.Get(ctx, BatchCallbackID(id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if b.Finished()+b.Pending == 0 {
+			return nil, fmt.Errorf("reading batch %s: %w", id, ErrNotFound)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("reading batch %s: %w", id, err)
+	default:
+		b.Callback = cb
+		b.Size = int64(cb.BatchSize)
+	}
+	return b, nil
+}
+
+// NewBatchID returns a time-ordered batch id (a UUIDv7).
+func NewBatchID() string { return strings.TrimPrefix(NewID(), "job:") }
+
+// EnqueueBatch enqueues jobs as one batch (each carries its id) and then
+// callback, a waiting job (id BatchCallbackID) that is released once every
+// job of the batch has finished, with a summary under "batch" in its
+// payload (done, failed and cancelled counts and the failed ids). It
+// returns the batch's id. Every job is checked before anything is
+// written; a job that cannot be stored fails the call, and the callback
+// then counts only the jobs that were. Unique jobs cannot be batched.
+func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJob) (string, error) {
+	id := NewBatchID()
+	items := make([]*WorkItem, 0, len(jobs))
+	for i, j := range jobs {
+		if j.Unique.Key != "" {
+			return "", fmt.Errorf("%w: job %d of the batch is unique; a batch counts its jobs, so they cannot be", ErrInvalidJob, i)
+		}
+		it, err := c.item(j)
+		if err != nil {
+			return "", fmt.Errorf("job %d of the batch: %w", i, err)
+		}
+		it.Batch = id
+		items = append(items, it)
+	}
+	if callback.Unique.Key != "" || callback.ID != "" {
+		return "", fmt.Errorf("%w: a batch's callback has the id %s and cannot be unique", ErrInvalidJob, BatchCallbackID(id))
+	}
+	callback.ID = BatchCallbackID(id)
+	cb, err := c.item(callback)
+	if err != nil {
+		return "", fmt.Errorf("the batch's callback: %w", err)
+	}
+	if errs := c.checkDependencies(ctx, items); slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		return "", errors.Join(errs...)
+	}
+	stored := 0
+	var failures []error
+	for start := 0; start < len(items); start += 1000 {
+		page := items[start:min(start+1000, len(items))]
+		docs := make([]any, len(page))
+		keys := make([]string, len(page))
+		for k, it := range page {
+			docs[k], keys[k] = it, it.ID
+		}
+		bulk, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+		for k, r := range alignBulk(keys, bulk, err) {
+			if r.Error != nil {
+				failures = append(failures, fmt.Errorf("enqueueing job %s of batch %s: %w", r.ID, id, r.Error))
+				continue
+			}
+			page[k].Rev = r.Rev
+			stored++
+		}
+	}
+	cb.Status = StatusWaiting
+	cb.CallbackOf = id
+	cb.BatchSize = stored
+	rev, err := c.db.Put(ctx, cb.ID, cb, c.writeOpts()...)
+	if err != nil {
+		return id, fmt.Errorf("enqueueing the callback of batch %s: %w", id, err)
+	}
+	cb.Rev = rev
+	var waiting []*WorkItem
+	for _, it := range items {
+		if it.Status == StatusWaiting && it.Rev != "" {
+			waiting = append(waiting, it)
+		}
+	}
+	c.settleEnqueued(ctx, append(waiting, cb))
+	if len(failures) > 0 {
+		return id, errors.Join(failures...)
+	}
+	return id, nil
+}
+
+// CancelBatch cancels every job of a batch that has not finished; the
+// callback is then released as for any batch whose jobs all finished. It
+// returns how many it cancelled.
+func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, error) {
+	if reason == "" {
+		reason = "batch " + id + " cancelled by operator"
+	}
+	n := 0
+	for {
+		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+			"reduce": false, "key": []any{id, "pending"}, "limit": 500,
+		}))
+		var ids []string
+		for rows.Next() {
+			if jid, err := rows.ID(); err == nil {
+				ids = append(ids, jid)
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return n, fmt.Errorf("listing the unfinished jobs of batch %s: %w", id, err)
+		}
+		progress := 0
+		for _, jid := range ids {
+			_, err := c.CancelJob(ctx, jid, by, reason) // releases the callback after the last
+			if errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
+				continue // finished meanwhile
+			}
+			if err != nil {
+				return n, err
+			}
+			progress++
+			n++
+		}
+		if progress == 0 {
+			break
+		}
+	}
+	if _, err := c.releaseReady(ctx, []string{BatchCallbackID(id)}, by); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// ChildID is the id of the child a running job's handler enqueues under
+// key: derived from the parent's id, so that a handler that runs again
+// (its claim was lost) enqueues the same children, not more.
+func ChildID(parent, key string) string { return parent + ":" + key }
+
+// AwaitChildren finishes a held job's attempt as waiting for children
+// (the jobs it enqueued, by id): it is released, and runs again as its
+// continuation (Continuation set), once every child has finished, however
+// they ended. The attempt is not charged.
+func (c *Client) AwaitChildren(ctx context.Context, item *WorkItem, children []string) error {
+	err := c.transition(ctx, "waiting for the children of", item, func(next *WorkItem) {
+		by := item.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusWaiting
+		next.After = append([]string(nil), children...)
+		next.OnDependencyFailure = DependencyRun
+		next.ReleasedAt = 0
+		next.Continuation = true
+		next.Attempts = max(next.Attempts-1, 0)
+		c.record(next, EventAwaitingChildren, by, "")
+	})
+	if err != nil {
+		return err
+	}
+	c.settleEnqueued(ctx, []*WorkItem{item})
+	return nil
+}
