@@ -304,3 +304,181 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// A batch's callback runs once, after every job of the batch has finished
+// (a job failing an attempt and then succeeding counts once it succeeds),
+// with the summary in its payload.
+func TestBatchCallbackRunsOnceWithSummary(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	var mu sync.Mutex
+	callbacks := 0
+	var summary json.RawMessage
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"part": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			switch string(job.Payload) {
+			case `"fail"`:
+				return worker.JobFail(errors.New("no good"))
+			case `"cancel"`:
+				return worker.JobCancel(errors.New("not wanted"))
+			case `"flaky"`:
+				if job.Attempt < 3 {
+					return errors.New("not yet")
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+			return nil
+		}),
+		"collect": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			callbacks++
+			summary = job.Payload
+			return nil
+		}),
+	}))
+	var jobs []protocol.NewJob
+	for i := range 30 {
+		p := "ok"
+		switch i {
+		case 3, 17:
+			p = "fail"
+		case 5:
+			p = "cancel"
+		case 8, 9:
+			p = "flaky"
+		}
+		jobs = append(jobs, protocol.NewJob{Worker: "part", Payload: p})
+	}
+	id, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect", Payload: map[string]string{"report": "weekly"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := waitStatus(t, tb, protocol.BatchCallbackID(id), protocol.StatusDone, 20*time.Second)
+	time.Sleep(500 * time.Millisecond) // a second release would run it again by now
+	mu.Lock()
+	defer mu.Unlock()
+	if callbacks != 1 {
+		t.Fatalf("the callback ran %d times", callbacks)
+	}
+	var got struct {
+		Report string `json:"report"`
+		Batch  struct {
+			ID        string   `json:"id"`
+			Done      int      `json:"done"`
+			Failed    int      `json:"failed"`
+			Cancelled int      `json:"cancelled"`
+			FailedIDs []string `json:"failed_ids"`
+		} `json:"batch"`
+	}
+	if err := json.Unmarshal(summary, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Report != "weekly" || got.Batch.ID != id || got.Batch.Done != 27 || got.Batch.Failed != 2 || got.Batch.Cancelled != 1 || len(got.Batch.FailedIDs) != 2 {
+		t.Fatalf("callback payload: %s", summary)
+	}
+	b, err := tb.client.Batch(tb.ctx, id)
+	if err != nil || b.Size != 30 || b.Done != 27 || b.Pending != 0 || b.Callback == nil || b.Callback.ID != cb.ID {
+		t.Fatalf("batch status: %+v (%v)", b, err)
+	}
+	all := allJobs(t, tb, "part")
+	var parts []string
+	for _, it := range all {
+		parts = append(parts, it.ID)
+	}
+	clock.checkAfter(t, cb.ID, parts...)
+	if n := strings.Count(events(cb), protocol.EventDependenciesDone); n != 1 {
+		t.Fatalf("callback released %d times: %s", n, events(cb))
+	}
+}
+
+// Cancelling a batch cancels its unfinished jobs; the callback then runs
+// with them counted cancelled.
+func TestBatchCancel(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	ran := make(chan string, 10)
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"later":   worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
+		"collect": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran <- string(job.Payload); return nil }),
+	}))
+	var jobs []protocol.NewJob
+	for range 12 {
+		jobs = append(jobs, protocol.NewJob{Worker: "later", At: time.Now().Add(time.Hour)})
+	}
+	id, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tb.client.Batch(tb.ctx, id)
+	if err != nil || b.Pending != 12 || b.Callback.Status != protocol.StatusWaiting {
+		t.Fatalf("batch before the cancel: %+v (%v)", b, err)
+	}
+	n, err := tb.client.CancelBatch(tb.ctx, id, "test", "")
+	if err != nil || n != 12 {
+		t.Fatalf("cancelled %d (%v)", n, err)
+	}
+	select {
+	case p := <-ran:
+		if !strings.Contains(p, `"cancelled":12`) {
+			t.Fatalf("callback payload: %s", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the callback did not run after the batch was cancelled")
+	}
+}
+
+// A handler that enqueues children and waits for them runs again as its
+// continuation once they have finished; children keyed by the parent's id
+// are enqueued once however often the handler runs.
+func TestFanOutChildrenAreIdempotent(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	var mu sync.Mutex
+	var continuation *worker.Job
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"fan": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if job.Continuation {
+				clock.start(job.ID + "#continuation")
+				mu.Lock()
+				continuation = job
+				mu.Unlock()
+				return job.SetResult(len(job.Item.After))
+			}
+			for i := range 5 {
+				if _, err := job.EnqueueChild(ctx, fmt.Sprint(i), protocol.NewJob{Worker: "leaf", Payload: i}); err != nil {
+					return err
+				}
+			}
+			if job.Attempt == 1 {
+				return errors.New("lost after enqueueing the children") // runs again, enqueues them again
+			}
+			return worker.JobAwaitChildren()
+		}),
+		"leaf": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}),
+	}))
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "fan"})
+	done := waitStatus(t, tb, parent.ID, protocol.StatusDone, 20*time.Second)
+	leaves := allJobs(t, tb, "leaf")
+	if len(leaves) != 5 {
+		t.Fatalf("%d children, want 5", len(leaves))
+	}
+	var kids []string
+	for _, l := range leaves {
+		if !strings.HasPrefix(l.ID, parent.ID+":") {
+			t.Fatalf("child id %s is not derived from the parent's", l.ID)
+		}
+		kids = append(kids, l.ID)
+	}
+	clock.checkAfter(t, parent.ID+"#continuation", kids...)
+	mu.Lock()
+	defer mu.Unlock()
+	if continuation == nil || string(done.Result) != "5" {
+		t.Fatalf("continuation %v, result %s", continuation, done.Result)
+	}
+	if got := events(done); got != "enqueued claimed retry-scheduled claimed awaiting-children dependencies-done claimed done" {
+		t.Fatalf("history: %s", got)
+	}
+}
