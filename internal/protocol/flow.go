@@ -820,3 +820,61 @@ func (c *Client) AwaitChildren(ctx context.Context, item *WorkItem, children []s
 	c.settleEnqueued(ctx, []*WorkItem{item})
 	return nil
 }
+
+// Batches lists the batches of the database with their progress, those
+// with unfinished jobs first, at most limit of them: one grouped query of
+// the batches view (their callbacks are not read).
+func (c *Client) Batches(ctx context.Context, limit int) ([]*BatchStatus, error) {
+	byID := map[string]*BatchStatus{}
+	var order []string
+	rows := c.view(ctx, "batches", kivik.Param("group_level", 2))
+	for rows.Next() {
+		var key []any
+		var n int64
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		if err := rows.ScanValue(&n); err != nil {
+			continue
+		}
+		id, _ := key[0].(string)
+		b := byID[id]
+		if b == nil {
+			b = &BatchStatus{ID: id}
+			byID[id] = b
+			order = append(order, id)
+		}
+		switch key[1] {
+		case string(StatusDone):
+			b.Done += n
+		case string(StatusFailed):
+			b.Failed += n
+		case string(StatusCancelled):
+			b.Cancelled += n
+		default:
+			b.Pending += n
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listing batches: %w", err)
+	}
+	out := make([]*BatchStatus, 0, len(order))
+	for _, id := range order {
+		b := byID[id]
+		b.Size = b.Pending + b.Finished()
+		out = append(out, b)
+	}
+	// Unfinished batches first, newest (ids are time-ordered) first.
+	sort.SliceStable(out, func(i, j int) bool {
+		if (out[i].Pending > 0) != (out[j].Pending > 0) {
+			return out[i].Pending > 0
+		}
+		return out[i].ID > out[j].ID
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
