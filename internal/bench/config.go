@@ -28,6 +28,7 @@ const (
 	SectionFeatures   = 7
 	SectionClaimIndex = 8
 	SectionSites      = 9
+	SectionWorkflows  = 10
 )
 
 var sectionNames = map[int]string{
@@ -40,6 +41,7 @@ var sectionNames = map[int]string{
 	SectionFeatures:   "feature costs",
 	SectionClaimIndex: "claim index",
 	SectionSites:      "sites",
+	SectionWorkflows:  "workflows",
 }
 
 // Targets printed next to the figures.
@@ -186,7 +188,7 @@ func ContentionWorkersDefault() []int { return []int{1, 4, 16} }
 
 // AllSections lists every section number.
 func AllSections() []int {
-	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex, SectionSites}
+	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex, SectionSites, SectionWorkflows}
 }
 
 // WithDefaults fills in every unset field.
@@ -273,7 +275,7 @@ func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Sections {
 		if sectionNames[s] == "" {
-			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-9)", s))
+			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-10)", s))
 		}
 	}
 	check := func(name string, v, lo, hi int) {
@@ -498,8 +500,9 @@ const usageHead = `usage: couchq-bench [flags]
 Measures couchq against CouchDB-compatible servers (loopback only) and
 prints one table per server: the server's own write ceiling, end-to-end
 throughput, idle wake-up latency, claim contention, backlog scaling,
-memory, feature costs, claim indexes and sites (section 9, on the single
-Apache CouchDB node: linked to further nodes it starts as other sites).
+memory, feature costs, claim indexes, sites (section 9, on the single
+Apache CouchDB node: linked to further nodes it starts as other sites) and
+workflows (section 10: release latency, batch throughput).
 Each section works in a fresh database, dropped at its end unless --keep.
 
 With --url (or COUCHDB_URL) it measures that server alone. Without, it
