@@ -226,7 +226,13 @@ func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	}
 	c.flow.seen.Store(time.Now().UnixNano())
 	if _, err := c.releaseReady(ctx, ids, c.cfg.Actor); err != nil {
-		c.log.Warn().Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting; the sweeper will")
+		ev := c.log.Warn()
+		if isStatus(err, http.StatusForbidden) {
+			// A producer (couchq init --producers) may enqueue but not
+			// release: the workers' sweepers do.
+			ev = c.log.Debug()
+		}
+		ev.Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting; the sweeper will")
 	}
 }
 
