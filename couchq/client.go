@@ -251,13 +251,21 @@ func (c *Client) HeldJob(ctx context.Context, id, agent string) (*WorkItem, erro
 // Complete finishes a held job as done, recording result (nil for none).
 // A claim that was lost meanwhile returns ErrClaimLost and writes nothing.
 func (c *Client) Complete(ctx context.Context, item *WorkItem, result json.RawMessage) error {
-	return c.p().Complete(ctx, item, result)
+	if err := c.p().Complete(ctx, item, result); err != nil {
+		return err
+	}
+	c.p().AfterFinish(ctx, item, c.actor())
+	return nil
 }
 
 // Fail records a held job's failed attempt: it is retried after a backoff
 // while attempts remain, else it stays failed.
 func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts FailOptions) error {
-	return c.p().Fail(ctx, item, cause, opts)
+	if err := c.p().Fail(ctx, item, cause, opts); err != nil {
+		return err
+	}
+	c.p().AfterFinish(ctx, item, c.actor())
+	return nil
 }
 
 // Extend renews a held job's lease to lease from now.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
 )
 
 // Workflows: jobs that wait for other jobs.
@@ -224,7 +226,9 @@ func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	if len(ids) == 0 {
 		return
 	}
-	c.flow.seen.Store(time.Now().UnixNano())
+	if slices.ContainsFunc(items, func(it *WorkItem) bool { return it != nil && len(it.After) > 0 }) {
+		c.flow.seen.Store(time.Now().UnixNano())
+	}
 	if _, err := c.releaseReady(ctx, ids, c.cfg.Actor); err != nil {
 		ev := c.log.Warn()
 		if isStatus(err, http.StatusForbidden) {
@@ -291,9 +295,8 @@ func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error 
 		return nil
 	}
 	var ids []string
-	if item.Batch != "" {
-		// One view query per finished job of a batch; the callback is
-		// read only when none of the batch's jobs is left.
+	if item.Batch != "" && c.batchMayBeDone(ctx, item.Batch) {
+		// The callback is read only when none of the batch's jobs is left.
 		b, err := c.batchCounts(ctx, item.Batch)
 		if err != nil {
 			return err
@@ -316,8 +319,48 @@ func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error 
 	return err
 }
 
-// mayHaveWaiting reports whether the database may hold waiting jobs: it
-// held some lately, or a look at the waiting view (at most every
+// AfterFinish is Finished for callers that only log a failure (agents,
+// operator actions): the sweeper releases what it could not.
+func (c *Client) AfterFinish(ctx context.Context, item *WorkItem, by string) {
+	if err := c.Finished(ctx, item, by); err != nil {
+		c.log.Warn().Err(err).Str("job", item.ID).Msg("could not release the jobs waiting for this one; the sweeper will")
+	}
+}
+
+// batchFreshBelow is how many unfinished jobs a batch may have, as its
+// index last stood, for the worker finishing one of them to bring the
+// index up to date and count again (batchMayBeDone).
+const batchFreshBelow = 256
+
+// batchMayBeDone reads the batch's unfinished jobs from the batches view
+// as it stands (update=false: no indexing, a cheap read) and reports
+// whether they may all have finished: when the index says few are left,
+// or cannot say. Bringing the sweep views up to date after every job of
+// a big batch cost most of the server's time (section 10 of the bench);
+// an index that lags only counts jobs as unfinished that are not, so a
+// batch it says is far from done is. A last job that misses its batch's
+// end this way (an index lagging by more than batchFreshBelow) leaves the
+// callback to the sweeper.
+func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
+	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
+		"key": []any{batch, "pending"}, "update": "false",
+	}))
+	defer rows.Close()
+	var pending int64
+	if rows.Next() {
+		if err := rows.ScanValue(&pending); err != nil {
+			return true
+		}
+	}
+	if rows.Err() != nil {
+		return true
+	}
+	return pending <= batchFreshBelow
+}
+
+// mayHaveWaiting reports whether the database may hold jobs waiting for
+// others (After; a batch's callback is found through its batch): it held
+// some lately, or a look at the dependents view (at most every
 // waitingRecheck) finds one.
 func (c *Client) mayHaveWaiting(ctx context.Context) bool {
 	now := time.Now().UnixNano()
@@ -328,11 +371,11 @@ func (c *Client) mayHaveWaiting(ctx context.Context) bool {
 	if now-last < int64(waitingRecheck) || !c.flow.checked.CompareAndSwap(last, now) {
 		return false
 	}
-	rows := c.view(ctx, "waiting", kivik.Param("limit", 1))
+	rows := c.view(ctx, "dependents", kivik.Param("limit", 1))
 	defer rows.Close()
 	found := rows.Next()
 	if err := rows.Err(); err != nil {
-		c.log.Debug().Err(err).Msg("could not look for waiting jobs; asking for dependents anyway")
+		c.log.Debug().Err(err).Msg("could not look for jobs waiting for others; asking for dependents anyway")
 		return true
 	}
 	if found {
@@ -549,7 +592,6 @@ func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, e
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	c.flow.seen.Store(now)
 	return c.releaseReady(ctx, ids, by)
 }
 
