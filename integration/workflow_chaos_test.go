@@ -39,13 +39,41 @@ func (k *killableTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // nothing is left waiting.
 func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a minute of killing workers")
+		t.Skip("minutes of killing workers")
 	}
-	const parents, children = 100, 10
 	tb := setup(t, protocol.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	t.Cleanup(cancel)
 	tb.ctx = ctx // longer than setup's: on a loaded machine this runs for minutes
+	fanOutFanIn(t, fanOutFixture{
+		ctx: ctx, client: tb.client, parents: 100,
+		open: func(n int, wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
+			return clientThrough(t, tb, protocol.Config{}, wrap)
+		},
+		worker: func(handlers map[string]worker.Handler) worker.Config { return fastWorker(tb, handlers) },
+	})
+}
+
+// fanOutFixture is where fanOutFanIn runs: a client to enqueue and check
+// through, and how to open a worker's client (the n-th started).
+type fanOutFixture struct {
+	ctx     context.Context
+	client  *protocol.Client
+	parents int
+	open    func(n int, wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client
+	worker  func(map[string]worker.Handler) worker.Config
+	// midRun, when set, is called once after the first kill.
+	midRun func()
+}
+
+// fanOutFanIn runs parents x 10 children and a batch callback over the
+// parents while a worker is killed every 2 s and a new one started, and
+// checks the order (outside clock), that everything is released once and
+// that nothing is left waiting.
+func fanOutFanIn(t *testing.T, fx fanOutFixture) {
+	const children = 10
+	parents := fx.parents
+	ctx := fx.ctx
 	clock := newOutsideClock()
 	var callbackRuns atomic.Int32
 	handlers := map[string]worker.Handler{
@@ -78,15 +106,17 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 		w  *worker.Worker
 		tr *killableTransport
 	}
+	started := 0
 	start := func() live {
 		tr := &killableTransport{}
-		client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		client := fx.open(started, func(next http.RoundTripper) http.RoundTripper {
 			tr.next = next
 			return tr
 		})
-		cfg := fastWorker(tb, handlers)
+		started++
+		cfg := fx.worker(handlers)
 		cfg.Concurrency = 8
-		ctx, cancel := context.WithCancel(tb.ctx)
+		ctx, cancel := context.WithCancel(ctx)
 		t.Cleanup(cancel)
 		w, err := worker.New((*couchq.Client)(client), cfg)
 		if err == nil {
@@ -105,7 +135,7 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 	for i := range parents {
 		jobs = append(jobs, protocol.NewJob{Worker: "parent", Payload: i})
 	}
-	batch, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect"})
+	batch, err := fx.client.EnqueueBatch(ctx, jobs, protocol.NewJob{Worker: "collect"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +165,9 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 			}()
 			workers = append(workers[1:], start())
 			kills++
+			if kills == 1 && fx.midRun != nil {
+				fx.midRun()
+			}
 		}
 	}()
 	deadline := time.Now().Add(5 * time.Minute)
@@ -142,16 +175,16 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 	for {
 		if time.Since(lastLog) > 15*time.Second {
 			lastLog = time.Now()
-			counts, _ := tb.client.Counts(tb.ctx)
+			counts, _ := fx.client.Counts(ctx)
 			t.Logf("progress: %v", counts)
 		}
-		it, err := tb.client.Get(tb.ctx, callback)
+		it, err := fx.client.Get(ctx, callback)
 		if err == nil && it.Status.Terminal() {
 			break
 		}
 		if time.Now().After(deadline) {
-			b, _ := tb.client.Batch(tb.ctx, batch)
-			counts, _ := tb.client.Counts(tb.ctx)
+			b, _ := fx.client.Batch(ctx, batch)
+			counts, _ := fx.client.Counts(ctx)
 			t.Fatalf("the callback did not finish: %+v; batch %+v; counts %v", it, b, counts)
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -160,7 +193,10 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 	killer.Wait()
 	t.Logf("done after %d kills", kills)
 
-	cb := waitStatus(t, tb, callback, protocol.StatusDone, time.Second)
+	cb, err := fx.client.Get(ctx, callback)
+	if err != nil || cb.Status != protocol.StatusDone {
+		t.Fatalf("callback: %+v (%v)", cb, err)
+	}
 	if !strings.Contains(string(cb.Payload), fmt.Sprintf(`"done":%d`, parents)) {
 		t.Errorf("callback payload: %s", cb.Payload)
 	}
@@ -172,16 +208,20 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 	if runs, expired := int(callbackRuns.Load()), strings.Count(events(cb), protocol.EventLeaseExpired); runs != 1+expired {
 		t.Errorf("callback ran %d times with %d expired leases: %s", runs, expired, events(cb))
 	}
-	counts, err := tb.client.Counts(tb.ctx)
+	counts, err := fx.client.Counts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts["child"][protocol.StatusDone] != parents*children || counts["parent"][protocol.StatusDone] != parents ||
+	if counts["child"][protocol.StatusDone] != int64(parents*children) || counts["parent"][protocol.StatusDone] != int64(parents) ||
 		counts["parent"][protocol.StatusWaiting]+counts["child"][protocol.StatusWaiting] != 0 {
 		t.Fatalf("counts: %v", counts)
 	}
 	var parentIDs []string
-	for _, p := range allJobs(t, tb, "parent") {
+	listed, err := fx.client.List(ctx, protocol.ListOptions{Worker: "parent", Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range listed.Items {
 		parentIDs = append(parentIDs, p.ID)
 		var kids []string
 		for k := range children {
@@ -193,4 +233,34 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 		}
 	}
 	clock.checkAfter(t, callback, parentIDs...)
+}
+
+// The same fan-out/fan-in on the cluster, smaller (30 parents), with
+// workers attached to nodes 1 and 2 killed every 2 s and node 3 stopped
+// after the first kill.
+func TestClusterFanOutFanInWithWorkersKilledAndANodeDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("minutes of killing workers")
+	}
+	cb := setupCluster(t, protocol.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Cleanup(cancel)
+	cb.ctx = ctx
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
+	fanOutFanIn(t, fanOutFixture{
+		ctx: ctx, client: cb.clients[0], parents: 30,
+		open: func(n int, wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
+			return cb.openThrough(t, 1+n%2, protocol.Config{}, wrap)
+		},
+		worker: func(handlers map[string]worker.Handler) worker.Config {
+			cfg := clusterWorker(cb.log, handlers)
+			cfg.LeaseDuration = 6 * time.Second // a killed worker's jobs come back sooner
+			return cfg
+		},
+		midRun: func() {
+			if err := cb.cl.StopNode(ctx, 3); err != nil {
+				t.Errorf("stopping node 3: %v", err)
+			}
+		},
+	})
 }

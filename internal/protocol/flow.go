@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,10 @@ type flowState struct {
 	checked atomic.Int64 // Unix ns when the waiting view was last asked
 	swept   atomic.Int64 // Unix ns of the last sweep of waiting jobs
 	cursor  atomic.Pointer[string]
+	// unchecked are jobs finished while the client believed no job
+	// waited for another (dependentsToCheck).
+	mu        sync.Mutex
+	unchecked []string
 }
 
 // DependencyError is an enqueue refused because of the jobs it names in
@@ -305,10 +310,13 @@ func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error 
 			ids = append(ids, BatchCallbackID(item.Batch))
 		}
 	}
-	if c.mayHaveWaiting(ctx) {
-		deps, err := c.dependents(ctx, []string{item.ID})
+	if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
+		deps, err := c.dependents(ctx, finished)
 		if err != nil {
 			return err
+		}
+		if len(deps) > 0 {
+			c.flow.seen.Store(time.Now().UnixNano())
 		}
 		ids = append(ids, deps...)
 	}
@@ -358,30 +366,83 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 	return pending <= batchFreshBelow
 }
 
-// mayHaveWaiting reports whether the database may hold jobs waiting for
-// others (After; a batch's callback is found through its batch): it held
-// some lately, or a look at the dependents view (at most every
-// waitingRecheck) finds one.
-func (c *Client) mayHaveWaiting(ctx context.Context) bool {
-	now := time.Now().UnixNano()
-	if now-c.flow.seen.Load() < int64(waitingMemory) {
-		return true
+// dependentsToCheck returns the finished jobs whose dependents to look
+// for now: id, with the jobs finished while the client believed no job
+// waited for another, once it finds that one does. It believes so for
+// waitingRecheck after a look at the dependents view found none, so that
+// a database where no job waits pays one query a second, not one per
+// finished job. A job finished in that second is looked for at the next
+// look that finds one: a dependent enqueued after the look found none
+// either came after the job finished (its enqueue's own check releases
+// it) or is found then.
+func (c *Client) dependentsToCheck(ctx context.Context, id string) []string {
+	if time.Now().UnixNano()-c.flow.seen.Load() < int64(waitingMemory) {
+		return append(c.flow.takeUnchecked(), id)
 	}
+	switch c.mayHaveWaiting(ctx) {
+	case waitingFound:
+		return append(c.flow.takeUnchecked(), id)
+	case waitingNone:
+		c.flow.takeUnchecked() // none waited for them when it looked
+		return nil
+	default:
+		c.flow.addUnchecked(id)
+		return nil
+	}
+}
+
+// maxUnchecked bounds the finished jobs a client keeps to look for
+// dependents of later (dependentsToCheck); past it the oldest are left
+// to the sweeper.
+const maxUnchecked = 10000
+
+func (f *flowState) addUnchecked(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.unchecked) >= maxUnchecked {
+		f.unchecked = f.unchecked[1:]
+	}
+	f.unchecked = append(f.unchecked, id)
+}
+
+func (f *flowState) takeUnchecked() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.unchecked
+	f.unchecked = nil
+	return out
+}
+
+// What a look for waiting jobs found.
+type waitingLook int
+
+const (
+	waitingSkipped waitingLook = iota // not looked: looked less than waitingRecheck ago
+	waitingFound
+	waitingNone
+)
+
+// mayHaveWaiting looks (at most every waitingRecheck) whether any job
+// waits for others (After; a batch's callback is found through its
+// batch), in the dependents view.
+func (c *Client) mayHaveWaiting(ctx context.Context) waitingLook {
+	now := time.Now().UnixNano()
 	last := c.flow.checked.Load()
 	if now-last < int64(waitingRecheck) || !c.flow.checked.CompareAndSwap(last, now) {
-		return false
+		return waitingSkipped
 	}
 	rows := c.view(ctx, "dependents", kivik.Param("limit", 1))
 	defer rows.Close()
 	found := rows.Next()
 	if err := rows.Err(); err != nil {
 		c.log.Debug().Err(err).Msg("could not look for jobs waiting for others; asking for dependents anyway")
-		return true
+		return waitingFound
 	}
-	if found {
-		c.flow.seen.Store(now)
+	if !found {
+		return waitingNone
 	}
-	return found
+	c.flow.seen.Store(now)
+	return waitingFound
 }
 
 // dependents lists the waiting jobs that wait for any of ids (the
