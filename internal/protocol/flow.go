@@ -311,12 +311,16 @@ func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error 
 		}
 	}
 	if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
-		deps, err := c.dependents(ctx, finished)
+		deps, docs, err := c.dependents(ctx, finished)
 		if err != nil {
 			return err
 		}
 		if len(deps) > 0 {
 			c.flow.seen.Store(time.Now().UnixNano())
+		}
+		if len(ids) == 0 && docs != nil {
+			_, err := c.releaseRead(ctx, deps, docs, by)
+			return err
 		}
 		ids = append(ids, deps...)
 	}
@@ -447,23 +451,42 @@ func (c *Client) mayHaveWaiting(ctx context.Context) waitingLook {
 
 // dependents lists the waiting jobs that wait for any of ids (the
 // dependents view, keyed by the job waited for).
-func (c *Client) dependents(ctx context.Context, ids []string) ([]string, error) {
-	rows := c.view(ctx, "dependents", kivik.Param("keys", ids))
+//
+// On a single node the rows carry the documents (one request less per
+// release): docs holds them, as readJobs would have read them. Not on a
+// cluster, where a view's documents come from one copy, which may not
+// hold the newest revision.
+func (c *Client) dependents(ctx context.Context, ids []string) (out []string, docs map[string]jobState, err error) {
+	withDocs := !c.confirming()
+	rows := c.view(ctx, "dependents", kivik.Params(map[string]any{"keys": ids, "include_docs": withDocs}))
 	defer rows.Close()
-	var out []string
+	if withDocs {
+		docs = map[string]jobState{}
+	}
 	for rows.Next() {
 		id, err := rows.ID()
 		if err != nil {
-			return nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+			return nil, nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
 		}
-		if !slices.Contains(out, id) {
-			out = append(out, id)
+		if slices.Contains(out, id) {
+			continue
+		}
+		out = append(out, id)
+		if withDocs {
+			var raw json.RawMessage
+			var it WorkItem
+			if rows.ScanDoc(&raw) != nil || gone(raw) || json.Unmarshal(raw, &it) != nil {
+				docs = nil // read them all afresh
+				withDocs = false
+				continue
+			}
+			docs[id] = jobState{exists: true, item: &it}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+		return nil, nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
 	}
-	return out, nil
+	return out, docs, nil
 }
 
 // releaseRounds bounds how often releaseReady reads again after losing
@@ -475,14 +498,24 @@ const releaseRounds = 5
 // policy), over the revision it read. A job another writer changed in
 // between (409) is read and checked again. It returns how many it wrote.
 func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int, error) {
+	return c.releaseRead(ctx, ids, nil, by)
+}
+
+// releaseRead is releaseReady with the jobs of ids already read (read,
+// for its first round; nil reads them).
+func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (int, error) {
 	written := 0
 	for range releaseRounds {
 		if len(ids) == 0 {
 			return written, nil
 		}
-		jobs, err := c.readJobs(ctx, ids, true)
-		if err != nil {
-			return written, fmt.Errorf("releasing waiting jobs: %w", err)
+		jobs := read
+		read = nil
+		if jobs == nil {
+			var err error
+			if jobs, err = c.readJobs(ctx, ids, true); err != nil {
+				return written, fmt.Errorf("releasing waiting jobs: %w", err)
+			}
 		}
 		var waiting []*WorkItem
 		var deps []string
