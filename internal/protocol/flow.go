@@ -97,6 +97,9 @@ type flowState struct {
 	// waited for another (dependentsToCheck).
 	mu        sync.Mutex
 	unchecked []string
+	// batches holds, by batch id, the last batchRead of a batch far from
+	// done (batchMayBeDone); entries go when the batch nears its end.
+	batches sync.Map
 }
 
 // DependencyError is an enqueue refused because of the jobs it names in
@@ -354,6 +357,16 @@ const batchFreshBelow = 256
 // end this way (an index lagging by more than batchFreshBelow) leaves the
 // callback to the sweeper.
 func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
+	// A batch far from done was read as such a moment ago: jobs finishing
+	// together share that read. Far enough that no queue finishes the rest
+	// within batchReadReuse (it would take 3,000 jobs a second).
+	now := time.Now().UnixNano()
+	if v, ok := c.flow.batches.Load(batch); ok {
+		last := v.(batchRead)
+		if last.pending > 4*batchFreshBelow && now-last.at < int64(batchReadReuse) {
+			return false
+		}
+	}
 	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
 		"key": []any{batch, "pending"}, "update": "false",
 	}))
@@ -367,7 +380,22 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 	if rows.Err() != nil {
 		return true
 	}
+	if pending > 4*batchFreshBelow {
+		c.flow.batches.Store(batch, batchRead{pending: pending, at: now})
+	} else {
+		c.flow.batches.Delete(batch)
+	}
 	return pending <= batchFreshBelow
+}
+
+// batchReadReuse is how long a read of a batch far from done answers for
+// the jobs of the batch a client finishes (batchMayBeDone).
+const batchReadReuse = 250 * time.Millisecond
+
+// batchRead is what a client last read of a batch's unfinished jobs.
+type batchRead struct {
+	pending int64
+	at      int64 // Unix ns
 }
 
 // dependentsToCheck returns the finished jobs whose dependents to look
