@@ -362,7 +362,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	sections := fs.String("sections", "1,2,3,4,5,6,7,8,9", "sections to run, comma-separated")
+	sections := fs.String("sections", "1,2,3,4,5,6,7,8,9,10", "sections to run, comma-separated")
 	servers := fs.String("servers", "", "local servers to start and measure in turn, comma-separated: "+
 		strings.Join(LocalServers(), ",")+" (default: every one available; not with --url)")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
