@@ -144,6 +144,25 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	return c.p().EnqueueMany(ctx, jobs)
 }
 
+// EnqueueBatch enqueues jobs as one batch and callback as the job that
+// runs once after every one of them has finished, with a summary in its
+// payload under "batch" (id, done, failed, cancelled, failed_ids). It
+// returns the batch's id (see Batch, CancelBatch).
+func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJob) (string, error) {
+	return c.p().EnqueueBatch(ctx, jobs, callback)
+}
+
+// Batch reads a batch's progress and its callback job.
+func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
+	return c.p().Batch(ctx, id)
+}
+
+// CancelBatch cancels the jobs of a batch that have not finished and
+// returns how many; the callback then runs with them counted cancelled.
+func (c *Client) CancelBatch(ctx context.Context, id, reason string) (int, error) {
+	return c.p().CancelBatch(ctx, id, c.actor(), reason)
+}
+
 // Get reads a job. A job whose document holds a conflict (two claims
 // through different nodes of a cluster) reads as the sweeper will settle
 // it. A job that does not exist returns ErrNotFound.
@@ -255,13 +274,21 @@ func (c *Client) HeldJob(ctx context.Context, id, agent string) (*WorkItem, erro
 // Complete finishes a held job as done, recording result (nil for none).
 // A claim that was lost meanwhile returns ErrClaimLost and writes nothing.
 func (c *Client) Complete(ctx context.Context, item *WorkItem, result json.RawMessage) error {
-	return c.p().Complete(ctx, item, result)
+	if err := c.p().Complete(ctx, item, result); err != nil {
+		return err
+	}
+	c.p().AfterFinish(ctx, item, c.actor())
+	return nil
 }
 
 // Fail records a held job's failed attempt: it is retried after a backoff
 // while attempts remain, else it stays failed.
 func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts FailOptions) error {
-	return c.p().Fail(ctx, item, cause, opts)
+	if err := c.p().Fail(ctx, item, cause, opts); err != nil {
+		return err
+	}
+	c.p().AfterFinish(ctx, item, c.actor())
+	return nil
 }
 
 // Extend renews a held job's lease to lease from now.

@@ -288,3 +288,89 @@ func ExampleLinkSites() {
 	// Workers opened with couchq.Config{Site: "tokyo"} on Tokyo's server
 	// run it, and Berlin's copy shows it done.
 }
+
+// Workflows: a job that waits for another (After), and a batch whose
+// callback runs once after every one of its jobs has finished, with a
+// summary of how they ended in its payload.
+func ExampleClient_EnqueueBatch() {
+	ctx := context.Background()
+	q := open(ctx, "couchq_example_workflow")
+
+	fetch, err := q.Enqueue(ctx, couchq.NewJob{Worker: "fetch"})
+	if err != nil {
+		panic(err)
+	}
+	report, err := q.Enqueue(ctx, couchq.NewJob{Worker: "report", After: []string{fetch.ID}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("report is", report.Status)
+
+	var pages []couchq.NewJob
+	for _, url := range []string{"/a", "/b", "/c"} {
+		pages = append(pages, couchq.NewJob{Worker: "page", Payload: url})
+	}
+	batch, err := q.EnqueueBatch(ctx, pages, couchq.NewJob{Worker: "index", Payload: map[string]string{"site": "example.com"}})
+	if err != nil {
+		panic(err)
+	}
+
+	var mu sync.Mutex
+	var ran []string
+	record := func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ran = append(ran, job.Type)
+		return nil
+	}
+	summary := make(chan string, 1)
+	w, err := worker.New(q, worker.Config{Handlers: map[string]worker.Handler{
+		"fetch": worker.HandlerFunc(record), "report": worker.HandlerFunc(record), "page": worker.HandlerFunc(record),
+		"index": worker.Typed(func(ctx context.Context, job *worker.Job, args struct {
+			Site  string `json:"site"`
+			Batch struct {
+				Done, Failed, Cancelled int
+			} `json:"batch"`
+		}) error {
+			summary <- fmt.Sprintf("index %s: %d done, %d failed, %d cancelled", args.Site, args.Batch.Done, args.Batch.Failed, args.Batch.Cancelled)
+			return nil
+		}),
+	}})
+	if err != nil {
+		panic(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer func() { _ = w.Stop(ctx) }()
+
+	fmt.Println(<-summary)
+	for {
+		if it, err := q.Get(ctx, report.ID); err == nil && it.Status == couchq.StatusDone {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println("fetch ran before report:", indexOf(ran, "fetch") < indexOf(ran, "report"))
+	b, err := q.Batch(ctx, batch)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("batch pending:", b.Pending)
+	// Output:
+	// report is waiting
+	// index example.com: 3 done, 0 failed, 0 cancelled
+	// fetch ran before report: true
+	// batch pending: 0
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}

@@ -13,7 +13,7 @@ import (
 // exampleDBs are the databases the examples use; TestMain drops them
 // before the examples run, so that each starts from nothing, as a reader's
 // first run would.
-var exampleDBs = []string{"couchq_example", "couchq_example_unique", "couchq_example_periodic", "couchq_example_agent", "couchq_example_slots"}
+var exampleDBs = []string{"couchq_example", "couchq_example_unique", "couchq_example_periodic", "couchq_example_agent", "couchq_example_slots", "couchq_example_workflow"}
 
 // TestMain starts the test server and hands it to the examples the way a
 // deployment hands a server to couchq: COUCHDB_URL, COUCHDB_USER and

@@ -45,7 +45,29 @@ const (
 	StatusDone      = protocol.StatusDone
 	StatusFailed    = protocol.StatusFailed
 	StatusCancelled = protocol.StatusCancelled
+	// StatusWaiting: the job waits for other jobs (NewJob.After, a
+	// batch's callback, a handler's children) and no worker claims it
+	// until they have finished.
+	StatusWaiting = protocol.StatusWaiting
 )
+
+// What a waiting job does when a job it waits for fails for good or is
+// cancelled (NewJob.OnDependencyFailure).
+const (
+	// DependencyCancel cancels it (the default).
+	DependencyCancel = protocol.DependencyCancel
+	// DependencyRun runs it anyway once every dependency has finished.
+	DependencyRun = protocol.DependencyRun
+)
+
+// DependencyError is an enqueue refused because of a job named in After
+// (one that does not exist, or the job itself); HTTPStatus gives the
+// status an HTTP API answers with. It matches ErrInvalidJob.
+type DependencyError = protocol.DependencyError
+
+// BatchStatus is a batch's progress (Client.Batch): its jobs done,
+// failed, cancelled and pending, the failed ones' ids, and its callback.
+type BatchStatus = protocol.BatchStatus
 
 // Priorities: a job's priority runs from PriorityHighest (runs first) to
 // PriorityLowest; one without a priority has PriorityDefault.
@@ -76,6 +98,10 @@ const DocType = protocol.DocType
 //   - Extra: fields of your own (a tenant, say) stored at the top level of
 //     the document, read back with WorkItem.Extra; couchq's own names and
 //     names starting with '_' are refused.
+//   - After: jobs this one waits for (it is enqueued StatusWaiting and runs
+//     once they have finished); each must exist already.
+//   - OnDependencyFailure: DependencyCancel (the default) or DependencyRun,
+//     what a job of After failing for good does to this one.
 type NewJob = protocol.NewJob
 
 // UniqueOpts make an enqueue idempotent: at most one job of a type holds a

@@ -22,7 +22,7 @@ import (
 )
 
 // Kind is what a worker would make of an attempt: Done, Retry, Failed,
-// Cancelled or Snoozed.
+// Cancelled, Snoozed or AwaitingChildren.
 type Kind = jobrun.Kind
 
 // The outcomes of an attempt. A handler's nil is Done; JobSnooze, JobCancel
@@ -34,6 +34,10 @@ const (
 	Failed    = jobrun.Failed
 	Cancelled = jobrun.Cancelled
 	Snoozed   = jobrun.Snoozed
+	// AwaitingChildren is a handler's JobAwaitChildren: the job waits for
+	// the children it enqueued (Job.EnqueueChild needs a worker's client,
+	// so under RunJob a handler that enqueues children gets an error).
+	AwaitingChildren = jobrun.AwaitingChildren
 )
 
 // RunOpts adjust RunJob; the zero value (or nil) runs the first attempt.

@@ -63,7 +63,7 @@ func DocFor(view string) string {
 	switch view {
 	case "activity", "attempt_times", "by_status", "depth", "due", "events", "failed", "status", "timings", "workers":
 		return OpsID
-	case "leases", "conflicts", "held", "free_slots":
+	case "leases", "conflicts", "held", "free_slots", "dependents", "waiting", "batches":
 		return SweepID
 	}
 	return ID
@@ -84,7 +84,13 @@ func DocFor(view string) string {
 // Schema 4 may run the functions in CouchDB's QuickJS engine (Language), so
 // that a couchq of schema 3, which would put plain javascript back and
 // rebuild every index, leaves it alone.
-const SchemaVersion = 4
+//
+// Schema 5 adds workflows: the due views, the status views and the
+// changes filter read a waiting job (status waiting, or an after field
+// never released) as not claimable, and the sweep document gains the
+// dependents, waiting and batches views; a couchq of schema 4 would put
+// back due views that list waiting jobs.
+const SchemaVersion = 5
 
 // LanguageSchema is the first schema whose Language was chosen: an older
 // document's plain javascript is no one's choice.

@@ -114,7 +114,11 @@ func (s *server) agentComplete(ctx context.Context, r *http.Request, u sessionUs
 	if err != nil {
 		return nil, err
 	}
-	return it, s.q.Complete(ctx, it, req.Result)
+	if err := s.q.Complete(ctx, it, req.Result); err != nil {
+		return it, err
+	}
+	s.q.AfterFinish(ctx, it, it.ClaimedBy)
+	return it, nil
 }
 
 func (s *server) agentFail(ctx context.Context, r *http.Request, u sessionUser) (any, error) {
@@ -133,7 +137,11 @@ func (s *server) agentFail(ctx context.Context, r *http.Request, u sessionUser) 
 		return nil, err
 	}
 	// Retried after the workers' backoff.
-	return it, s.q.Fail(ctx, it, req.Error, protocol.FailOptions{Final: req.NoRetry, RetryAfter: worker.DefaultRetry(it.Attempts)})
+	if err := s.q.Fail(ctx, it, req.Error, protocol.FailOptions{Final: req.NoRetry, RetryAfter: worker.DefaultRetry(it.Attempts)}); err != nil {
+		return it, err
+	}
+	s.q.AfterFinish(ctx, it, "agent")
+	return it, nil
 }
 
 func (s *server) agentExtend(ctx context.Context, r *http.Request, u sessionUser) (any, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"html"
 	"io/fs"
@@ -37,6 +38,39 @@ const (
 	failedLimitMax     = 500
 )
 
+// batchesLimit bounds the batches /api/batches lists: unfinished first.
+const batchesLimit = 50
+
+// apiBatch is one batch's progress, with its callback's id and status.
+func (s *server) apiBatch(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+	defer cancel()
+	id := r.PathValue("id")
+	rd, code, err := s.readerFor(ctx, r)
+	if err != nil {
+		refused(w, r, code, err)
+		return
+	}
+	b, err := rd.q.Batch(ctx, id)
+	if errors.Is(err, protocol.ErrNotFound) {
+		writeAPIError(w, http.StatusNotFound, "no batch "+id)
+		return
+	}
+	if err != nil {
+		s.readFailed(w, r, rd, err)
+		return
+	}
+	out := struct {
+		*protocol.BatchStatus
+		CallbackID     string `json:"callback_id"`
+		CallbackStatus string `json:"callback_status,omitempty"`
+	}{BatchStatus: b, CallbackID: protocol.BatchCallbackID(id)}
+	if b.Callback != nil {
+		out.CallbackStatus = string(b.Callback.Status)
+	}
+	s.writeJSON(w, out)
+}
+
 // dashboardRoutes adds the page, its assets and the endpoints it reads
 // and acts through.
 func (s *server) dashboardRoutes(mux *http.ServeMux) {
@@ -53,6 +87,10 @@ func (s *server) dashboardRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/workers", s.cached(func(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
 		return q.WorkersNow(ctx)
 	}))
+	mux.HandleFunc("GET /api/batches", s.cached(func(ctx context.Context, q *protocol.Client, _ *http.Request) (any, error) {
+		return q.Batches(ctx, batchesLimit)
+	}))
+	mux.HandleFunc("GET /api/batches/{id}", s.apiBatch)
 	mux.HandleFunc("GET /api/series", s.apiSeries)
 	mux.HandleFunc("GET /api/failed", s.apiFailed)
 	// Actions change the queue: a page of another site must not make the

@@ -101,7 +101,7 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Errorf("queues table lacks %q:\n%s", want, queues)
 		}
 	}
-	running, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#queues tr[data-type="thumbnail"]').cells[3].textContent`))
+	running, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#queues tr[data-type="thumbnail"]').cells[4].textContent`)) // type, due, scheduled, waiting, running
 	if err != nil || running != "1" {
 		t.Errorf("thumbnail's running cell: %q %v, want 1", running, err)
 	}

@@ -105,7 +105,7 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 		t.Errorf("/api/jobs?limit=1: %d %v\n%s", code, err, body)
 	}
 	for path, want := range map[string]string{
-		"/api/jobs?status=stuck":       `invalid status \"stuck\": want one of queued, running, done, failed, cancelled`,
+		"/api/jobs?status=stuck":       `invalid status \"stuck\": want one of waiting, queued, running, done, failed, cancelled`,
 		"/api/jobs?limit=0":            `invalid limit \"0\"`,
 		"/api/jobs?limit=5000":         `invalid limit \"5000\"`,
 		"/api/stats?since=soon":        `invalid since \"soon\"`,

@@ -14,8 +14,12 @@ import (
 // Item (the claimed document, read-only; Item.Progress is what the last
 // attempt reported) and Slot (the sequence's slot, see Config.Sequences).
 // Its methods: SetResult and Result (what is stored as the result when the
-// attempt succeeds) and Progress (how far the job got, shown by couchq show,
-// ls and the dashboard; throttled, see Config.ProgressInterval).
+// attempt succeeds), Progress (how far the job got, shown by couchq show,
+// ls and the dashboard; throttled, see Config.ProgressInterval) and
+// EnqueueChild (a child job, with an id derived from the job's and a key,
+// so that a run again after a lost claim makes no duplicates; see
+// JobAwaitChildren). Continuation is set when the job runs again after its
+// children finished.
 type Job = jobrun.Job
 
 // Handler runs jobs of one type. Returning nil completes the job; an error
@@ -77,3 +81,12 @@ type FailError = jobrun.FailError
 
 // JobFail returns an error that fails the job permanently with err.
 func JobFail(err error) error { return &FailError{Err: err} }
+
+// AwaitChildrenError finishes the attempt as waiting for the children
+// the handler enqueued (Job.EnqueueChild): the job runs again, with
+// Job.Continuation set, once every child has finished, however it ended.
+type AwaitChildrenError = jobrun.AwaitChildrenError
+
+// JobAwaitChildren returns the error that makes the job wait for the
+// children its handler enqueued, without charging the attempt.
+func JobAwaitChildren() error { return &AwaitChildrenError{} }

@@ -598,6 +598,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	item := rj.item
 	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
 	job := jobrun.New(item, w.client.MaxAttempts(item), rj, w.cfg.Now)
+	jobrun.Attach(job, w.client)
 
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
@@ -650,6 +651,15 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 			return
 		}
 		log.Error().Err(ferr).Msg("could not record the job's outcome; the sweeper will retry it")
+		return
+	}
+	if item.Status.Terminal() {
+		// Jobs waiting for this one (and its batch's callback) are
+		// released by the worker that finished it; if this fails, or the
+		// process dies first, the sweeper does it.
+		if rerr := w.client.Finished(fctx, item, w.by); rerr != nil {
+			log.Warn().Err(rerr).Msg("could not release the jobs waiting for this one; the sweeper will")
+		}
 	}
 }
 
@@ -693,7 +703,8 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 	if out.Kind == jobrun.Done {
 		w.stats.completed.Add(1)
 		var err error
-		if w.cfg.DeleteDone[r.typ] {
+		if w.cfg.DeleteDone[r.typ] && item.Batch == "" {
+			// A batch's jobs stay: its callback counts them.
 			err = r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
 		} else {
 			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.Result()) })
@@ -704,6 +715,8 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 		return err
 	}
 	switch out.Kind {
+	case jobrun.AwaitingChildren:
+		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.AwaitChildren(ctx, item, jobrun.ChildrenOf(job)) })
 	case jobrun.Snoozed:
 		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Snooze(ctx, item, out.Delay) })
 	case jobrun.Cancelled:

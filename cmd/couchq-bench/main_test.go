@@ -35,7 +35,7 @@ func TestRunExitCodes(t *testing.T) {
 	}{
 		{"help", []string{"-h"}, 0, "usage: couchq-bench"},
 		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined"},
-		{"bad section", []string{"--sections", "10"}, 2, "unknown section 10"},
+		{"bad section", []string{"--sections", "11"}, 2, "unknown section 11"},
 		{"unknown server", []string{"--servers", "couchdb,mysql"}, 2, `unknown server "mysql"`},
 		{"servers and a URL", []string{"--servers", "pouchdb", "--url", "http://127.0.0.1:5984"}, 2, "measures that one alone"},
 		// --write-docs with a partial run is refused before anything runs.

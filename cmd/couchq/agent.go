@@ -214,6 +214,7 @@ func (m *Main) runComplete(ctx context.Context, log zerolog.Logger, args []strin
 	if err := q.Complete(ctx, it, raw); err != nil {
 		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
+	q.AfterFinish(ctx, it, q.Config().Actor)
 	return m.agentDone(conn, it, "completed")
 }
 
@@ -239,6 +240,7 @@ func (m *Main) runFail(ctx context.Context, log zerolog.Logger, args []string) e
 	if err := q.Fail(ctx, it, msg, opts); err != nil {
 		return cli.ServerError(conn.URL, notHeldIfLost(err))
 	}
+	q.AfterFinish(ctx, it, q.Config().Actor)
 	what := "failed"
 	if it.Status == protocol.StatusQueued {
 		what = "failed (retried at " + protocol.FromUnix(it.Date).UTC().Format(time.RFC3339) + ")"

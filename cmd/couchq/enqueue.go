@@ -14,7 +14,8 @@ import (
 
 const enqueueUsage = `Usage:
 	couchq enqueue --type TYPE [--payload JSON] [--at TIME | --in DURATION]
-	               [--max-attempts N] [--priority P] [--id ID | --unique-key KEY [--unique-for D]] [flags]
+	               [--max-attempts N] [--priority P] [--id ID | --unique-key KEY [--unique-for D]]
+	               [--after ID,ID [--on-dependency-failure cancel|run]] [flags]
 	couchq enqueue --file FILE [flags]
 
 Adds a job and prints its id. The job is due now unless --at or --in
@@ -35,10 +36,15 @@ schedules it.
 	                    the key is enqueued again
 	--unique-for D      with --unique-key: one job per KEY per period D (from the Unix
 	                    epoch, UTC), whatever became of it; the id ends in @PERIOD-START
+	--after ID,ID       wait for these jobs: the job is "waiting" until every one has
+	                    finished, then runs. Each must exist already
+	--on-dependency-failure cancel|run
+	                    when a job of --after fails for good or is cancelled: cancel
+	                    this one (the default), or run it anyway once all finished
 	--file FILE         enqueue every line of a JSON Lines file ('-' for stdin):
 	                    {"type": "email", "payload": {...}, "at": "TIME" | "in": "10s",
 	                     "max_attempts": 5, "id": "...", "unique_key": "K", "unique_for": "1h",
-	                     "priority": 1}
+	                     "priority": 1, "after": ["ID"], "on_dependency_failure": "run"}
 	                    ("worker" may stand for "type")
 	                    The whole file is checked first: one bad line and nothing is
 	                    enqueued. --type, --at/--in and --max-attempts are defaults
@@ -62,6 +68,9 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	var priority int
 	fs.IntVar(&priority, "priority", 0, "priority")
 	fs.StringVar(&file, "file", "", "JSON Lines file, - for stdin")
+	var after string
+	fs.StringVar(&after, "after", "", "comma-separated ids of jobs to wait for")
+	fs.StringVar(&spec.OnDependencyFailure, "on-dependency-failure", "", "cancel or run")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -104,6 +113,13 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return cli.EnqueueFile(ctx, q, file, jobs, m.output(conn))
 	}
 
+	if after != "" {
+		for _, id := range strings.Split(after, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				spec.After = append(spec.After, id)
+			}
+		}
+	}
 	if payload != "" {
 		spec.Payload = json.RawMessage(payload)
 		if err := cli.CheckJSON(spec.Payload); err != nil {
@@ -132,7 +148,8 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 // flagNames turns the JSON field names in a JobSpec error into the flags
 // they came from.
 var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id",
-	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for", `"priority"`, "--priority")
+	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for", `"priority"`, "--priority",
+	`"on_dependency_failure"`, "--on-dependency-failure")
 
 // flagSet reports whether the flag name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

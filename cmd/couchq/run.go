@@ -75,6 +75,7 @@ func commands() []command {
 		{"stats", "report throughput, wait and run times, queue depth and workers", statsUsage, (*Main).runStats},
 		{"retry", "put a failed or cancelled job (or all failed jobs of a type) back in the queue", retryUsage, (*Main).runRetry},
 		{"cancel", "cancel a queued or running job", cancelUsage, (*Main).runCancel},
+		{"batch", "show a batch's progress, or cancel its unfinished jobs", batchUsage, (*Main).runBatch},
 		{"requeue", "return a running job whose worker is gone to the queue", requeueUsage, (*Main).runRequeue},
 		{"pause", "stop the workers of a job type from claiming it (running jobs finish)", pauseUsage, (*Main).runPause},
 		{"resume", "let the workers of a paused job type claim it again", resumeUsage, (*Main).runResume},

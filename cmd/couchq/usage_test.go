@@ -50,7 +50,7 @@ func TestUsageErrors(t *testing.T) {
 		{"file and payload", "", []string{"enqueue", "--file", "-", "--payload", "1"}, "with --file"},
 		{"missing file", "", []string{"enqueue", "--file", "/nonexistent/jobs.jsonl"}, "no such file"},
 		{"bad default in", "", []string{"enqueue", "--file", "-", "--in", "soon"}, `invalid --in "soon"`},
-		{"bad status", "", []string{"ls", "--status", "stuck"}, "want one of queued, running, done, failed, cancelled"},
+		{"bad status", "", []string{"ls", "--status", "stuck"}, "want one of waiting, queued, running, done, failed, cancelled"},
 		{"bad limit", "", []string{"ls", "--limit", "0"}, "invalid --limit 0"},
 		{"show without id", "", []string{"show"}, "missing job ID"},
 		{"show two ids", "", []string{"show", "a", "b"}, "want one job ID"},

@@ -36,7 +36,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var fresh = function (d, attempts) {
       return d.type === 'WorkItem' && d.claimed !== true && d.claimed_by == null && d.lease_until == null &&
         d.claimed_at == null && d.started_at == null && d.finished_at == null && d.last_error == null &&
-        (d.status == null || d.status === 'queued') && (d.attempts || 0) === attempts;
+        (d.status == null || d.status === 'queued' || d.status === 'waiting') && d.released_at == null &&
+        (d.attempts || 0) === attempts;
     };
     var finished = function (d) {
       return d.status === 'done' || d.status === 'failed' || d.status === 'cancelled';
@@ -132,7 +133,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (given(newDoc.date) && !isNum(newDoc.date)) {
     reject('date', 'must be a number of Unix seconds (or null for now), got ' + describe(newDoc.date));
   }
-  var statuses = ['queued', 'running', 'done', 'failed', 'cancelled'];
+  var statuses = ['waiting', 'queued', 'running', 'done', 'failed', 'cancelled'];
   if (given(newDoc.status) && statuses.indexOf(newDoc.status) < 0) {
     reject('status', 'must be one of ' + statuses.join(', ') + ', got ' + JSON.stringify(newDoc.status));
   }
@@ -194,7 +195,39 @@ function (newDoc, oldDoc, userCtx, secObj) {
       reject('trace.tracestate', 'must be a string of at most 8192 characters, as in the W3C tracestate header');
     }
   }
-  var times = ['claimed_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
+  // Workflows (couchq's flow.go): after lists the jobs this one waits for.
+  if (given(newDoc.after)) {
+    if (!Array.isArray(newDoc.after)) {
+      reject('after', 'must be an array of job ids (non-empty strings), got ' + describe(newDoc.after));
+    }
+    if (newDoc.after.length > 1000) {
+      reject('after', 'may name at most 1000 jobs, got ' + newDoc.after.length);
+    }
+    for (var a = 0; a < newDoc.after.length; a++) {
+      if (typeof newDoc.after[a] !== 'string' || newDoc.after[a] === '') {
+        reject('after', 'must be an array of job ids (non-empty strings), got ' + JSON.stringify(newDoc.after[a]) + ' at ' + a);
+      }
+      if (newDoc.after[a] === newDoc._id) {
+        reject('after', 'names the job itself: a job cannot wait for itself');
+      }
+    }
+  }
+  if (given(newDoc.on_dependency_failure) && newDoc.on_dependency_failure !== 'cancel' && newDoc.on_dependency_failure !== 'run') {
+    reject('on_dependency_failure', 'must be "cancel" or "run", got ' + JSON.stringify(newDoc.on_dependency_failure));
+  }
+  var names = ['batch', 'callback_of'];
+  for (var b = 0; b < names.length; b++) {
+    if (given(newDoc[names[b]]) && (typeof newDoc[names[b]] !== 'string' || newDoc[names[b]] === '')) {
+      reject(names[b], 'must be a batch id, a non-empty string, got ' + JSON.stringify(newDoc[names[b]]));
+    }
+  }
+  if (given(newDoc.batch_size) && !(isNum(newDoc.batch_size) && newDoc.batch_size >= 0 && Math.floor(newDoc.batch_size) === newDoc.batch_size)) {
+    reject('batch_size', 'must be a whole number, got ' + JSON.stringify(newDoc.batch_size));
+  }
+  if (given(newDoc.continuation) && typeof newDoc.continuation !== 'boolean') {
+    reject('continuation', 'must be a boolean, got ' + describe(newDoc.continuation));
+  }
+  var times = ['claimed_at', 'released_at', 'lease_until', 'created_at', 'started_at', 'finished_at'];
   for (var j = 0; j < times.length; j++) {
     var t = newDoc[times[j]];
     if (given(t) && !isNum(t)) {

@@ -1,7 +1,8 @@
 // Package bench measures couchq against CouchDB-compatible servers, one
 // after the other: for each, the server's own write ceiling, end-to-end
 // throughput as a share of it, idle wake-up latency, claim contention,
-// backlog scaling, memory, feature costs, claim indexes and sites. The
+// backlog scaling, memory, feature costs, claim indexes, sites and
+// workflows. The
 // couchq-bench command is a thin main around Run.
 package bench
 
@@ -171,6 +172,8 @@ func (b *run) section(ctx context.Context, s *Section) error {
 		return b.runFeatures(ctx, s)
 	case SectionClaimIndex:
 		return b.runClaimIndex(ctx, s)
+	case SectionWorkflows:
+		return b.runWorkflows(ctx, s)
 	case SectionSites:
 		return b.runSites(ctx, s)
 	}

@@ -28,6 +28,7 @@ const (
 	SectionFeatures   = 7
 	SectionClaimIndex = 8
 	SectionSites      = 9
+	SectionWorkflows  = 10
 )
 
 var sectionNames = map[int]string{
@@ -40,6 +41,7 @@ var sectionNames = map[int]string{
 	SectionFeatures:   "feature costs",
 	SectionClaimIndex: "claim index",
 	SectionSites:      "sites",
+	SectionWorkflows:  "workflows",
 }
 
 // Targets printed next to the figures.
@@ -197,7 +199,7 @@ func ContentionWorkersDefault() []int { return []int{1, 4, 16} }
 
 // AllSections lists every section number.
 func AllSections() []int {
-	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex, SectionSites}
+	return []int{SectionCeiling, SectionThroughput, SectionWakeup, SectionContention, SectionBacklog, SectionMemory, SectionFeatures, SectionClaimIndex, SectionSites, SectionWorkflows}
 }
 
 // WithDefaults fills in every unset field.
@@ -286,7 +288,7 @@ func (c Config) Validate() error {
 	var errs []error
 	for _, s := range c.Sections {
 		if sectionNames[s] == "" {
-			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-9)", s))
+			errs = append(errs, fmt.Errorf("unknown section %d (sections are 1-10)", s))
 		}
 	}
 	check := func(name string, v, lo, hi int) {
@@ -377,7 +379,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
 	}
-	sections := fs.String("sections", "1,2,3,4,5,6,7,8,9", "sections to run, comma-separated")
+	sections := fs.String("sections", "1,2,3,4,5,6,7,8,9,10", "sections to run, comma-separated")
 	servers := fs.String("servers", "", "local servers to start and measure in turn, comma-separated: "+
 		strings.Join(LocalServers(), ",")+" (default: every one available; not with --url)")
 	contention := fs.String("contention-workers", "1,4,16", "claimant counts of section 4, comma-separated")
@@ -517,8 +519,9 @@ const usageHead = `usage: couchq-bench [flags]
 Measures couchq against CouchDB-compatible servers (loopback only) and
 prints one table per server: the server's own write ceiling, end-to-end
 throughput, idle wake-up latency, claim contention, backlog scaling,
-memory, feature costs, claim indexes and sites (section 9, on the single
-Apache CouchDB node: linked to further nodes it starts as other sites).
+memory, feature costs, claim indexes, sites (section 9, on the single
+Apache CouchDB node: linked to further nodes it starts as other sites) and
+workflows (section 10: release latency, batch throughput).
 Each section works in a fresh database, dropped at its end unless --keep.
 
 With --url (or COUCHDB_URL) it measures that server alone. Without, it

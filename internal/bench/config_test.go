@@ -88,7 +88,7 @@ func TestParseArgsSectionsAndScale(t *testing.T) {
 
 func TestParseArgsRejects(t *testing.T) {
 	for _, args := range [][]string{
-		{"--sections", "10"},
+		{"--sections", "11"},
 		{"--sections", "x"},
 		{"--sections", ""},
 		{"--jobs", "-5"},
@@ -167,7 +167,7 @@ func TestParseArgsWriteDocs(t *testing.T) {
 		changed []string
 	}{
 		{"defaults", nil, nil, "", nil},
-		{"every server and section named, in any order", []string{"--servers", "pouchdb,couchdb,cluster", "--sections", "9,8,7,6,5,4,3,2,1"}, nil, "", nil},
+		{"every server and section named, in any order", []string{"--servers", "pouchdb,couchdb,cluster", "--sections", "10,9,8,7,6,5,4,3,2,1"}, nil, "", nil},
 		{"a default given", []string{"--jobs", "10000", "--validation", "on", "--instrument"}, nil, "", nil},
 		{"output flags", []string{"--json", "-v", "--timeout", "1h", "--couchq-bin", "/bin/couchq"}, nil, "", nil},
 		{"sizes", []string{"--workers", "64", "--jobs", "500", "--validation", "off", "--instrument=false", "--keep"}, nil, "",

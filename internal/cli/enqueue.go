@@ -40,6 +40,10 @@ type JobSpec struct {
 	UniqueKey   string          `json:"unique_key"`
 	UniqueFor   string          `json:"unique_for"`
 	Priority    *int            `json:"priority"`
+	// After and OnDependencyFailure make the job wait for others (see
+	// docs/workflows.md).
+	After               []string `json:"after"`
+	OnDependencyFailure string   `json:"on_dependency_failure"`
 }
 
 // FileJob is a validated job of a --file and the line it came from.
@@ -148,6 +152,10 @@ func (s JobSpec) NewJob(now time.Time) (protocol.NewJob, error) {
 	if len(s.Payload) > 0 && string(s.Payload) != "null" {
 		job.Payload = s.Payload
 	}
+	if s.OnDependencyFailure != "" && s.OnDependencyFailure != protocol.DependencyCancel && s.OnDependencyFailure != protocol.DependencyRun {
+		return job, fmt.Errorf(`invalid "on_dependency_failure" %q: want %q or %q`, s.OnDependencyFailure, protocol.DependencyCancel, protocol.DependencyRun)
+	}
+	job.After, job.OnDependencyFailure = s.After, s.OnDependencyFailure
 	at, err := s.Schedule(now)
 	if err != nil {
 		return job, err
@@ -263,7 +271,7 @@ func parseJobLine(text []byte, defaults JobSpec, now time.Time) (protocol.NewJob
 			return protocol.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for)", field)
+			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for, after, on_dependency_failure)", field)
 		}
 		if text[0] != '{' {
 			return protocol.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
@@ -292,6 +300,8 @@ func jsonKind(field string) string {
 	switch field {
 	case "max_attempts", "priority":
 		return "a whole number"
+	case "after":
+		return "an array of job ids"
 	default:
 		return "a string"
 	}

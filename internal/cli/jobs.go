@@ -182,6 +182,25 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	if tp := it.Trace["traceparent"]; tp != "" {
 		field("trace", tp) // the W3C traceparent: the trace id is its second part
 	}
+	if len(it.After) > 0 {
+		policy := it.OnDependencyFailure
+		if policy == "" {
+			policy = protocol.DependencyCancel
+		}
+		field("after", strings.Join(it.After, ", ")+" (if one fails: "+policy+")")
+	}
+	if it.ReleasedAt != 0 {
+		field("released", TimeAndAgo(protocol.FromUnix(it.ReleasedAt), now))
+	}
+	if it.Batch != "" {
+		field("batch", it.Batch)
+	}
+	if it.CallbackOf != "" {
+		field("callback of", fmt.Sprintf("batch %s (%d jobs)", it.CallbackOf, it.BatchSize))
+	}
+	if it.Continuation {
+		field("continuation", "yes: it waited for the children its handler enqueued")
+	}
 	if it.CreatedAt != 0 {
 		field("created", TimeAndAgo(protocol.FromUnix(it.CreatedAt), now))
 	}

@@ -51,7 +51,7 @@ func TestParseStatus(t *testing.T) {
 	}
 	var pe *ParamError
 	if _, err := ParseStatus("stuck"); !errors.As(err, &pe) || pe.Param != "status" ||
-		err.Error() != `invalid status "stuck": want one of queued, running, done, failed, cancelled` {
+		err.Error() != `invalid status "stuck": want one of waiting, queued, running, done, failed, cancelled` {
 		t.Errorf("ParseStatus(stuck): %v", err)
 	}
 }

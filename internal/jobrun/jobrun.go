@@ -13,8 +13,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
+
+	"github.com/go-kivik/kivik/v4"
 
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -38,10 +43,18 @@ type Job struct {
 	// Slot is the slot reserved for this attempt when the job type has a
 	// sequence (Config.Sequences); "" otherwise.
 	Slot string
+	// Continuation is set when the job runs again after its handler
+	// enqueued children and returned JobAwaitChildren, and they finished:
+	// Item.After lists the children, whose results the handler may read.
+	Continuation bool
 
 	result   json.RawMessage
 	reporter Reporter
 	now      func() time.Time
+	// client enqueues children (EnqueueChild); nil outside a worker.
+	client   *protocol.Client
+	mu       sync.Mutex
+	children []string
 }
 
 // Reporter takes a job's progress reports: the worker writes them to the
@@ -58,8 +71,50 @@ func New(item *protocol.WorkItem, maxAttempts int, reporter Reporter, now func()
 	}
 	return &Job{
 		ID: item.ID, Type: item.Worker, Attempt: item.Attempts, MaxAttempts: maxAttempts,
-		Payload: item.Payload, Item: item.Clone(), reporter: reporter, now: now,
+		Payload: item.Payload, Item: item.Clone(), Continuation: item.Continuation, reporter: reporter, now: now,
 	}
+}
+
+// Attach gives job the client its handler enqueues children through
+// (EnqueueChild).
+func Attach(job *Job, c *protocol.Client) { job.client = c }
+
+// ChildrenOf lists the children job's handler enqueued (or found) in this
+// run, for JobAwaitChildren.
+func ChildrenOf(job *Job) []string {
+	job.mu.Lock()
+	defer job.mu.Unlock()
+	return slices.Clone(job.children)
+}
+
+// EnqueueChild enqueues a child of the running job: its id is derived
+// from the job's id and key (one child per key), so that a handler that
+// runs again after its claim was lost enqueues the same children, not
+// more. A child already there is returned as it is. A handler that then
+// returns JobAwaitChildren waits for every child it enqueued (or found) in
+// this run.
+func (j *Job) EnqueueChild(ctx context.Context, key string, child protocol.NewJob) (*protocol.WorkItem, error) {
+	if key == "" {
+		return nil, fmt.Errorf("enqueueing a child of job %s: %w: the child key is empty", j.ID, protocol.ErrInvalidJob)
+	}
+	if j.client == nil {
+		return nil, fmt.Errorf("enqueueing a child of job %s: the job is not run by a worker", j.ID)
+	}
+	child.ID = protocol.ChildID(j.ID, key)
+	it, err := j.client.Enqueue(ctx, child)
+	if kivik.HTTPStatus(err) == http.StatusConflict {
+		// Enqueued by an earlier run of this job.
+		it, err = j.client.Get(ctx, child.ID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing child %s of job %s: %w", key, j.ID, err)
+	}
+	j.mu.Lock()
+	if !slices.Contains(j.children, it.ID) {
+		j.children = append(j.children, it.ID)
+	}
+	j.mu.Unlock()
+	return it, nil
 }
 
 // SetResult records what the job produced. It is stored in the document's
@@ -121,6 +176,13 @@ type CancelError struct{ Err error }
 
 func (e *CancelError) Error() string { return fmt.Sprintf("cancelled: %v", e.Err) }
 func (e *CancelError) Unwrap() error { return e.Err }
+
+// AwaitChildrenError finishes the attempt as waiting for the children
+// the handler enqueued (Job.EnqueueChild): the job runs again, with
+// Job.Continuation set, once every child has finished, however it ended.
+type AwaitChildrenError struct{}
+
+func (e *AwaitChildrenError) Error() string { return "waiting for the job's children" }
 
 // FailError fails the job now, without retries, whatever attempts remain.
 type FailError struct{ Err error }
@@ -194,6 +256,9 @@ const (
 	Failed    Kind = "failed"    // failed for good (JobFail, or no attempts left)
 	Cancelled Kind = "cancelled" // cancelled for good (JobCancel)
 	Snoozed   Kind = "snoozed"   // queued again after Delay, the attempt not charged
+	// AwaitingChildren: waiting for the children the handler enqueued
+	// (JobAwaitChildren); it runs again once they have finished.
+	AwaitingChildren Kind = "awaiting-children"
 )
 
 // Outcome is what an attempt comes to, from the handler's error.
@@ -215,7 +280,10 @@ func Decide(err error, attempt, maxAttempts int) Outcome {
 	var snooze *SnoozeError
 	var cancel *CancelError
 	var fail *FailError
+	var await *AwaitChildrenError
 	switch {
+	case errors.As(err, &await):
+		return Outcome{Kind: AwaitingChildren, Err: err}
 	case errors.As(err, &snooze):
 		return Outcome{Kind: Snoozed, Delay: snooze.Delay, Err: err}
 	case errors.As(err, &cancel):

@@ -85,7 +85,7 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 	if reason == "" {
 		reason = "cancelled by operator"
 	}
-	return c.operateOr(ctx, "cancelling job", id, func(it *WorkItem) error {
+	it, err := c.operateOr(ctx, "cancelling job", id, func(it *WorkItem) error {
 		if it.Status.Terminal() {
 			return fmt.Errorf("%w: status is already %s", ErrWrongState, it.Status)
 		}
@@ -97,6 +97,13 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 		next.FinishedAt = ToUnix(c.now())
 		c.record(next, EventCancelled, by, reason)
 	}, func(it *WorkItem) error { return c.request(ctx, it, requestCancel, by, reason) })
+	if err == nil && it.Status == StatusCancelled {
+		// What waited for it follows now rather than at the next sweep.
+		if ferr := c.Finished(ctx, it, by); ferr != nil {
+			c.log.Warn().Err(ferr).Str("job", id).Msg("could not release what waited for the cancelled job; the sweeper will")
+		}
+	}
+	return it, err
 }
 
 // Requeue returns a running job whose worker is gone to the queue at once,

@@ -142,6 +142,8 @@ type Client struct {
 	membershipDenied sync.Once
 	// sites is what the client last read of the sites document (sites.go).
 	sites atomic.Pointer[siteState]
+	// flow is what the client knows of the database's waiting jobs (flow.go).
+	flow flowState
 }
 
 // New returns a Client for db. It asks the server for the database's

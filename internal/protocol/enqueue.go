@@ -49,6 +49,15 @@ type NewJob struct {
 	// with WorkItem.Extra; each value is encoded with encoding/json. Names
 	// couchq uses, and names starting with '_', are refused.
 	Extra map[string]any
+	// After lists the jobs this one waits for (flow.go): it is enqueued
+	// waiting, and no worker claims it until every one has finished. Each
+	// must exist when it is enqueued (or come earlier in the same
+	// EnqueueMany), so dependencies never form a cycle.
+	After []string
+	// OnDependencyFailure is what a job of After failing for good (or
+	// being cancelled) does to this one: DependencyCancel (the default)
+	// cancels it, DependencyRun runs it anyway once all have finished.
+	OnDependencyFailure string
 }
 
 // NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
@@ -125,6 +134,9 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
 		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
 		Site: site, Trace: trace, extra: extra,
+	}
+	if err := c.dependencies(it, j); err != nil {
+		return nil, err
 	}
 	c.record(it, "enqueued", c.cfg.Actor, "")
 	return it, nil
@@ -203,6 +215,12 @@ func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(it.After) > 0 {
+		if errs := c.checkDependencies(ctx, []*WorkItem{it}); errs[0] != nil {
+			return nil, errs[0]
+		}
+		defer c.settleEnqueued(ctx, []*WorkItem{it})
+	}
 	if j.Unique.Key != "" {
 		rev, accepted, err := c.putJob(ctx, it)
 		r := c.resolveUnique(ctx, it, j.Unique, rev, accepted, err)
@@ -256,6 +274,10 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	if len(docs) == 0 {
 		return results, nil
 	}
+	docs, index = c.checkMany(ctx, results, docs, index)
+	if len(docs) == 0 {
+		return results, nil
+	}
 	tctx, trace := c.traced(ctx)
 	bulk, err := c.db.BulkDocs(tctx, docs, c.bulkOpts()...)
 	if err != nil {
@@ -280,6 +302,13 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 		}
 		results[i].Item.Rev = r.Rev
 	}
+	var waiting []*WorkItem
+	for _, r := range results {
+		if r.Err == nil && r.Item != nil && r.Item.Rev != "" && r.Item.Status == StatusWaiting {
+			waiting = append(waiting, r.Item)
+		}
+	}
+	c.settleEnqueued(ctx, waiting)
 	return results, nil
 }
 

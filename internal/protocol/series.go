@@ -381,6 +381,7 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 		q := TypeQueue{Type: t}
 		byStatus := counts[t]
 		q.Running, q.Failed, q.Done, q.Cancelled = byStatus[StatusRunning], byStatus[StatusFailed], byStatus[StatusDone], byStatus[StatusCancelled]
+		q.Waiting = byStatus[StatusWaiting]
 		q.Paused = paused[t]
 		if waiting[t] > 0 {
 			if q.Due, err = c.reduceCount(ctx, "due", []any{t}, []any{t, now}); err != nil {

@@ -176,7 +176,7 @@ func claimableSelector(types []string) map[string]any {
 			}},
 			map[string]any{"$or": []any{
 				map[string]any{"status": map[string]any{"$exists": false}},
-				map[string]any{"status": map[string]any{"$nin": []string{"running", "done", "failed", "cancelled"}}},
+				map[string]any{"status": map[string]any{"$nin": []string{"running", "done", "failed", "cancelled", "waiting"}}},
 			}},
 		},
 	}

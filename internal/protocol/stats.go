@@ -77,6 +77,8 @@ type QueueNow struct {
 	Failed    int64 `json:"failed"`
 	Done      int64 `json:"done"`
 	Cancelled int64 `json:"cancelled"`
+	// Waiting counts jobs that wait for other jobs (StatusWaiting).
+	Waiting int64 `json:"waiting"`
 	// OldestDueAge is how long the oldest due job has been waiting, in
 	// seconds: the "are we keeping up" number. 0 when nothing is due, and
 	// for a paused type: its due jobs wait on purpose, they are not late.
@@ -328,6 +330,7 @@ func (c *Client) queueNow(ctx context.Context, typ string, now time.Time) (Queue
 	}
 	for st, dst := range map[Status]*int64{
 		StatusRunning: &q.Running, StatusFailed: &q.Failed, StatusDone: &q.Done, StatusCancelled: &q.Cancelled,
+		StatusWaiting: &q.Waiting,
 	} {
 		if *dst, err = c.reduceCount(ctx, "status", []any{typ, string(st)}, []any{typ, string(st)}); err != nil {
 			return q, err
@@ -356,6 +359,8 @@ func (q *QueueNow) shift(by map[Status]int64) {
 			q.Done = max(q.Done+n, 0)
 		case StatusCancelled:
 			q.Cancelled = max(q.Cancelled+n, 0)
+		case StatusWaiting:
+			q.Waiting = max(q.Waiting+n, 0)
 		}
 	}
 }

@@ -28,6 +28,10 @@ type SweepResult struct {
 	// UnknownSite counts jobs failed because the site they name is not
 	// one of the queue's (the default site's sweeper fails them).
 	UnknownSite int
+	// Released counts waiting jobs whose dependencies had finished with
+	// no one releasing them (released, or cancelled or failed per their
+	// policy).
+	Released int
 }
 
 // Sweep returns claims whose lease ran out before now to the queue: each
@@ -56,7 +60,10 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 	if res.Requests, err = c.applyRequests(ctx, by); err != nil {
 		return res, err
 	}
-	res.UnknownSite, err = c.failUnknownSites(ctx, by)
+	if res.UnknownSite, err = c.failUnknownSites(ctx, by); err != nil {
+		return res, err
+	}
+	res.Released, err = c.SweepWaiting(ctx, by, limit)
 	return res, err
 }
 

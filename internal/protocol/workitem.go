@@ -23,17 +23,21 @@ const (
 	StatusDone      Status = "done"
 	StatusFailed    Status = "failed"
 	StatusCancelled Status = "cancelled"
+	// StatusWaiting is a job that waits for other jobs (its After, the
+	// jobs of the batch it is the callback of, or the children its handler
+	// enqueued): no worker claims it until it is released (flow.go).
+	StatusWaiting Status = "waiting"
 )
 
 // Statuses lists every valid status, in lifecycle order.
 func Statuses() []Status {
-	return []Status{StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled}
+	return []Status{StatusWaiting, StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled}
 }
 
 // Valid reports whether s is one of Statuses.
 func (s Status) Valid() bool {
 	switch s {
-	case StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled:
+	case StatusWaiting, StatusQueued, StatusRunning, StatusDone, StatusFailed, StatusCancelled:
 		return true
 	}
 	return false
@@ -106,6 +110,27 @@ type WorkItem struct {
 	// Trace is set) and "tracestate", as in the HTTP headers of that name.
 	// Any producer may write it; package otelcouchq writes and reads it.
 	Trace map[string]string
+
+	// After lists the jobs this one waits for (NewJob.After): it is
+	// waiting until every one of them is finished.
+	After []string
+	// OnDependencyFailure is what happens when a job of After fails for
+	// good or is cancelled: DependencyCancel (also for "") or DependencyRun.
+	OnDependencyFailure string
+	// ReleasedAt is when a waiting job was released (its dependencies
+	// finished); 0 while it waits, or for a job that never waited. A
+	// document with After and no ReleasedAt is waiting whatever its
+	// status says (a hand-written one).
+	ReleasedAt float64
+	// Batch is the batch the job belongs to (EnqueueBatch).
+	Batch string
+	// CallbackOf is, for a batch's callback job, the batch it waits for;
+	// BatchSize is how many jobs that batch has.
+	CallbackOf string
+	BatchSize  int
+	// Continuation is set on a job whose handler enqueued children and
+	// waits for them (AwaitChildren): its next run is its continuation.
+	Continuation bool
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -193,6 +218,7 @@ func (w *WorkItem) Extra(name string) (json.RawMessage, bool) {
 func (w *WorkItem) Clone() *WorkItem {
 	c := *w
 	c.History = append([]Event(nil), w.History...)
+	c.After = append([]string(nil), w.After...)
 	c.Conflicts = nil
 	return &c
 }
@@ -223,6 +249,13 @@ type wireItem struct {
 	Site        string            `json:"site,omitempty"`
 	Trace       map[string]string `json:"trace,omitempty"`
 	Progress    *Progress         `json:"progress,omitempty"`
+	After       []string          `json:"after,omitempty"`
+	OnDepFail   string            `json:"on_dependency_failure,omitempty"`
+	ReleasedAt  float64           `json:"released_at,omitempty"`
+	Batch       string            `json:"batch,omitempty"`
+	CallbackOf  string            `json:"callback_of,omitempty"`
+	BatchSize   int               `json:"batch_size,omitempty"`
+	Continue    bool              `json:"continuation,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -230,7 +263,8 @@ func knownField(key string) bool {
 	switch key {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
-		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "trace", "progress":
+		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "trace", "progress",
+		"after", "on_dependency_failure", "released_at", "batch", "callback_of", "batch_size", "continuation":
 		return true
 	}
 	return false
@@ -248,6 +282,8 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Status: status, Attempts: w.Attempts, MaxAttempts: w.MaxAttempts, LastError: w.LastError,
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
 		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site, Trace: w.Trace, Progress: w.Progress,
+		After: w.After, OnDepFail: w.OnDependencyFailure, ReleasedAt: w.ReleasedAt, Batch: w.Batch,
+		CallbackOf: w.CallbackOf, BatchSize: w.BatchSize, Continue: w.Continuation,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -303,7 +339,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 		w.Status = StatusQueued
 	}
 	if p.err == nil && !w.Status.Valid() {
-		p.fail("status", fmt.Sprintf("must be one of queued, running, done, failed, cancelled, got %q", status))
+		p.fail("status", fmt.Sprintf("must be one of waiting, queued, running, done, failed, cancelled, got %q", status))
 	}
 	p.count("attempts", &w.Attempts)
 	p.count("max_attempts", &w.MaxAttempts)
@@ -328,6 +364,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	}
 	p.trace(&w.Trace)
 	p.progress(&w.Progress)
+	p.flow(w)
 	if c, ok := raw["_conflicts"]; ok {
 		_ = json.Unmarshal(c, &w.Conflicts) // informational only
 	}
@@ -471,6 +508,39 @@ func (p *fieldParser) trace(dst *map[string]string) {
 	}
 	if err := checkTrace(*dst); err != nil {
 		p.fail("trace", err.Error())
+	}
+}
+
+// flow decodes the workflow fields (flow.go) and reads a queued job that
+// names dependencies it was never released from as waiting: a document
+// written by hand with an after field and no status waits like one
+// couchq enqueued (the due views skip both alike).
+func (p *fieldParser) flow(w *WorkItem) {
+	if v := p.get("after"); v != nil {
+		if json.Unmarshal(v, &w.After) != nil {
+			p.fail("after", "must be an array of job ids (non-empty strings), got "+describeJSON(v))
+		}
+		for _, id := range w.After {
+			switch {
+			case p.err != nil:
+			case id == "":
+				p.fail("after", "must be an array of job ids (non-empty strings), got an empty string")
+			case id == w.ID:
+				p.fail("after", "names the job itself: a job cannot wait for itself")
+			}
+		}
+	}
+	p.str("on_dependency_failure", &w.OnDependencyFailure)
+	if p.err == nil && !validDependencyPolicy(w.OnDependencyFailure) {
+		p.fail("on_dependency_failure", fmt.Sprintf("must be %q or %q, got %q", DependencyCancel, DependencyRun, w.OnDependencyFailure))
+	}
+	p.num("released_at", &w.ReleasedAt)
+	p.str("batch", &w.Batch)
+	p.str("callback_of", &w.CallbackOf)
+	p.count("batch_size", &w.BatchSize)
+	p.boolean("continuation", &w.Continuation)
+	if p.err == nil && w.Status == StatusQueued && !w.Claimed && w.ReleasedAt == 0 && (len(w.After) > 0 || w.CallbackOf != "") {
+		w.Status = StatusWaiting
 	}
 }
 

@@ -106,6 +106,17 @@
     body.replaceChildren.apply(body, rows);
   }
 
+  function renderBatches(batches) {
+    $('batches-section').hidden = batches.length === 0;
+    fill('batches', batches.map(function (b) {
+      var tr = el('tr');
+      var finished = b.done + b.failed + b.cancelled;
+      tr.append(td(b.id), td(b.size, 'num'), td(b.done, 'num'), td(b.failed, 'num'), td(b.cancelled, 'num'),
+        td(b.pending, 'num'), td(b.size ? Math.floor(100 * finished / b.size) + ' %' : '', 'num'));
+      return tr;
+    }));
+  }
+
   function renderQueues(queues) {
     var sel = $('type'), chosen = sel.value;
     var known = {};
@@ -114,7 +125,7 @@
       if (!known[q.type]) { sel.appendChild(el('option', q.type)).value = q.type; }
       var tr = el('tr');
       tr.dataset.type = q.type;
-      tr.append(td(q.type), td(q.due, 'num'), td(q.scheduled, 'num'), td(q.running, 'num'),
+      tr.append(td(q.type), td(q.due, 'num'), td(q.scheduled, 'num'), td(q.waiting || 0, 'num'), td(q.running, 'num'),
         td(q.failed, 'num'), td(q.paused ? 'paused' : age(q.oldest_due_age), 'num'),
         td(q.paused ? 'paused' : 'no', q.paused ? 'paused' : ''));
       var cell = td();
@@ -123,7 +134,7 @@
       tr.append(cell);
       return tr;
     }));
-    if (queues.length === 0) fill('queues', [emptyRow(8, 'no jobs yet')]);
+    if (queues.length === 0) fill('queues', [emptyRow(9, 'no jobs yet')]);
     sel.value = chosen;
   }
 
@@ -198,7 +209,7 @@
   function jobActions(job) {
     var cell = td(), id = encodeURIComponent(job._id);
     if (job.status === 'failed' || job.status === 'cancelled') cell.append(actButton('Retry', 'api/jobs/' + id + '/retry'));
-    if (job.status === 'queued' || job.status === 'running') cell.append(actButton('Cancel', 'api/jobs/' + id + '/cancel'));
+    if (job.status === 'queued' || job.status === 'running' || job.status === 'waiting') cell.append(actButton('Cancel', 'api/jobs/' + id + '/cancel'));
     return cell;
   }
 
@@ -297,6 +308,7 @@
     var status = encodeURIComponent($('jobs-status').value), type = encodeURIComponent($('type').value);
     return Promise.all([
       getJSON('api/queues').then(renderQueues),
+      getJSON('api/batches').then(renderBatches),
       getJSON('api/workers').then(renderWorkers),
       getJSON('api/failed?type=' + type).then(renderFailed),
       getJSON('api/jobs?limit=50&status=' + status + '&type=' + type).then(renderJobs),

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// enqueue --after makes a waiting job that show and ls present as such;
+// a missing dependency, a bad policy and unknown batches are refused.
+func TestWorkflowCommands(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	expect(t, c.run(t, "enqueue", "--type", "a", "--id", "job:first", "--in", "1h"), exitOK)
+	expect(t, c.run(t, "enqueue", "--type", "b", "--id", "job:second", "--after", "job:first, job:first", "--on-dependency-failure", "run"), exitOK)
+	res := c.run(t, "show", "job:second")
+	expect(t, res, exitOK)
+	for _, want := range []string{"waiting", "job:first (if one fails: run)"} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("show lacks %q:\n%s", want, res.stdout)
+		}
+	}
+	res = c.run(t, "ls", "--status", "waiting")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "job:second") || strings.Contains(res.stdout, "job:first") {
+		t.Errorf("ls --status waiting:\n%s", res.stdout)
+	}
+	expect(t, c.run(t, "enqueue", "--type", "b", "--after", "job:nope"), exitUsage, "job:nope", "no such job")
+	expect(t, c.run(t, "enqueue", "--type", "b", "--after", "job:first", "--on-dependency-failure", "maybe"), exitUsage, "--on-dependency-failure")
+	expect(t, c.run(t, "batch", "show", "nope"), exitFailure, "no such batch")
+	expect(t, c.run(t, "batch", "frob", "nope"), exitUsage, "want show or cancel")
+	// Cancelling the dependency cancels nothing here: the policy is run,
+	// so the dependent is released.
+	expect(t, c.run(t, "cancel", "job:first"), exitOK)
+	res = c.run(t, "show", "job:second")
+	if !strings.Contains(res.stdout, "queued") || !strings.Contains(res.stdout, "dependencies-done") {
+		t.Errorf("show after the dependency was cancelled:\n%s", res.stdout)
+	}
+}

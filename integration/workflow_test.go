@@ -1,0 +1,484 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/worker"
+)
+
+// outsideClock records, by the test process's own clock, when each job's
+// handler started and ended: a dependency is proven only if no job started
+// before every job it waits for had ended.
+type outsideClock struct {
+	mu     sync.Mutex
+	starts map[string][]time.Time
+	ends   map[string]time.Time
+}
+
+func newOutsideClock() *outsideClock {
+	return &outsideClock{starts: map[string][]time.Time{}, ends: map[string]time.Time{}}
+}
+
+func (o *outsideClock) start(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.starts[id] = append(o.starts[id], time.Now())
+}
+
+func (o *outsideClock) end(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ends[id] = time.Now()
+}
+
+// checkAfter fails the test if job started before any of deps ended (or
+// a dep never ended).
+func (o *outsideClock) checkAfter(t *testing.T, job string, deps ...string) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range o.starts[job] {
+		for _, d := range deps {
+			e, ok := o.ends[d]
+			if !ok || !s.After(e) {
+				t.Errorf("job %s started at %s before its dependency %s ended (%v, ended %v)", job, s.Format(time.StampMicro), d, e.Format(time.StampMicro), ok)
+			}
+		}
+	}
+}
+
+// recording wraps a handler with the outside clock.
+func recording(clock *outsideClock, h worker.HandlerFunc) worker.Handler {
+	return worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		clock.start(job.ID)
+		err := h(ctx, job)
+		clock.end(job.ID)
+		return err
+	})
+}
+
+func mustEnqueue(t *testing.T, tb *testBundle, j protocol.NewJob) *protocol.WorkItem {
+	t.Helper()
+	it, err := tb.client.Enqueue(tb.ctx, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return it
+}
+
+// A diamond and a chain of dependencies run in order, none before its
+// parents have finished; the waiting jobs show as waiting (Get, the status
+// counts, the waiting view) and never in the due view.
+func TestDependenciesReleasedInOrder(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	gate := make(chan struct{})
+	handler := recording(clock, func(ctx context.Context, job *worker.Job) error {
+		if string(job.Payload) == `"gated"` {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	a := mustEnqueue(t, tb, protocol.NewJob{Worker: "step", Payload: "gated"})
+	b := mustEnqueue(t, tb, protocol.NewJob{Worker: "step", Payload: "gated"})
+	c := mustEnqueue(t, tb, protocol.NewJob{Worker: "step", After: []string{a.ID, b.ID}})
+	d := mustEnqueue(t, tb, protocol.NewJob{Worker: "step", After: []string{c.ID, c.ID}})
+	e := mustEnqueue(t, tb, protocol.NewJob{Worker: "other", After: []string{d.ID, a.ID}})
+	for _, it := range []*protocol.WorkItem{c, d, e} {
+		if it.Status != protocol.StatusWaiting {
+			t.Fatalf("job %s enqueued with dependencies is %s, want waiting", it.ID, it.Status)
+		}
+	}
+	if len(d.After) != 1 {
+		t.Fatalf("a repeated dependency is kept once: %v", d.After)
+	}
+	if due := tb.due(t, "step"); strings.Contains(strings.Join(due, " "), c.ID) {
+		t.Fatalf("a waiting job is in the due view: %v", due)
+	}
+	counts, err := tb.client.Counts(tb.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts["step"][protocol.StatusWaiting] != 2 || counts["other"][protocol.StatusWaiting] != 1 {
+		t.Fatalf("counts: %v", counts)
+	}
+	list, err := tb.client.List(tb.ctx, protocol.ListOptions{Status: protocol.StatusWaiting})
+	if err != nil || len(list.Items) != 3 {
+		t.Fatalf("ls --status waiting: %v (%v)", ids(list.Items), err)
+	}
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{"step": handler, "other": handler}))
+	time.Sleep(300 * time.Millisecond)
+	if it, _ := tb.client.Get(tb.ctx, c.ID); it.Status != protocol.StatusWaiting {
+		t.Fatalf("job %s ran before its dependencies: %s", c.ID, it.Status)
+	}
+	close(gate)
+	done := waitStatus(t, tb, e.ID, protocol.StatusDone, 20*time.Second)
+	clock.checkAfter(t, c.ID, a.ID, b.ID)
+	clock.checkAfter(t, d.ID, c.ID)
+	clock.checkAfter(t, e.ID, d.ID, a.ID)
+	if got := events(done); got != "enqueued dependencies-done claimed done" {
+		t.Fatalf("history of %s: %s", e.ID, got)
+	}
+	if done.ReleasedAt == 0 {
+		t.Fatalf("released job has no released_at: %+v", done)
+	}
+}
+
+// A dependency that fails for good cancels its dependents (the default),
+// which cancels theirs in turn; under "run" the dependent runs anyway,
+// and its history says why.
+func TestDependencyFailurePolicies(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"doomed": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			return worker.JobFail(errors.New("broken for good"))
+		}),
+		"fine": recording(clock, func(ctx context.Context, job *worker.Job) error { return nil }),
+	}))
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "doomed", At: time.Now().Add(300 * time.Millisecond)})
+	cancelled := mustEnqueue(t, tb, protocol.NewJob{Worker: "fine", After: []string{parent.ID}})
+	grandchild := mustEnqueue(t, tb, protocol.NewJob{Worker: "fine", After: []string{cancelled.ID}})
+	runs := mustEnqueue(t, tb, protocol.NewJob{Worker: "fine", After: []string{parent.ID}, OnDependencyFailure: protocol.DependencyRun})
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "fine", After: []string{parent.ID}, OnDependencyFailure: "maybe"}); !errors.Is(err, protocol.ErrInvalidJob) {
+		t.Fatalf("an unknown policy: %v", err)
+	}
+	it := waitStatus(t, tb, cancelled.ID, protocol.StatusCancelled, 10*time.Second)
+	if !strings.Contains(it.LastError, parent.ID) || !strings.Contains(it.LastError, "on_dependency_failure is cancel") {
+		t.Fatalf("cancelled dependent's error: %q", it.LastError)
+	}
+	if got := events(it); got != "enqueued cancelled" {
+		t.Fatalf("cancelled dependent's history: %s", got)
+	}
+	waitStatus(t, tb, grandchild.ID, protocol.StatusCancelled, 10*time.Second)
+	it = waitStatus(t, tb, runs.ID, protocol.StatusDone, 10*time.Second)
+	clock.checkAfter(t, runs.ID, parent.ID)
+	h := it.History
+	if len(h) < 2 || h[1].Event != protocol.EventDependenciesDone || !strings.Contains(h[1].Error, "on_dependency_failure is run") {
+		t.Fatalf("run-anyway dependent's history: %+v", h)
+	}
+	if len(clock.starts[cancelled.ID])+len(clock.starts[grandchild.ID]) != 0 {
+		t.Fatal("a cancelled dependent ran")
+	}
+}
+
+// Enqueue refuses a dependency that does not exist (422) or the job itself
+// (400), with a DependencyError; EnqueueMany takes a dependency on a job
+// earlier in the same call, never a later one, so no cycle can form.
+func TestEnqueueRefusesMissingAndSelfDependencies(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	_, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", After: []string{"job:nope"}})
+	var de *protocol.DependencyError
+	if !errors.As(err, &de) || de.HTTPStatus() != http.StatusUnprocessableEntity || de.Dependency != "job:nope" || !errors.Is(err, protocol.ErrInvalidJob) {
+		t.Fatalf("missing dependency: %v", err)
+	}
+	_, err = tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", ID: "job:self", After: []string{"job:self"}})
+	if !errors.As(err, &de) || de.HTTPStatus() != http.StatusBadRequest {
+		t.Fatalf("self dependency: %v", err)
+	}
+	res, err := tb.client.EnqueueMany(tb.ctx, []protocol.NewJob{
+		{Worker: "w", ID: "job:first"},
+		{Worker: "w", ID: "job:second", After: []string{"job:first"}},
+		{Worker: "w", ID: "job:third", After: []string{"job:fourth"}},
+		{Worker: "w", ID: "job:fourth", After: []string{"job:third"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil || res[1].Err != nil || res[1].Item.Status != protocol.StatusWaiting {
+		t.Fatalf("a dependency earlier in the call: %+v %+v", res[0], res[1])
+	}
+	if !errors.As(res[2].Err, &de) || de.Dependency != "job:fourth" {
+		t.Fatalf("a dependency later in the call: %v", res[2].Err)
+	}
+	if !errors.As(res[3].Err, &de) || de.Dependency != "job:third" {
+		t.Fatalf("a dependency refused earlier in the call: %v", res[3].Err)
+	}
+}
+
+// A document written by hand with an after field (and no status) waits
+// like an enqueued one; malformed after fields are refused by the
+// validation function; a hand-written job waiting for one that does not
+// exist is failed by the sweeper once the grace has passed.
+func TestHandWrittenAfterFields(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "w"})
+	status, body := tb.raw(t, http.MethodPut, "/job:hand", fmt.Sprintf(`{"type":"WorkItem","worker":"w","after":[%q]}`, parent.ID))
+	if status != http.StatusCreated {
+		t.Fatalf("hand-written dependent: %d %s", status, body)
+	}
+	it, err := tb.client.Get(tb.ctx, "job:hand")
+	if err != nil || it.Status != protocol.StatusWaiting {
+		t.Fatalf("hand-written dependent reads as %+v (%v)", it, err)
+	}
+	if due := tb.due(t, "w"); len(due) != 1 || due[0] != parent.ID {
+		t.Fatalf("due: %v", due)
+	}
+	for _, bad := range []string{
+		`"after":"job:x"`, `"after":[1]`, `"after":[""]`, `"after":["job:bad"],"_id":"job:bad"`,
+		`"on_dependency_failure":"later"`, `"batch":7`, `"batch_size":-1`, `"continuation":"yes"`, `"released_at":"now"`,
+	} {
+		doc := `{"type":"WorkItem","worker":"w",` + bad + `}`
+		id := "job:bad"
+		if status, body := tb.raw(t, http.MethodPut, "/"+id, doc); status != http.StatusForbidden {
+			t.Errorf("malformed %s: %d %s", bad, status, body)
+		}
+	}
+	old := protocol.ToUnix(time.Now().Add(-2 * protocol.MissingDependencyGrace))
+	status, body = tb.raw(t, http.MethodPut, "/job:orphan", fmt.Sprintf(`{"type":"WorkItem","worker":"w","after":["job:never"],"created_at":%v}`, old))
+	if status != http.StatusCreated {
+		t.Fatalf("orphan: %d %s", status, body)
+	}
+	status, body = tb.raw(t, http.MethodPut, "/job:young", `{"type":"WorkItem","worker":"w","after":["job:never"]}`)
+	if status != http.StatusCreated {
+		t.Fatalf("young orphan: %d %s", status, body)
+	}
+	// The parent finishes with no worker to release the dependent: the
+	// sweep does.
+	batch, _ := tb.client.Due(tb.ctx, "w", 10)
+	claimed, err := tb.client.Claim(tb.ctx, batch.Items[0], "test/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.client.Complete(tb.ctx, claimed, nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tb.client.Sweep(tb.ctx, "test/sweeper", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Released != 3 {
+		t.Fatalf("sweep released %d, want 3 (the dependent, the orphan failed, the young orphan's grace started): %+v", res.Released, res)
+	}
+	if it, _ := tb.client.Get(tb.ctx, "job:hand"); it.Status != protocol.StatusQueued || it.ReleasedAt == 0 {
+		t.Fatalf("hand-written dependent after the sweep: %+v", it)
+	}
+	it, _ = tb.client.Get(tb.ctx, "job:orphan")
+	if it.Status != protocol.StatusFailed || !strings.Contains(it.LastError, "job:never, which does not exist") {
+		t.Fatalf("orphan after the sweep: %s %q", it.Status, it.LastError)
+	}
+	it, _ = tb.client.Get(tb.ctx, "job:young")
+	if it.Status != protocol.StatusWaiting || it.CreatedAt == 0 {
+		t.Fatalf("young orphan after the sweep: %+v", it)
+	}
+}
+
+// Cancelling a job a dependent waits for cancels the dependent at once.
+func TestCancelReleasesDependents(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "w", At: time.Now().Add(time.Hour)})
+	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "w", After: []string{parent.ID}})
+	if _, err := tb.client.CancelJob(tb.ctx, parent.ID, "test", "not needed"); err != nil {
+		t.Fatal(err)
+	}
+	it, err := tb.client.Get(tb.ctx, child.ID)
+	if err != nil || it.Status != protocol.StatusCancelled {
+		t.Fatalf("dependent of a cancelled job: %+v (%v)", it, err)
+	}
+	var raw map[string]json.RawMessage
+	_ = json.Unmarshal(mustJSON(t, it), &raw)
+	if string(raw["status"]) != `"cancelled"` {
+		t.Fatalf("stored: %s", raw["status"])
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A batch's callback runs once, after every job of the batch has finished
+// (a job failing an attempt and then succeeding counts once it succeeds),
+// with the summary in its payload.
+func TestBatchCallbackRunsOnceWithSummary(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	var mu sync.Mutex
+	callbacks := 0
+	var summary json.RawMessage
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"part": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			switch string(job.Payload) {
+			case `"fail"`:
+				return worker.JobFail(errors.New("no good"))
+			case `"cancel"`:
+				return worker.JobCancel(errors.New("not wanted"))
+			case `"flaky"`:
+				if job.Attempt < 3 {
+					return errors.New("not yet")
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+			return nil
+		}),
+		"collect": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			callbacks++
+			summary = job.Payload
+			return nil
+		}),
+	}))
+	var jobs []protocol.NewJob
+	for i := range 30 {
+		p := "ok"
+		switch i {
+		case 3, 17:
+			p = "fail"
+		case 5:
+			p = "cancel"
+		case 8, 9:
+			p = "flaky"
+		}
+		jobs = append(jobs, protocol.NewJob{Worker: "part", Payload: p})
+	}
+	id, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect", Payload: map[string]string{"report": "weekly"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := waitStatus(t, tb, protocol.BatchCallbackID(id), protocol.StatusDone, 20*time.Second)
+	time.Sleep(500 * time.Millisecond) // a second release would run it again by now
+	mu.Lock()
+	defer mu.Unlock()
+	if callbacks != 1 {
+		t.Fatalf("the callback ran %d times", callbacks)
+	}
+	var got struct {
+		Report string `json:"report"`
+		Batch  struct {
+			ID        string   `json:"id"`
+			Done      int      `json:"done"`
+			Failed    int      `json:"failed"`
+			Cancelled int      `json:"cancelled"`
+			FailedIDs []string `json:"failed_ids"`
+		} `json:"batch"`
+	}
+	if err := json.Unmarshal(summary, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Report != "weekly" || got.Batch.ID != id || got.Batch.Done != 27 || got.Batch.Failed != 2 || got.Batch.Cancelled != 1 || len(got.Batch.FailedIDs) != 2 {
+		t.Fatalf("callback payload: %s", summary)
+	}
+	b, err := tb.client.Batch(tb.ctx, id)
+	if err != nil || b.Size != 30 || b.Done != 27 || b.Pending != 0 || b.Callback == nil || b.Callback.ID != cb.ID {
+		t.Fatalf("batch status: %+v (%v)", b, err)
+	}
+	all := allJobs(t, tb, "part")
+	var parts []string
+	for _, it := range all {
+		parts = append(parts, it.ID)
+	}
+	clock.checkAfter(t, cb.ID, parts...)
+	if n := strings.Count(events(cb), protocol.EventDependenciesDone); n != 1 {
+		t.Fatalf("callback released %d times: %s", n, events(cb))
+	}
+}
+
+// Cancelling a batch cancels its unfinished jobs; the callback then runs
+// with them counted cancelled.
+func TestBatchCancel(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	ran := make(chan string, 10)
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"later":   worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
+		"collect": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran <- string(job.Payload); return nil }),
+	}))
+	var jobs []protocol.NewJob
+	for range 12 {
+		jobs = append(jobs, protocol.NewJob{Worker: "later", At: time.Now().Add(time.Hour)})
+	}
+	id, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tb.client.Batch(tb.ctx, id)
+	if err != nil || b.Pending != 12 || b.Callback.Status != protocol.StatusWaiting {
+		t.Fatalf("batch before the cancel: %+v (%v)", b, err)
+	}
+	n, err := tb.client.CancelBatch(tb.ctx, id, "test", "")
+	if err != nil || n != 12 {
+		t.Fatalf("cancelled %d (%v)", n, err)
+	}
+	select {
+	case p := <-ran:
+		if !strings.Contains(p, `"cancelled":12`) {
+			t.Fatalf("callback payload: %s", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the callback did not run after the batch was cancelled")
+	}
+}
+
+// A handler that enqueues children and waits for them runs again as its
+// continuation once they have finished; children keyed by the parent's id
+// are enqueued once however often the handler runs.
+func TestFanOutChildrenAreIdempotent(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	clock := newOutsideClock()
+	var mu sync.Mutex
+	var continuation *worker.Job
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"fan": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if job.Continuation {
+				clock.start(job.ID + "#continuation")
+				mu.Lock()
+				continuation = job
+				mu.Unlock()
+				return job.SetResult(len(job.Item.After))
+			}
+			for i := range 5 {
+				if _, err := job.EnqueueChild(ctx, fmt.Sprint(i), protocol.NewJob{Worker: "leaf", Payload: i}); err != nil {
+					return err
+				}
+			}
+			if job.Attempt == 1 {
+				return errors.New("lost after enqueueing the children") // runs again, enqueues them again
+			}
+			return worker.JobAwaitChildren()
+		}),
+		"leaf": recording(clock, func(ctx context.Context, job *worker.Job) error {
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}),
+	}))
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "fan"})
+	done := waitStatus(t, tb, parent.ID, protocol.StatusDone, 20*time.Second)
+	leaves := allJobs(t, tb, "leaf")
+	if len(leaves) != 5 {
+		t.Fatalf("%d children, want 5", len(leaves))
+	}
+	var kids []string
+	for _, l := range leaves {
+		if !strings.HasPrefix(l.ID, parent.ID+":") {
+			t.Fatalf("child id %s is not derived from the parent's", l.ID)
+		}
+		kids = append(kids, l.ID)
+	}
+	clock.checkAfter(t, parent.ID+"#continuation", kids...)
+	mu.Lock()
+	defer mu.Unlock()
+	if continuation == nil || string(done.Result) != "5" {
+		t.Fatalf("continuation %v, result %s", continuation, done.Result)
+	}
+	if got := events(done); got != "enqueued claimed retry-scheduled claimed awaiting-children dependencies-done claimed done" {
+		t.Fatalf("history: %s", got)
+	}
+}

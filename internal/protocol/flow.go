@@ -1,0 +1,1050 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kivik/kivik/v4"
+
+	"github.com/couchq/couchq/designdocs"
+)
+
+// Workflows: jobs that wait for other jobs.
+//
+// A waiting job (StatusWaiting) is one that names jobs it waits for
+// (after), or the callback of a batch (callback_of), or a job whose
+// handler enqueued children and waits for them (continuation). The due
+// views and the changes filter skip it, so no worker claims it. It is
+// released — written back to queued with released_at — by whoever sees
+// its dependencies finished first:
+//
+//   - the worker that finishes a dependency asks the dependents view for
+//     the waiting jobs keyed by the finished job's id, reads those and
+//     their dependencies' states in one _all_docs request, and writes the
+//     released ones with the revision it read (release);
+//   - the enqueue of a waiting job checks it once right after writing it,
+//     since its dependencies may have finished in between;
+//   - the sweeper reads the waiting view a page at a time and does the
+//     same, which covers a worker that died between finishing a job and
+//     releasing its dependents.
+//
+// No lock is taken: each release is a write over the revision read, and a
+// 409 means another releaser (or an operator) wrote first, so the job is
+// read and checked again. On a cluster two releases of one revision
+// through different nodes can both be stored; they are the same state, a
+// conflict the sweeper settles like any other (settleRank keeps one).
+
+// What a waiting job does when a dependency fails for good or is cancelled.
+const (
+	// DependencyCancel cancels the waiting job (the default).
+	DependencyCancel = "cancel"
+	// DependencyRun runs it anyway once every dependency has finished.
+	DependencyRun = "run"
+)
+
+// The activity-log events of workflows.
+const (
+	// EventDependenciesDone: a waiting job was released.
+	EventDependenciesDone = "dependencies-done"
+	// EventAwaitingChildren: a handler enqueued children and waits.
+	EventAwaitingChildren = "awaiting-children"
+)
+
+// MissingDependencyGrace is how long a waiting job may name a job that
+// does not exist before the sweeper fails it: couchq refuses such a
+// dependency at enqueue, but a document written by hand (or replicated in
+// before its dependency) is given this long for it to appear.
+const MissingDependencyGrace = time.Minute
+
+// maxAfter bounds how many jobs one job may wait for: they are read in one
+// request on every check.
+const maxAfter = 1000
+
+// waitingSweepInterval is how often a client's sweeps look at the waiting
+// jobs (a page each time): the workers that finish jobs release their
+// dependents at once, so this pass is the safety net, not the path.
+const waitingSweepInterval = 2 * time.Second
+
+// waitingMemory is how long a client, having seen waiting jobs, keeps
+// asking for dependents of every job it finishes without checking again
+// that any job waits; waitingRecheck is how long it trusts "none".
+const (
+	waitingMemory  = 30 * time.Second
+	waitingRecheck = time.Second
+)
+
+func validDependencyPolicy(s string) bool {
+	return s == "" || s == DependencyCancel || s == DependencyRun
+}
+
+// flowState is a client's memory of the waiting jobs: a database that
+// has none never pays a dependents query per finished job.
+type flowState struct {
+	seen    atomic.Int64 // Unix ns when waiting jobs were last known to exist
+	checked atomic.Int64 // Unix ns when the waiting view was last asked
+	swept   atomic.Int64 // Unix ns of the last sweep of waiting jobs
+	cursor  atomic.Pointer[string]
+	// unchecked are jobs finished while the client believed no job
+	// waited for another (dependentsToCheck).
+	mu        sync.Mutex
+	unchecked []string
+	// batches holds, by batch id, the last batchRead of a batch far from
+	// done (batchMayBeDone); entries go when the batch nears its end.
+	batches sync.Map
+}
+
+// DependencyError is an enqueue refused because of the jobs it names in
+// After: one that does not exist, or the job itself. It wraps
+// ErrInvalidJob.
+type DependencyError struct {
+	// Job is the job being enqueued, Dependency the job it names.
+	Job, Dependency string
+	// Reason says what is wrong with it.
+	Reason string
+	// Status is the HTTP status that fits: 422 for a job that does not
+	// exist, 400 for a malformed list.
+	Status int
+}
+
+func (e *DependencyError) Error() string {
+	return fmt.Sprintf("%s: job %s waits for %s: %s", ErrInvalidJob, e.Job, e.Dependency, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidJob) hold.
+func (e *DependencyError) Unwrap() error { return ErrInvalidJob }
+
+// HTTPStatus is the status an HTTP API answers the refusal with.
+func (e *DependencyError) HTTPStatus() int { return e.Status }
+
+// dependencies sets it's workflow fields from j: the list cleaned of
+// repeats, a self-reference refused, and the job waiting when it names any.
+func (c *Client) dependencies(it *WorkItem, j NewJob) error {
+	if !validDependencyPolicy(j.OnDependencyFailure) {
+		return fmt.Errorf("%w: on dependency failure must be %q or %q, got %q", ErrInvalidJob, DependencyCancel, DependencyRun, j.OnDependencyFailure)
+	}
+	it.OnDependencyFailure = j.OnDependencyFailure
+	seen := map[string]bool{}
+	for _, d := range j.After {
+		switch {
+		case d == "":
+			return &DependencyError{Job: it.ID, Dependency: `""`, Reason: "a job id must not be empty", Status: http.StatusBadRequest}
+		case d == it.ID:
+			return &DependencyError{Job: it.ID, Dependency: d, Reason: "a job cannot wait for itself", Status: http.StatusBadRequest}
+		case seen[d]:
+			continue
+		}
+		seen[d] = true
+		it.After = append(it.After, d)
+	}
+	if len(it.After) > maxAfter {
+		return fmt.Errorf("%w: a job waits for at most %d jobs, got %d", ErrInvalidJob, maxAfter, len(it.After))
+	}
+	if len(it.After) > 0 {
+		it.Status = StatusWaiting
+	}
+	return nil
+}
+
+// checkDependencies checks that every job the items wait for exists, in
+// one _all_docs request: a job named by an item may also be one of the
+// items before it (written in the same request). errs[i] is item i's
+// refusal. Since a dependency must exist first, no cycle can form.
+func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem) []error {
+	errs := make([]error, len(items))
+	earlier := map[string]bool{}
+	var keys []string
+	for _, it := range items {
+		for _, d := range it.After {
+			if !earlier[d] {
+				keys = append(keys, d)
+			}
+		}
+		earlier[it.ID] = true
+	}
+	exists := map[string]bool{}
+	if len(keys) > 0 {
+		stored, err := c.readJobs(ctx, keys, false)
+		if err != nil {
+			for i := range errs {
+				errs[i] = fmt.Errorf("checking the jobs %s waits for: %w", items[i].ID, err)
+			}
+			return errs
+		}
+		for id, st := range stored {
+			exists[id] = st.exists
+		}
+	}
+	before := map[string]bool{}
+	for i, it := range items {
+		for _, d := range it.After {
+			if !before[d] && !exists[d] {
+				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "no such job (a dependency must be enqueued first)", Status: http.StatusUnprocessableEntity}
+				break
+			}
+		}
+		before[it.ID] = errs[i] == nil
+	}
+	return errs
+}
+
+// checkMany is EnqueueMany's dependency check: the refused jobs get their
+// error and are left out of docs.
+func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []any, index []int) ([]any, []int) {
+	var items []*WorkItem
+	for _, i := range index {
+		items = append(items, results[i].Item)
+	}
+	if !slices.ContainsFunc(items, func(it *WorkItem) bool { return len(it.After) > 0 }) {
+		return docs, index
+	}
+	errs := c.checkDependencies(ctx, items)
+	var keptDocs []any
+	var keptIndex []int
+	for k, i := range index {
+		if errs[k] != nil {
+			results[i] = EnqueueResult{Err: errs[k]}
+			continue
+		}
+		keptDocs = append(keptDocs, docs[k])
+		keptIndex = append(keptIndex, i)
+	}
+	return keptDocs, keptIndex
+}
+
+// settleEnqueued checks waiting jobs just written: a dependency may have
+// finished between the enqueue's check and its write, and its worker
+// then found no dependent to release. A failure is logged; the sweeper
+// checks again.
+func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
+	var ids []string
+	for _, it := range items {
+		if it != nil && it.Rev != "" && it.Status == StatusWaiting {
+			ids = append(ids, it.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	if slices.ContainsFunc(items, func(it *WorkItem) bool { return it != nil && len(it.After) > 0 }) {
+		c.flow.seen.Store(time.Now().UnixNano())
+	}
+	if _, err := c.releaseReady(ctx, ids, c.cfg.Actor); err != nil {
+		ev := c.log.Warn()
+		if isStatus(err, http.StatusForbidden) {
+			// A producer (couchq init --producers) may enqueue but not
+			// release: the workers' sweepers do.
+			ev = c.log.Debug()
+		}
+		ev.Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting; the sweeper will")
+	}
+}
+
+// jobState is what a release needs of a job: whether it exists and, if
+// it does, the job (nil when it is not a WorkItem couchq can read).
+type jobState struct {
+	exists  bool
+	deleted bool
+	item    *WorkItem
+}
+
+// readJobs reads ids in one _all_docs request, with the documents when
+// docs is set.
+func (c *Client) readJobs(ctx context.Context, ids []string, docs bool) (map[string]jobState, error) {
+	out := make(map[string]jobState, len(ids))
+	for start := 0; start < len(ids); start += 1000 {
+		page := ids[start:min(start+1000, len(ids))]
+		rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{"keys": page, "include_docs": docs}))
+		for rows.Next() {
+			var stub struct {
+				Rev     string `json:"rev"`
+				Deleted bool   `json:"deleted"`
+			}
+			id, _ := rows.ID()
+			if err := rows.ScanValue(&stub); err != nil || stub.Rev == "" {
+				continue // an id never stored: an error row
+			}
+			st := jobState{exists: !stub.Deleted, deleted: stub.Deleted}
+			if docs && !stub.Deleted {
+				var raw json.RawMessage
+				if err := rows.ScanDoc(&raw); err == nil && !gone(raw) {
+					var it WorkItem
+					if json.Unmarshal(raw, &it) == nil {
+						st.item = &it
+					}
+				}
+			}
+			out[id] = st
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading %d jobs: %w", len(page), err)
+		}
+	}
+	return out, nil
+}
+
+// Finished releases what waited for item, which has just reached a final
+// state (done, failed for good, cancelled): its dependents, and its
+// batch's callback when it was the batch's last job. Workers call it after
+// every final outcome; an error is the caller's to log, since the sweeper
+// does the same later.
+func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error {
+	if !item.Status.Terminal() {
+		return nil
+	}
+	var ids []string
+	if item.Batch != "" && c.batchMayBeDone(ctx, item.Batch) {
+		// The callback is read only when none of the batch's jobs is left.
+		b, err := c.batchCounts(ctx, item.Batch)
+		if err != nil {
+			return err
+		}
+		if b.Pending == 0 {
+			ids = append(ids, BatchCallbackID(item.Batch))
+		}
+	}
+	if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
+		deps, docs, err := c.dependents(ctx, finished)
+		if err != nil {
+			return err
+		}
+		if len(deps) > 0 {
+			c.flow.seen.Store(time.Now().UnixNano())
+		}
+		if len(ids) == 0 && docs != nil {
+			_, err := c.releaseRead(ctx, deps, docs, by)
+			return err
+		}
+		ids = append(ids, deps...)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := c.releaseReady(ctx, ids, by)
+	return err
+}
+
+// AfterFinish is Finished for callers that only log a failure (agents,
+// operator actions): the sweeper releases what it could not.
+func (c *Client) AfterFinish(ctx context.Context, item *WorkItem, by string) {
+	if err := c.Finished(ctx, item, by); err != nil {
+		c.log.Warn().Err(err).Str("job", item.ID).Msg("could not release the jobs waiting for this one; the sweeper will")
+	}
+}
+
+// batchFreshBelow is how many unfinished jobs a batch may have, as its
+// index last stood, for the worker finishing one of them to bring the
+// index up to date and count again (batchMayBeDone).
+const batchFreshBelow = 256
+
+// batchMayBeDone reads the batch's unfinished jobs from the batches view
+// as it stands (update=false: no indexing, a cheap read) and reports
+// whether they may all have finished: when the index says few are left,
+// or cannot say. Bringing the sweep views up to date after every job of
+// a big batch cost most of the server's time (section 10 of the bench);
+// an index that lags only counts jobs as unfinished that are not, so a
+// batch it says is far from done is. A last job that misses its batch's
+// end this way (an index lagging by more than batchFreshBelow) leaves the
+// callback to the sweeper.
+func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
+	// A batch far from done was read as such a moment ago: jobs finishing
+	// together share that read. Far enough that no queue finishes the rest
+	// within batchReadReuse (it would take 3,000 jobs a second).
+	now := time.Now().UnixNano()
+	if v, ok := c.flow.batches.Load(batch); ok {
+		last := v.(batchRead)
+		if last.pending > 4*batchFreshBelow && now-last.at < int64(batchReadReuse) {
+			return false
+		}
+	}
+	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
+		"key": []any{batch, "pending"}, "update": "false",
+	}))
+	defer rows.Close()
+	var pending int64
+	if rows.Next() {
+		if err := rows.ScanValue(&pending); err != nil {
+			return true
+		}
+	}
+	if rows.Err() != nil {
+		return true
+	}
+	if pending > 4*batchFreshBelow {
+		c.flow.batches.Store(batch, batchRead{pending: pending, at: now})
+	} else {
+		c.flow.batches.Delete(batch)
+	}
+	return pending <= batchFreshBelow
+}
+
+// batchReadReuse is how long a read of a batch far from done answers for
+// the jobs of the batch a client finishes (batchMayBeDone).
+const batchReadReuse = 250 * time.Millisecond
+
+// batchRead is what a client last read of a batch's unfinished jobs.
+type batchRead struct {
+	pending int64
+	at      int64 // Unix ns
+}
+
+// dependentsToCheck returns the finished jobs whose dependents to look
+// for now: id, with the jobs finished while the client believed no job
+// waited for another, once it finds that one does. It believes so for
+// waitingRecheck after a look at the dependents view found none, so that
+// a database where no job waits pays one query a second, not one per
+// finished job. A job finished in that second is looked for at the next
+// look that finds one: a dependent enqueued after the look found none
+// either came after the job finished (its enqueue's own check releases
+// it) or is found then.
+func (c *Client) dependentsToCheck(ctx context.Context, id string) []string {
+	if time.Now().UnixNano()-c.flow.seen.Load() < int64(waitingMemory) {
+		return append(c.flow.takeUnchecked(), id)
+	}
+	switch c.mayHaveWaiting(ctx) {
+	case waitingFound:
+		return append(c.flow.takeUnchecked(), id)
+	case waitingNone:
+		c.flow.takeUnchecked() // none waited for them when it looked
+		return nil
+	default:
+		c.flow.addUnchecked(id)
+		return nil
+	}
+}
+
+// maxUnchecked bounds the finished jobs a client keeps to look for
+// dependents of later (dependentsToCheck); past it the oldest are left
+// to the sweeper.
+const maxUnchecked = 10000
+
+func (f *flowState) addUnchecked(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.unchecked) >= maxUnchecked {
+		f.unchecked = f.unchecked[1:]
+	}
+	f.unchecked = append(f.unchecked, id)
+}
+
+func (f *flowState) takeUnchecked() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.unchecked
+	f.unchecked = nil
+	return out
+}
+
+// What a look for waiting jobs found.
+type waitingLook int
+
+const (
+	waitingSkipped waitingLook = iota // not looked: looked less than waitingRecheck ago
+	waitingFound
+	waitingNone
+)
+
+// mayHaveWaiting looks (at most every waitingRecheck) whether any job
+// waits for others (After; a batch's callback is found through its
+// batch), in the dependents view.
+func (c *Client) mayHaveWaiting(ctx context.Context) waitingLook {
+	now := time.Now().UnixNano()
+	last := c.flow.checked.Load()
+	if now-last < int64(waitingRecheck) || !c.flow.checked.CompareAndSwap(last, now) {
+		return waitingSkipped
+	}
+	rows := c.view(ctx, "dependents", kivik.Param("limit", 1))
+	defer rows.Close()
+	found := rows.Next()
+	if err := rows.Err(); err != nil {
+		c.log.Debug().Err(err).Msg("could not look for jobs waiting for others; asking for dependents anyway")
+		return waitingFound
+	}
+	if !found {
+		return waitingNone
+	}
+	c.flow.seen.Store(now)
+	return waitingFound
+}
+
+// dependents lists the waiting jobs that wait for any of ids (the
+// dependents view, keyed by the job waited for).
+//
+// On a single node the rows carry the documents (one request less per
+// release): docs holds them, as readJobs would have read them. Not on a
+// cluster, where a view's documents come from one copy, which may not
+// hold the newest revision.
+func (c *Client) dependents(ctx context.Context, ids []string) (out []string, docs map[string]jobState, err error) {
+	withDocs := !c.confirming()
+	rows := c.view(ctx, "dependents", kivik.Params(map[string]any{"keys": ids, "include_docs": withDocs}))
+	defer rows.Close()
+	if withDocs {
+		docs = map[string]jobState{}
+	}
+	for rows.Next() {
+		id, err := rows.ID()
+		if err != nil {
+			return nil, nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+		}
+		if slices.Contains(out, id) {
+			continue
+		}
+		out = append(out, id)
+		if withDocs {
+			var raw json.RawMessage
+			var it WorkItem
+			if rows.ScanDoc(&raw) != nil || gone(raw) || json.Unmarshal(raw, &it) != nil {
+				docs = nil // read them all afresh
+				withDocs = false
+				continue
+			}
+			docs[id] = jobState{exists: true, item: &it}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("listing the jobs waiting for %s: %w", strings.Join(ids, ", "), err)
+	}
+	return out, docs, nil
+}
+
+// releaseRounds bounds how often releaseReady reads again after losing
+// write races.
+const releaseRounds = 5
+
+// releaseReady checks the waiting jobs among ids and writes each one
+// whose dependencies have all finished released (or cancelled, per its
+// policy), over the revision it read. A job another writer changed in
+// between (409) is read and checked again. It returns how many it wrote.
+func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int, error) {
+	return c.releaseRead(ctx, ids, nil, by)
+}
+
+// releaseRead is releaseReady with the jobs of ids already read (read,
+// for its first round; nil reads them).
+func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (int, error) {
+	written := 0
+	for range releaseRounds {
+		if len(ids) == 0 {
+			return written, nil
+		}
+		jobs := read
+		read = nil
+		if jobs == nil {
+			var err error
+			if jobs, err = c.readJobs(ctx, ids, true); err != nil {
+				return written, fmt.Errorf("releasing waiting jobs: %w", err)
+			}
+		}
+		var waiting []*WorkItem
+		var deps []string
+		batches := map[string]*BatchStatus{}
+		for _, id := range ids {
+			it := jobs[id].item
+			if it == nil || it.Status != StatusWaiting || c.owns(it) != nil {
+				continue
+			}
+			waiting = append(waiting, it)
+			deps = append(deps, it.After...)
+			if it.CallbackOf != "" {
+				batches[it.CallbackOf] = nil
+			}
+		}
+		if len(waiting) == 0 {
+			return written, nil
+		}
+		states, err := c.readJobs(ctx, deps, true)
+		if err != nil {
+			return written, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
+		}
+		for b := range batches {
+			if batches[b], err = c.batchCounts(ctx, b); err != nil {
+				return written, err
+			}
+		}
+		var docs []any
+		var next []*WorkItem
+		for _, it := range waiting {
+			if n := c.decide(ctx, it, states, batches[it.CallbackOf], by); n != nil {
+				docs = append(docs, n)
+				next = append(next, n)
+			}
+		}
+		if len(docs) == 0 {
+			return written, nil
+		}
+		wctx, _ := c.traced(ctx)
+		bulk, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
+		ids = ids[:0]
+		keys := make([]string, len(next))
+		for k, n := range next {
+			keys[k] = n.ID
+		}
+		for k, r := range alignBulk(keys, bulk, err) {
+			switch {
+			case r.Error == nil:
+				written++
+				c.log.Debug().Str("job", r.ID).Str("status", string(next[k].Status)).Msg("waiting job settled")
+			case isStatus(r.Error, http.StatusConflict):
+				ids = append(ids, r.ID) // someone else wrote: read and check again
+			default:
+				return written, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
+			}
+		}
+	}
+	return written, nil
+}
+
+// decide returns the next state of waiting job it, or nil while it must
+// wait: released when every dependency is done (or finished, under
+// DependencyRun), cancelled when one failed under DependencyCancel, failed
+// when one has been missing for MissingDependencyGrace. A dependency that
+// was deleted counts as done: couchq deletes only finished jobs (a type
+// with DeleteDone, a purge).
+func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]jobState, batch *BatchStatus, by string) *WorkItem {
+	now := c.now()
+	var pending, failed, missing []string
+	for _, d := range it.After {
+		st := states[d]
+		switch {
+		case st.deleted:
+		case !st.exists:
+			missing = append(missing, d)
+		case st.item == nil:
+			missing = append(missing, d+" (not a job)")
+		case st.item.Status == StatusDone:
+		case st.item.Status == StatusFailed || st.item.Status == StatusCancelled:
+			failed = append(failed, fmt.Sprintf("%s (%s)", d, st.item.Status))
+		default:
+			pending = append(pending, d)
+		}
+	}
+	next := it.Clone()
+	c.unclaim(next)
+	if len(failed) > 0 && it.OnDependencyFailure != DependencyRun {
+		reason := fmt.Sprintf("dependency %s; on_dependency_failure is %s", strings.Join(failed, ", "), DependencyCancel)
+		next.Status = StatusCancelled
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(now)
+		c.record(next, EventCancelled, by, reason)
+		return next
+	}
+	if len(missing) > 0 {
+		if it.CreatedAt == 0 {
+			// A hand-written job without created_at: the grace starts now.
+			next.Status = StatusWaiting
+			next.CreatedAt = ToUnix(now)
+			return next
+		}
+		if now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace {
+			return nil
+		}
+		reason := fmt.Sprintf("waits for %s, which does not exist (%s after it was enqueued)", strings.Join(missing, ", "), MissingDependencyGrace)
+		next.Status = StatusFailed
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(now)
+		c.record(next, EventFailed, by, reason)
+		return next
+	}
+	if len(pending) > 0 {
+		return nil
+	}
+	var note string
+	if len(failed) > 0 {
+		note = fmt.Sprintf("dependency %s; on_dependency_failure is %s", strings.Join(failed, ", "), DependencyRun)
+	}
+	if it.CallbackOf != "" {
+		if batch == nil || !batch.Complete(it.BatchSize) {
+			return nil
+		}
+		next.Payload = withBatchSummary(next.Payload, batch)
+	}
+	next.Status = StatusQueued
+	next.ReleasedAt = ToUnix(now)
+	c.record(next, EventDependenciesDone, by, note)
+	return next
+}
+
+// SweepWaiting is the sweeper's pass over waiting jobs: at most every
+// waitingSweepInterval per client, a page of limit jobs of the waiting
+// view (the next page each time, from the start again after the last) is
+// checked as a finished dependency's worker would have. It returns how
+// many jobs it released, cancelled or failed.
+func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, error) {
+	now := time.Now().UnixNano()
+	last := c.flow.swept.Load()
+	if now-last < int64(waitingSweepInterval) || !c.flow.swept.CompareAndSwap(last, now) {
+		return 0, nil
+	}
+	params := map[string]any{"limit": limit + 1}
+	if cur := c.flow.cursor.Load(); cur != nil {
+		params["startkey_docid"] = *cur
+		params["startkey"] = *cur
+	}
+	rows := c.view(ctx, "waiting", kivik.Params(params))
+	var ids []string
+	for rows.Next() {
+		id, err := rows.ID()
+		if err != nil {
+			_ = rows.Close()
+			return 0, fmt.Errorf("listing waiting jobs: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return 0, fmt.Errorf("listing waiting jobs: %w", err)
+	}
+	if len(ids) > limit {
+		c.flow.cursor.Store(&ids[limit])
+		ids = ids[:limit]
+	} else {
+		c.flow.cursor.Store(nil)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return c.releaseReady(ctx, ids, by)
+}
+
+// Batches: jobs enqueued together (EnqueueBatch) carry the batch's id;
+// its callback, a waiting job with the id BatchCallbackID, is released
+// once every job of the batch has finished, with a summary in its payload
+// under "batch". The batches view counts a batch's jobs by state
+// ([batch, state], reduced with _count), so that the check is one view
+// query whatever the batch's size.
+
+// BatchCallbackID is the id of the callback job of batch id.
+func BatchCallbackID(batch string) string { return "job:batch:" + batch }
+
+// BatchStatus is a batch's progress: how many of its jobs are done,
+// failed, cancelled and not finished yet, with the failed jobs' ids.
+type BatchStatus struct {
+	ID string `json:"id"`
+	// Size is how many jobs the batch was enqueued with (its callback's
+	// batch_size); 0 when the callback cannot be read.
+	Size      int64    `json:"size"`
+	Done      int64    `json:"done"`
+	Failed    int64    `json:"failed"`
+	Cancelled int64    `json:"cancelled"`
+	Pending   int64    `json:"pending"`
+	FailedIDs []string `json:"failed_ids,omitempty"`
+	// Callback is the callback job, as it stands (nil when missing).
+	Callback *WorkItem `json:"-"`
+}
+
+// Finished is how many of the batch's jobs have finished.
+func (b *BatchStatus) Finished() int64 { return b.Done + b.Failed + b.Cancelled }
+
+// Complete reports whether every one of size jobs has finished: none is
+// pending (a job that failed an attempt and will be retried is pending).
+func (b *BatchStatus) Complete(size int) bool {
+	return b.Pending == 0 && b.Finished() >= int64(size)
+}
+
+// maxFailedIDs bounds the failed ids a batch summary lists.
+const maxFailedIDs = 1000
+
+// batchCounts reads a batch's counts (one grouped query of the batches
+// view) and, when some failed, their ids.
+func (c *Client) batchCounts(ctx context.Context, batch string) (*BatchStatus, error) {
+	b := &BatchStatus{ID: batch}
+	rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+		"group_level": 2, "startkey": []any{batch}, "endkey": []any{batch, map[string]any{}},
+	}))
+	for rows.Next() {
+		var key []any
+		var n int64
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		if err := rows.ScanValue(&n); err != nil {
+			continue
+		}
+		switch key[1] {
+		case string(StatusDone):
+			b.Done += n
+		case string(StatusFailed):
+			b.Failed += n
+		case string(StatusCancelled):
+			b.Cancelled += n
+		default:
+			b.Pending += n
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("counting the jobs of batch %s: %w", batch, err)
+	}
+	if b.Failed > 0 {
+		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+			"reduce": false, "key": []any{batch, string(StatusFailed)}, "limit": maxFailedIDs,
+		}))
+		for rows.Next() {
+			if id, err := rows.ID(); err == nil {
+				b.FailedIDs = append(b.FailedIDs, id)
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("listing the failed jobs of batch %s: %w", batch, err)
+		}
+		sort.Strings(b.FailedIDs)
+	}
+	return b, nil
+}
+
+// withBatchSummary puts the batch's summary into a callback's payload
+// under "batch": into the object it is, or a new object (a payload that
+// is not an object goes under "payload").
+func withBatchSummary(payload json.RawMessage, b *BatchStatus) json.RawMessage {
+	obj := map[string]json.RawMessage{}
+	if len(payload) > 0 && json.Unmarshal(payload, &obj) != nil {
+		obj = map[string]json.RawMessage{"payload": payload}
+	}
+	summary := map[string]any{
+		"id": b.ID, "done": b.Done, "failed": b.Failed, "cancelled": b.Cancelled,
+		"failed_ids": append([]string{}, b.FailedIDs...),
+	}
+	obj["batch"] = mustJSON(summary)
+	return mustJSON(obj)
+}
+
+// Batch reads a batch's progress and its callback.
+func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
+	b, err := c.batchCounts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cb, err := c.Get(ctx, BatchCallbackID(id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if b.Finished()+b.Pending == 0 {
+			return nil, fmt.Errorf("reading batch %s: %w", id, ErrNotFound)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("reading batch %s: %w", id, err)
+	default:
+		b.Callback = cb
+		b.Size = int64(cb.BatchSize)
+	}
+	return b, nil
+}
+
+// NewBatchID returns a time-ordered batch id (a UUIDv7).
+func NewBatchID() string { return strings.TrimPrefix(NewID(), "job:") }
+
+// EnqueueBatch enqueues jobs as one batch (each carries its id) and then
+// callback, a waiting job (id BatchCallbackID) that is released once every
+// job of the batch has finished, with a summary under "batch" in its
+// payload (done, failed and cancelled counts and the failed ids). It
+// returns the batch's id. Every job is checked before anything is
+// written; a job that cannot be stored fails the call, and the callback
+// then counts only the jobs that were. Unique jobs cannot be batched.
+func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJob) (string, error) {
+	id := NewBatchID()
+	items := make([]*WorkItem, 0, len(jobs))
+	for i, j := range jobs {
+		if j.Unique.Key != "" {
+			return "", fmt.Errorf("%w: job %d of the batch is unique; a batch counts its jobs, so they cannot be", ErrInvalidJob, i)
+		}
+		it, err := c.item(j)
+		if err != nil {
+			return "", fmt.Errorf("job %d of the batch: %w", i, err)
+		}
+		it.Batch = id
+		items = append(items, it)
+	}
+	if callback.Unique.Key != "" || callback.ID != "" {
+		return "", fmt.Errorf("%w: a batch's callback has the id %s and cannot be unique", ErrInvalidJob, BatchCallbackID(id))
+	}
+	callback.ID = BatchCallbackID(id)
+	cb, err := c.item(callback)
+	if err != nil {
+		return "", fmt.Errorf("the batch's callback: %w", err)
+	}
+	if errs := c.checkDependencies(ctx, items); slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		return "", errors.Join(errs...)
+	}
+	stored := 0
+	var failures []error
+	for start := 0; start < len(items); start += 1000 {
+		page := items[start:min(start+1000, len(items))]
+		docs := make([]any, len(page))
+		keys := make([]string, len(page))
+		for k, it := range page {
+			docs[k], keys[k] = it, it.ID
+		}
+		bulk, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+		for k, r := range alignBulk(keys, bulk, err) {
+			if r.Error != nil {
+				failures = append(failures, fmt.Errorf("enqueueing job %s of batch %s: %w", r.ID, id, r.Error))
+				continue
+			}
+			page[k].Rev = r.Rev
+			stored++
+		}
+	}
+	cb.Status = StatusWaiting
+	cb.CallbackOf = id
+	cb.BatchSize = stored
+	rev, err := c.db.Put(ctx, cb.ID, cb, c.writeOpts()...)
+	if err != nil {
+		return id, fmt.Errorf("enqueueing the callback of batch %s: %w", id, err)
+	}
+	cb.Rev = rev
+	var waiting []*WorkItem
+	for _, it := range items {
+		if it.Status == StatusWaiting && it.Rev != "" {
+			waiting = append(waiting, it)
+		}
+	}
+	c.settleEnqueued(ctx, append(waiting, cb))
+	if len(failures) > 0 {
+		return id, errors.Join(failures...)
+	}
+	return id, nil
+}
+
+// CancelBatch cancels every job of a batch that has not finished; the
+// callback is then released as for any batch whose jobs all finished. It
+// returns how many it cancelled.
+func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, error) {
+	if reason == "" {
+		reason = "batch " + id + " cancelled by operator"
+	}
+	n := 0
+	for {
+		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+			"reduce": false, "key": []any{id, "pending"}, "limit": 500,
+		}))
+		var ids []string
+		for rows.Next() {
+			if jid, err := rows.ID(); err == nil {
+				ids = append(ids, jid)
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return n, fmt.Errorf("listing the unfinished jobs of batch %s: %w", id, err)
+		}
+		progress := 0
+		for _, jid := range ids {
+			_, err := c.CancelJob(ctx, jid, by, reason) // releases the callback after the last
+			if errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
+				continue // finished meanwhile
+			}
+			if err != nil {
+				return n, err
+			}
+			progress++
+			n++
+		}
+		if progress == 0 {
+			break
+		}
+	}
+	if _, err := c.releaseReady(ctx, []string{BatchCallbackID(id)}, by); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// ChildID is the id of the child a running job's handler enqueues under
+// key: derived from the parent's id, so that a handler that runs again
+// (its claim was lost) enqueues the same children, not more.
+func ChildID(parent, key string) string { return parent + ":" + key }
+
+// AwaitChildren finishes a held job's attempt as waiting for children
+// (the jobs it enqueued, by id): it is released, and runs again as its
+// continuation (Continuation set), once every child has finished, however
+// they ended. The attempt is not charged.
+func (c *Client) AwaitChildren(ctx context.Context, item *WorkItem, children []string) error {
+	err := c.transition(ctx, "waiting for the children of", item, func(next *WorkItem) {
+		by := item.ClaimedBy
+		c.unclaim(next)
+		next.Status = StatusWaiting
+		next.After = append([]string(nil), children...)
+		next.OnDependencyFailure = DependencyRun
+		next.ReleasedAt = 0
+		next.Continuation = true
+		next.Attempts = max(next.Attempts-1, 0)
+		c.record(next, EventAwaitingChildren, by, "")
+	})
+	if err != nil {
+		return err
+	}
+	c.settleEnqueued(ctx, []*WorkItem{item})
+	return nil
+}
+
+// Batches lists the batches of the database with their progress, those
+// with unfinished jobs first, at most limit of them: one grouped query of
+// the batches view (their callbacks are not read).
+func (c *Client) Batches(ctx context.Context, limit int) ([]*BatchStatus, error) {
+	byID := map[string]*BatchStatus{}
+	var order []string
+	rows := c.view(ctx, "batches", kivik.Param("group_level", 2))
+	for rows.Next() {
+		var key []any
+		var n int64
+		if err := rows.ScanKey(&key); err != nil || len(key) != 2 {
+			continue
+		}
+		if err := rows.ScanValue(&n); err != nil {
+			continue
+		}
+		id, _ := key[0].(string)
+		b := byID[id]
+		if b == nil {
+			b = &BatchStatus{ID: id}
+			byID[id] = b
+			order = append(order, id)
+		}
+		switch key[1] {
+		case string(StatusDone):
+			b.Done += n
+		case string(StatusFailed):
+			b.Failed += n
+		case string(StatusCancelled):
+			b.Cancelled += n
+		default:
+			b.Pending += n
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listing batches: %w", err)
+	}
+	out := make([]*BatchStatus, 0, len(order))
+	for _, id := range order {
+		b := byID[id]
+		b.Size = b.Pending + b.Finished()
+		out = append(out, b)
+	}
+	// Unfinished batches first, newest (ids are time-ordered) first.
+	sort.SliceStable(out, func(i, j int) bool {
+		if (out[i].Pending > 0) != (out[j].Pending > 0) {
+			return out[i].Pending > 0
+		}
+		return out[i].ID > out[j].ID
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
