@@ -89,7 +89,8 @@ func DocFor(view string) string {
 // changes filter read a waiting job (status waiting, or an after field
 // never released) as not claimable, and the sweep document gains the
 // dependents, waiting and batches views; a couchq of schema 4 would put
-// back due views that list waiting jobs.
+// back due views that list waiting jobs. Its validation function also
+// checks the trace and progress fields.
 const SchemaVersion = 5
 
 // LanguageSchema is the first schema whose Language was chosen: an older

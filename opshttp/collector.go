@@ -92,7 +92,7 @@ func newMetricDescs() metricDescs {
 	typ := []string{"type"}
 	claimant := []string{"claimant"}
 	return metricDescs{
-		jobs: prometheus.NewDesc("couchq_jobs", "Jobs in the database by type and status (queued, running, done, failed, cancelled).",
+		jobs: prometheus.NewDesc("couchq_jobs", "Jobs in the database by type and status (waiting, queued, running, done, failed, cancelled).",
 			[]string{"type", "status"}, nil),
 		due:       prometheus.NewDesc("couchq_queue_due", "Queued jobs that are due now: the backlog workers have yet to claim.", typ, nil),
 		scheduled: prometheus.NewDesc("couchq_queue_scheduled", "Queued jobs due later (scheduled, or waiting to retry).", typ, nil),
