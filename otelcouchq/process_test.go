@@ -205,12 +205,24 @@ func TestHelperProcess(t *testing.T) {
 		})},
 		Middleware: []worker.Middleware{otelcouchq.Middleware(otelcouchq.WithTracerProvider(tp))},
 		Retry:      func(int) time.Duration { return 10 * time.Millisecond },
-		Drain:      true,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Run(ctx); err != nil {
+	// Until the three jobs are done: a drain could end between the failed
+	// attempt and its retry, which is due a moment later.
+	runCtx, stop := context.WithCancel(ctx)
+	go func() {
+		defer stop()
+		for runCtx.Err() == nil {
+			done, err := q.List(runCtx, couchq.ListOptions{Worker: "email", Status: couchq.StatusDone})
+			if err == nil && len(done) == 3 {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	if err := w.Run(runCtx); err != nil {
 		t.Fatal(err)
 	}
 	var spans []spanJSON
