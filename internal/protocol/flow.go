@@ -771,16 +771,7 @@ func (c *Client) batchCounts(ctx context.Context, batch string) (*BatchStatus, e
 		if err := rows.ScanValue(&n); err != nil {
 			continue
 		}
-		switch key[1] {
-		case string(StatusDone):
-			b.Done += n
-		case string(StatusFailed):
-			b.Failed += n
-		case string(StatusCancelled):
-			b.Cancelled += n
-		default:
-			b.Pending += n
-		}
+		b.count(key[1], n)
 	}
 	err := rows.Err()
 	_ = rows.Close()
@@ -1014,16 +1005,7 @@ func (c *Client) Batches(ctx context.Context, limit int) ([]*BatchStatus, error)
 			byID[id] = b
 			order = append(order, id)
 		}
-		switch key[1] {
-		case string(StatusDone):
-			b.Done += n
-		case string(StatusFailed):
-			b.Failed += n
-		case string(StatusCancelled):
-			b.Cancelled += n
-		default:
-			b.Pending += n
-		}
+		b.count(key[1], n)
 	}
 	err := rows.Err()
 	_ = rows.Close()
@@ -1047,4 +1029,19 @@ func (c *Client) Batches(ctx context.Context, limit int) ([]*BatchStatus, error)
 		out = out[:limit]
 	}
 	return out, nil
+}
+
+// count adds n jobs of a batch in status st: done, failed and cancelled
+// by name, anything else still pending.
+func (b *BatchStatus) count(st any, n int64) {
+	switch st {
+	case string(StatusDone):
+		b.Done += n
+	case string(StatusFailed):
+		b.Failed += n
+	case string(StatusCancelled):
+		b.Cancelled += n
+	default:
+		b.Pending += n
+	}
 }
