@@ -27,6 +27,10 @@ type runRecorder struct {
 	ends   map[string]time.Time
 }
 
+func newRecorder() *runRecorder {
+	return &runRecorder{starts: map[string]time.Time{}, ends: map[string]time.Time{}}
+}
+
 func (r *runRecorder) handler(next worker.Handler) worker.Handler {
 	return worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 		r.mu.Lock()
@@ -77,7 +81,7 @@ func (b *run) releaseLatency(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	rec := &runRecorder{starts: map[string]time.Time{}, ends: map[string]time.Time{}}
+	rec := newRecorder()
 	p, err := startPool(ctx, b.t, db, rec.handler(h), []int{cfg.Workers}, cfg)
 	if err != nil {
 		return err
@@ -130,41 +134,58 @@ func (b *run) batchThroughput(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	timed := func(what string, enqueue func(*protocol.Client) (int, error)) (time.Duration, error) {
+	// spent is what one timed run used: the wall time, the CPU and the
+	// queue clients' requests, for the rows that say where a batch's
+	// extra time goes.
+	type spent struct {
+		wall     time.Duration
+		cpu0     cpuUse
+		cpu1     cpuUse
+		requests traffic
+	}
+	timed := func(what string, rec *runRecorder, enqueue func(*protocol.Client) (int, error)) (spent, error) {
+		var sp spent
 		db, err := b.newDB(ctx, s, what)
 		if err != nil {
-			return 0, err
+			return sp, err
 		}
 		c, err := b.t.open(ctx, db)
 		if err != nil {
-			return 0, err
+			return sp, err
 		}
 		total, err := enqueue(c)
 		if err != nil {
-			return 0, err
+			return sp, err
 		}
 		if _, err := buildViews(ctx, c); err != nil {
-			return 0, err
+			return sp, err
 		}
 		began := time.Now()
-		p, err := startPool(ctx, b.t, db, h, []int{cfg.Workers}, cfg)
+		sp.cpu0, sp.requests = b.t.cpu(), b.t.stats.snapshot()
+		p, err := startPool(ctx, b.t, db, rec.handler(h), []int{cfg.Workers}, cfg)
 		if err != nil {
-			return 0, err
+			return sp, err
 		}
 		defer p.stop(ctx)
 		if err := p.waitCompleted(ctx, int64(total), time.Minute); err != nil {
-			return 0, err
+			return sp, err
 		}
-		return time.Since(began), nil
+		sp.wall = time.Since(began)
+		sp.cpu1, sp.requests = b.t.cpu(), b.t.stats.snapshot().since(sp.requests)
+		return sp, nil
 	}
-	plain, err := timed("plain", func(c *protocol.Client) (int, error) {
+	// Both runs record their jobs' starts and ends, so that they pay the
+	// same for it; the batch's say when its callback started.
+	plain, err := timed("plain", newRecorder(), func(c *protocol.Client) (int, error) {
 		_, err := enqueueBulk(ctx, c, n)
 		return n, err
 	})
 	if err != nil {
 		return err
 	}
-	batched, err := timed("batch", func(c *protocol.Client) (int, error) {
+	rec := newRecorder()
+	var callback string
+	batched, err := timed("batch", rec, func(c *protocol.Client) (int, error) {
 		jobs := make([]protocol.NewJob, n)
 		for i := range jobs {
 			jobs[i] = protocol.NewJob{Worker: jobType}
@@ -173,6 +194,7 @@ func (b *run) batchThroughput(ctx context.Context, s *Section) error {
 		if err != nil {
 			return 0, err
 		}
+		callback = protocol.BatchCallbackID(id)
 		// The batches view is built before the clock starts, as the due
 		// view is.
 		_, err = c.Batch(ctx, id)
@@ -181,10 +203,46 @@ func (b *run) batchThroughput(ctx context.Context, s *Section) error {
 	if err != nil {
 		return err
 	}
-	pr, br := rate(int64(n), plain), rate(int64(n), batched)
+	pr, br := rate(int64(n), plain.wall), rate(int64(n), batched.wall)
 	s.add(numRow(fmt.Sprintf("%d jobs without a batch, %d workers", n, cfg.Workers), pr, "jobs/s", 1))
 	s.add(numRow(fmt.Sprintf("the same %d jobs as one batch with a callback", n), br, "jobs/s", 1))
 	row := s.add(numRow("batch throughput, of the same jobs without a batch", 100*ratio(br, pr), "%", 0))
 	row.target(fmt.Sprintf(">= %.0f %%", 100*TargetBatchShare), ratio(br, pr) >= TargetBatchShare)
+	if last, ok := rec.lastEnd(callback); ok {
+		if start, ok := rec.started(callback); ok {
+			s.add(durRow("  the batch's last job ends -> its callback starts", start.Sub(last)))
+		}
+	}
+	for _, r := range []struct {
+		prefix string
+		sp     spent
+	}{{"  without a batch: ", plain}, {"  as a batch: ", batched}} {
+		cpuRows(s, r.prefix, r.sp.cpu0, r.sp.cpu1, n)
+		if cfg.Instrument {
+			s.add(numRow(r.prefix+"HTTP requests per job", float64(r.sp.requests.requests())/float64(n), "", 2))
+			s.add(numRow(r.prefix+"  of which views other than due", float64(r.sp.requests.reqs[kindView])/float64(n), "", 2))
+		}
+	}
 	return nil
+}
+
+// lastEnd is when the last job other than except ended.
+func (r *runRecorder) lastEnd(except string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last time.Time
+	for id, e := range r.ends {
+		if id != except && e.After(last) {
+			last = e
+		}
+	}
+	return last, !last.IsZero()
+}
+
+// started is when job first started.
+func (r *runRecorder) started(job string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.starts[job]
+	return t, ok
 }

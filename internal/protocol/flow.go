@@ -100,6 +100,8 @@ type flowState struct {
 	// batches holds, by batch id, the last batchRead of a batch far from
 	// done (batchMayBeDone); entries go when the batch nears its end.
 	batches sync.Map
+	// batchReading holds the batches whose read is on its way.
+	batchReading sync.Map
 }
 
 // DependencyError is an enqueue refused because of the jobs it names in
@@ -356,16 +358,24 @@ const batchFreshBelow = 256
 // batch it says is far from done is. A last job that misses its batch's
 // end this way (an index lagging by more than batchFreshBelow) leaves the
 // callback to the sweeper.
+//
+// A read that found the batch far from done answers for the jobs of the
+// batch this client finishes for as long as no queue could finish the
+// rest (batchReuse), and while one read of a batch is on its way the
+// client's other finishers wait for none: reading it for every job
+// finished was half a batch's requests.
 func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
-	// A batch far from done was read as such a moment ago: jobs finishing
-	// together share that read. Far enough that no queue finishes the rest
-	// within batchReadReuse (it would take 3,000 jobs a second).
 	now := time.Now().UnixNano()
-	if v, ok := c.flow.batches.Load(batch); ok {
-		last := v.(batchRead)
-		if last.pending > 4*batchFreshBelow && now-last.at < int64(batchReadReuse) {
+	last, seen := c.flow.batches.Load(batch)
+	if seen {
+		read := last.(batchRead)
+		if now-read.at < int64(batchReuse(read.pending)) {
 			return false
 		}
+		if _, busy := c.flow.batchReading.LoadOrStore(batch, true); busy {
+			return false // far from done a moment ago, and being read again
+		}
+		defer c.flow.batchReading.Delete(batch)
 	}
 	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
 		"key": []any{batch, "pending"}, "update": "false",
@@ -380,7 +390,7 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 	if rows.Err() != nil {
 		return true
 	}
-	if pending > 4*batchFreshBelow {
+	if pending > batchFreshBelow {
 		c.flow.batches.Store(batch, batchRead{pending: pending, at: now})
 	} else {
 		c.flow.batches.Delete(batch)
@@ -388,9 +398,24 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 	return pending <= batchFreshBelow
 }
 
-// batchReadReuse is how long a read of a batch far from done answers for
-// the jobs of the batch a client finishes (batchMayBeDone).
-const batchReadReuse = 250 * time.Millisecond
+// batchDrainRate is more jobs a second than any couchq queue finishes
+// (the fastest measured are a tenth of it): a batch read with n jobs
+// unfinished cannot be done sooner than n / batchDrainRate later.
+const batchDrainRate = 4096
+
+// batchReuse is how long a read that found pending jobs unfinished
+// answers for the batch (batchMayBeDone): the time the fastest queue
+// would take to finish them, at most batchReuseMax.
+func batchReuse(pending int64) time.Duration {
+	if pending <= batchFreshBelow {
+		return 0
+	}
+	return min(time.Duration(pending)*time.Second/batchDrainRate, batchReuseMax)
+}
+
+// batchReuseMax bounds batchReuse: the batches view's figures are looked
+// at again at least this often while its jobs finish.
+const batchReuseMax = 2 * time.Second
 
 // batchRead is what a client last read of a batch's unfinished jobs.
 type batchRead struct {
