@@ -270,6 +270,7 @@ func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error
 	for i := range conc {
 		conc[i] = cfg.FleetConcurrency
 	}
+	cpu0 := b.t.cpu()
 	p, err := b.startProcs(ctx, db, conc)
 	if err != nil {
 		return err
@@ -278,6 +279,7 @@ func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error
 	if err := p.waitCompleted(ctx, c, int64(cfg.Jobs), stallTimeout); err != nil {
 		return err
 	}
+	cpu1 := b.t.cpu()
 	jt, err := readDone(ctx, c, cfg.Jobs)
 	if err != nil {
 		return err
@@ -290,5 +292,10 @@ func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error
 	share.target(fmt.Sprintf(">= %.0f%% of in-process", TargetFleetShare*100), tput >= TargetFleetShare*inProcess)
 	share.Key = keyFleetShare
 	s.add(numRow("  fleet: jobs run more than once", float64(jt.reruns), "", 0))
+	if cpu, err := p.cpu(); err == nil {
+		s.add(durRow("  fleet: CPU per job, worker processes", cpu/time.Duration(cfg.Jobs)))
+	}
+	cpu0.ok = false // the bench process only watched the worker processes
+	cpuRows(s, "  fleet: ", cpu0, cpu1, cfg.Jobs)
 	return nil
 }
