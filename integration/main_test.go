@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +25,11 @@ import (
 var server *couchtest.Server
 
 func TestMain(m *testing.M) {
+	if timings := os.Getenv(fanOutWorkerEnv); timings != "" {
+		// A worker process of the fan-out/fan-in chaos tests: it is given
+		// a server to attach to and starts none.
+		os.Exit(fanOutWorkerProcess(timings))
+	}
 	couchtest.Main(m, func(s *couchtest.Server) { server = s })
 }
 

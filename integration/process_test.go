@@ -141,6 +141,20 @@ func startProc(t *testing.T, bin, db, name string, args ...string) *cliProc {
 // startProcEnv is startProc with the environment given.
 func startProcEnv(t *testing.T, bin string, env []string, name string, args ...string) *cliProc {
 	t.Helper()
+	p := launchProc(t, bin, env, name, args...)
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("%s (pid %d, exit %d) stderr, last 6 KiB:\n%s", name, p.pid(), p.code, tail(p.stderr.String(), 6<<10))
+		}
+	})
+	return p
+}
+
+// launchProc starts bin with args and the environment given; the caller
+// kills it when the test ends.
+func launchProc(t *testing.T, bin string, env []string, name string, args ...string) *cliProc {
+	t.Helper()
 	p := &cliProc{name: name, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = env
@@ -159,17 +173,17 @@ func startProcEnv(t *testing.T, bin string, env []string, name string, args ...s
 		}
 		close(p.exited)
 	}()
-	t.Cleanup(func() {
-		if !p.hasExited() {
-			_ = p.cmd.Process.Signal(syscall.SIGCONT) // a frozen process dies too, but say it
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s (pid %d, exit %d) stderr, last 6 KiB:\n%s", name, p.pid(), p.code, tail(p.stderr.String(), 6<<10))
-		}
-	})
 	return p
+}
+
+// kill kills the process with SIGKILL unless it has exited, and waits
+// until it has.
+func (p *cliProc) kill() {
+	if !p.hasExited() {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a frozen process dies too, but say it
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
 }
 
 func (p *cliProc) pid() int { return p.cmd.Process.Pid }
