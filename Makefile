@@ -39,7 +39,7 @@ setup:
 test: setup
 	@go run ./internal/couchtest/whichserver
 	go test -race -count=1 -timeout 30m $$(go list ./... | grep -v '/integration$$')
-	go test -race -count=1 -timeout 30m ./integration/
+	go test -race -count=1 -timeout 40m ./integration/
 
 # The cluster tier alone: the tests that run on the 3-node cluster started from the local
 # Apache CouchDB release (skipped, with the reason, without one).

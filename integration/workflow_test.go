@@ -482,3 +482,40 @@ func TestFanOutChildrenAreIdempotent(t *testing.T) {
 		t.Fatalf("history: %s", got)
 	}
 }
+
+// silentFeed holds every _changes request until its context ends, with
+// no change: a worker behind it is never woken by the feed.
+type silentFeed struct{ next http.RoundTripper }
+
+func (s silentFeed) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/_changes") {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return s.next.RoundTrip(r)
+}
+
+// The worker that finishes a job claims the dependents it released at
+// once when it has a free slot for them: here its changes feed never
+// reports anything and its fallback poll is a minute away, so only that
+// claim can start the dependent within seconds. A dependent not due yet
+// is left to its time.
+func TestWorkerClaimsTheDependentsItReleases(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "first"})
+	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "then", After: []string{parent.ID}})
+	later := mustEnqueue(t, tb, protocol.NewJob{Worker: "then", After: []string{parent.ID}, At: time.Now().Add(time.Hour)})
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper { return silentFeed{next} })
+	clock := newOutsideClock()
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"first": recording(clock, func(ctx context.Context, job *worker.Job) error { return nil }),
+		"then":  recording(clock, func(ctx context.Context, job *worker.Job) error { return nil }),
+	})
+	cfg.FallbackPoll = time.Minute
+	runWorker(t, tb.ctx, client, cfg)
+	waitStatus(t, tb, child.ID, protocol.StatusDone, 15*time.Second)
+	clock.checkAfter(t, child.ID, parent.ID)
+	if it, err := tb.client.Get(tb.ctx, later.ID); err != nil || it.Status != protocol.StatusQueued || it.Attempts != 0 {
+		t.Fatalf("the dependent due in an hour: %+v (%v)", it, err)
+	}
+}

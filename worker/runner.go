@@ -548,6 +548,12 @@ func (rj *runningJob) savedProgress(p *protocol.Progress) {
 // start takes a slot and runs the claimed job in its own goroutine.
 func (r *runner) start(item *protocol.WorkItem, slot *protocol.RunSlot) {
 	r.slots <- struct{}{}
+	r.launch(item, slot)
+}
+
+// launch runs the claimed job in its own goroutine, in a slot already
+// taken.
+func (r *runner) launch(item *protocol.WorkItem, slot *protocol.RunSlot) {
 	w := r.w
 	ctx, cancel := context.WithCancelCause(w.jobsCtx)
 	rj := &runningJob{item: item, cancel: cancel, started: w.cfg.Now(), slot: slot, reported: make(chan struct{}, 1)}
@@ -643,6 +649,12 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		log.Info().Msg("job released at shutdown")
 		return
 	}
+	var look *protocol.DependentsLook
+	if err == nil {
+		// The job will be done: look for the jobs waiting for it while its
+		// outcome is written.
+		look = w.client.LookForDependents(fctx, item.ID)
+	}
 	if ferr := r.finish(fctx, item, job, err); ferr != nil {
 		if errors.Is(ferr, protocol.ErrClaimLost) {
 			w.stats.lost.Add(1)
@@ -657,9 +669,11 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		// Jobs waiting for this one (and its batch's callback) are
 		// released by the worker that finished it; if this fails, or the
 		// process dies first, the sweeper does it.
-		if rerr := w.client.Finished(fctx, item, w.by); rerr != nil {
+		released, rerr := w.client.FinishedReleasing(fctx, item, w.by, look)
+		if rerr != nil {
 			log.Warn().Err(rerr).Msg("could not release the jobs waiting for this one; the sweeper will")
 		}
+		w.claimReleased(fctx, released)
 	}
 }
 
@@ -1150,4 +1164,83 @@ func (r *runner) releaseRunSlots(slots []*protocol.RunSlot) {
 	if err := r.w.client.ReleaseRunSlots(ctx, slots); err != nil {
 		r.w.log.Warn().Err(err).Str("type", r.typ).Msg("releasing run slots failed; their leases will run out")
 	}
+}
+
+// claimReleased claims at once the jobs this worker just released (their
+// dependencies finished) that a runner of its has free slots for, with
+// the documents the release stored: the changes feed, a due-view query
+// and a read of the picked documents would otherwise stand between a
+// dependency ending and its dependent starting (about half of that time
+// on a single node, the bench's workflows section). Only a runner that
+// left no due work behind takes them, so that they never go before due
+// jobs of a higher priority; the others, and jobs not due yet, are left
+// to the feed.
+func (w *Worker) claimReleased(ctx context.Context, items []*protocol.WorkItem) {
+	if len(items) == 0 {
+		return
+	}
+	now := w.cfg.Now()
+	for _, r := range w.runners {
+		var mine []*protocol.WorkItem
+		for _, it := range items {
+			if it.Worker == r.typ && !it.DueAt().After(now) {
+				mine = append(mine, it)
+			}
+		}
+		if len(mine) > 0 {
+			r.claimReleased(ctx, mine)
+		}
+	}
+}
+
+func (r *runner) claimReleased(ctx context.Context, items []*protocol.WorkItem) {
+	_, limited := r.w.cfg.RateLimits[r.typ]
+	_, counted := r.w.cfg.FleetConcurrency[r.typ]
+	if limited || counted || r.paused.Load() || r.behind.Load() || r.w.stopping() {
+		return // claims that take slots or windows go through a round
+	}
+	// The slots are taken before the claims, never waited for: this runs
+	// on a finishing job's goroutine, which holds a finishing token that
+	// the jobs in those slots may need to free them.
+	n := 0
+take:
+	for n < min(len(items), r.w.cfg.ClaimBatch) {
+		select {
+		case r.slots <- struct{}{}:
+			n++
+		default:
+			break take
+		}
+	}
+	if n == 0 {
+		return
+	}
+	results, _ := r.w.client.ClaimManyBefore(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, time.Time{})
+	unused := n
+	conflicts := 0
+	var unrun []*protocol.UnrunClaim
+	for _, res := range results {
+		switch {
+		case res.Err == nil:
+			r.w.stats.claimed.Add(1)
+			unused--
+			r.launch(res.Item, nil)
+		case errors.Is(res.Err, protocol.ErrClaimConflict):
+			conflicts++ // a round of this or another worker was first
+			if res.Unrun != nil {
+				unrun = append(unrun, res.Unrun)
+			}
+		default:
+			r.w.log.Debug().Err(res.Err).Str("type", r.typ).Msg("claiming a released job failed; a claim round will take it")
+		}
+	}
+	for range unused {
+		<-r.slots
+	}
+	if unused > 0 {
+		r.nudge() // slots free again: a round may fill them
+	}
+	r.w.concedeLater(unrun)
+	r.w.stats.conflicts.Add(int64(conflicts))
+	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
 }

@@ -301,39 +301,99 @@ func (c *Client) readJobs(ctx context.Context, ids []string, docs bool) (map[str
 // every final outcome; an error is the caller's to log, since the sweeper
 // does the same later.
 func (c *Client) Finished(ctx context.Context, item *WorkItem, by string) error {
-	if !item.Status.Terminal() {
+	_, err := c.FinishedReleasing(ctx, item, by, nil)
+	return err
+}
+
+// DependentsLook is a look for the jobs waiting for one job, made while
+// that job's outcome is being written (LookForDependents).
+type DependentsLook struct {
+	done chan struct{}
+	deps []string
+	docs map[string]jobState
+	err  error
+}
+
+// LookForDependents starts looking for the jobs waiting for job id, for
+// FinishedReleasing, so that the look and the write of the job's outcome
+// take their time together: on a single node the look is a fifth of the
+// time from a job ending to its dependent starting. It looks only while
+// waiting jobs are known to exist (nil otherwise: FinishedReleasing looks
+// itself, as it would have). A dependent enqueued while the outcome is
+// being written, which the look may miss and whose enqueue may still see
+// the job unfinished, is released by the sweeper.
+func (c *Client) LookForDependents(ctx context.Context, id string) *DependentsLook {
+	if time.Now().UnixNano()-c.flow.seen.Load() >= int64(waitingMemory) {
 		return nil
+	}
+	l := &DependentsLook{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		l.deps, l.docs, l.err = c.dependents(ctx, []string{id})
+	}()
+	return l
+}
+
+// FinishedReleasing is Finished returning the jobs it released to the
+// queue (claimable now, with the revisions it stored), so that a worker
+// with a free slot for one can claim it at once instead of waiting for
+// the changes feed and a due-view query to bring it.
+//
+// look, when not nil, is a LookForDependents of item made before its
+// outcome was written: its answer stands for the query.
+func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by string, look *DependentsLook) ([]*WorkItem, error) {
+	if !item.Status.Terminal() {
+		return nil, nil
+	}
+	if look != nil {
+		select {
+		case <-look.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if look.err != nil {
+			look = nil // look again, as without it
+		}
 	}
 	var ids []string
 	if item.Batch != "" && c.batchMayBeDone(ctx, item.Batch) {
 		// The callback is read only when none of the batch's jobs is left.
 		b, err := c.batchCounts(ctx, item.Batch)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if b.Pending == 0 {
 			ids = append(ids, BatchCallbackID(item.Batch))
 		}
 	}
-	if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
+	if look != nil {
+		if len(look.deps) > 0 {
+			c.flow.seen.Store(time.Now().UnixNano())
+		}
+		if len(ids) == 0 && look.docs != nil {
+			_, released, err := c.releaseRead(ctx, look.deps, look.docs, by)
+			return released, err
+		}
+		ids = append(ids, look.deps...)
+	} else if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
 		deps, docs, err := c.dependents(ctx, finished)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(deps) > 0 {
 			c.flow.seen.Store(time.Now().UnixNano())
 		}
 		if len(ids) == 0 && docs != nil {
-			_, err := c.releaseRead(ctx, deps, docs, by)
-			return err
+			_, released, err := c.releaseRead(ctx, deps, docs, by)
+			return released, err
 		}
 		ids = append(ids, deps...)
 	}
 	if len(ids) == 0 {
-		return nil
+		return nil, nil
 	}
-	_, err := c.releaseReady(ctx, ids, by)
-	return err
+	_, released, err := c.releaseRead(ctx, ids, nil, by)
+	return released, err
 }
 
 // AfterFinish is Finished for callers that only log a failure (agents,
@@ -551,23 +611,24 @@ const releaseRounds = 5
 // policy), over the revision it read. A job another writer changed in
 // between (409) is read and checked again. It returns how many it wrote.
 func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int, error) {
-	return c.releaseRead(ctx, ids, nil, by)
+	n, _, err := c.releaseRead(ctx, ids, nil, by)
+	return n, err
 }
 
 // releaseRead is releaseReady with the jobs of ids already read (read,
-// for its first round; nil reads them).
-func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (int, error) {
-	written := 0
+// for its first round; nil reads them). It also returns the jobs it
+// released to the queue, as stored.
+func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (written int, released []*WorkItem, err error) {
 	for range releaseRounds {
 		if len(ids) == 0 {
-			return written, nil
+			return written, released, nil
 		}
 		jobs := read
 		read = nil
 		if jobs == nil {
 			var err error
 			if jobs, err = c.readJobs(ctx, ids, true); err != nil {
-				return written, fmt.Errorf("releasing waiting jobs: %w", err)
+				return written, released, fmt.Errorf("releasing waiting jobs: %w", err)
 			}
 		}
 		var waiting []*WorkItem
@@ -585,15 +646,15 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			}
 		}
 		if len(waiting) == 0 {
-			return written, nil
+			return written, released, nil
 		}
 		states, err := c.readJobs(ctx, deps, true)
 		if err != nil {
-			return written, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
+			return written, released, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
 		}
 		for b := range batches {
 			if batches[b], err = c.batchCounts(ctx, b); err != nil {
-				return written, err
+				return written, released, err
 			}
 		}
 		var docs []any
@@ -605,7 +666,7 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			}
 		}
 		if len(docs) == 0 {
-			return written, nil
+			return written, released, nil
 		}
 		wctx, _ := c.traced(ctx)
 		bulk, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
@@ -618,15 +679,19 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			switch {
 			case r.Error == nil:
 				written++
+				if next[k].Status == StatusQueued {
+					next[k].Rev = r.Rev
+					released = append(released, next[k])
+				}
 				c.log.Debug().Str("job", r.ID).Str("status", string(next[k].Status)).Msg("waiting job settled")
 			case isStatus(r.Error, http.StatusConflict):
 				ids = append(ids, r.ID) // someone else wrote: read and check again
 			default:
-				return written, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
+				return written, released, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
 			}
 		}
 	}
-	return written, nil
+	return written, released, nil
 }
 
 // decide returns the next state of waiting job it, or nil while it must
