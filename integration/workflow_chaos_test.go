@@ -59,12 +59,7 @@ type clockEvent struct {
 // once but for runs whose worker was killed (each shown by an expired
 // lease in its history), and nothing is left waiting.
 func TestFanOutFanInWithWorkersKilled(t *testing.T) {
-	if testing.Short() {
-		t.Skip("minutes of killing workers")
-	}
-	if runtime.GOOS == "windows" {
-		t.Skip("the worker processes are killed with SIGKILL")
-	}
+	skipUnlessKillable(t)
 	tb := setup(t, protocol.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	t.Cleanup(cancel)
@@ -82,12 +77,7 @@ func TestFanOutFanInWithWorkersKilled(t *testing.T) {
 // processes attached alternately to nodes 1 and 2, the oldest SIGKILLed
 // every 2 s, and node 3 stopped after the first kill.
 func TestClusterFanOutFanInWithWorkersKilledAndANodeDown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("minutes of killing workers")
-	}
-	if runtime.GOOS == "windows" {
-		t.Skip("the worker processes are killed with SIGKILL")
-	}
+	skipUnlessKillable(t)
 	cb := setupCluster(t, protocol.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	t.Cleanup(cancel)
@@ -127,6 +117,18 @@ type fanOutFixture struct {
 	process func(n int) (where string, env []string)
 	// midRun, when set, is called once after the first kill.
 	midRun func()
+}
+
+// skipUnlessKillable skips the fan-out chaos tests in -short runs and
+// where worker processes cannot be SIGKILLed.
+func skipUnlessKillable(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("minutes of killing workers")
+	}
+	if runtime.GOOS == "windows" {
+		t.Skip("the worker processes are killed with SIGKILL")
+	}
 }
 
 // fanOutStall is how long a fan-out/fan-in run may go without a job

@@ -401,34 +401,18 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.releaseRunSlots(runSlots)
 		return true, upTo, nil
 	}
-	conflicts := 0
-	var unrun []*protocol.UnrunClaim
-	for _, res := range results {
-		switch {
-		case res.Err == nil:
-			r.w.stats.claimed.Add(1)
-			r.claimedAt[res.Item.ID] = now
-			var slot *protocol.RunSlot
-			if len(runSlots) > 0 {
-				slot, runSlots = runSlots[0], runSlots[1:]
-			}
-			r.start(res.Item, slot)
-		case errors.Is(res.Err, protocol.ErrClaimConflict):
-			conflicts++
-			if res.Unrun != nil {
-				unrun = append(unrun, res.Unrun)
-			}
-		default:
-			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
+	conflicts := r.tallyClaims(results, func(item *protocol.WorkItem) {
+		r.claimedAt[item.ID] = now
+		var slot *protocol.RunSlot
+		if len(runSlots) > 0 {
+			slot, runSlots = runSlots[0], runSlots[1:]
 		}
-	}
-	r.w.concedeLater(unrun)
+		r.start(item, slot)
+	})
 	r.widenPick(conflicts)
 	if conflicts > 0 {
 		r.w.refreshPeersAfterLoss(ctx)
 	}
-	r.w.stats.conflicts.Add(int64(conflicts))
-	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
 	r.releaseRunSlots(runSlots) // the lost claims' run slots
 	if limited && r.tokenWindow.Equal(rl.Window(r.w.cfg.Now())) {
 		r.tokens += conflicts // a lost claim started nothing: its slot serves the next
@@ -1217,30 +1201,39 @@ take:
 	}
 	results, _ := r.w.client.ClaimManyBefore(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, time.Time{})
 	unused := n
-	conflicts := 0
-	var unrun []*protocol.UnrunClaim
-	for _, res := range results {
-		switch {
-		case res.Err == nil:
-			r.w.stats.claimed.Add(1)
-			unused--
-			r.launch(res.Item, nil)
-		case errors.Is(res.Err, protocol.ErrClaimConflict):
-			conflicts++ // a round of this or another worker was first
-			if res.Unrun != nil {
-				unrun = append(unrun, res.Unrun)
-			}
-		default:
-			r.w.log.Debug().Err(res.Err).Str("type", r.typ).Msg("claiming a released job failed; a claim round will take it")
-		}
-	}
+	r.tallyClaims(results, func(item *protocol.WorkItem) {
+		unused--
+		r.launch(item, nil)
+	})
 	for range unused {
 		<-r.slots
 	}
 	if unused > 0 {
 		r.nudge() // slots free again: a round may fill them
 	}
+}
+
+// tallyClaims counts a claim request's results: won calls won for each
+// claim won; the claims lost to others are counted (returned) and those
+// that were stored but will not run conceded.
+func (r *runner) tallyClaims(results []protocol.ClaimResult, won func(*protocol.WorkItem)) (conflicts int) {
+	var unrun []*protocol.UnrunClaim
+	for _, res := range results {
+		switch {
+		case res.Err == nil:
+			r.w.stats.claimed.Add(1)
+			won(res.Item)
+		case errors.Is(res.Err, protocol.ErrClaimConflict):
+			conflicts++
+			if res.Unrun != nil {
+				unrun = append(unrun, res.Unrun)
+			}
+		default:
+			r.w.log.Warn().Err(res.Err).Str("type", r.typ).Msg("claim failed")
+		}
+	}
 	r.w.concedeLater(unrun)
 	r.w.stats.conflicts.Add(int64(conflicts))
 	r.w.cfg.Metrics.claimsLostBy(r.typ, LostConflict, conflicts)
+	return conflicts
 }
