@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -168,6 +170,13 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 			}
 		}
 	}
+	// Every worker's sweeper reads the same page in the same order; each
+	// walks it in its own order, so that sweepers running at once return
+	// different jobs rather than lose races for the same ones (each a
+	// 409): with workers killed every 2 s, the expired claims of the dead
+	// piled up faster than sweepers in step returned them.
+	items = slices.Clone(items)
+	rand.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
 	for _, it := range items {
 		if !expired(it) {
 			continue // renewed since the view was built
