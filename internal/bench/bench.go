@@ -38,6 +38,10 @@ type run struct {
 	procRSS []uint64
 	// earlier is how many servers this process measured before this one.
 	earlier int
+	// prior are the reports of the servers measured before this one, for
+	// targets that compare servers (the cluster's CPU per job, of the
+	// node's).
+	prior []*Report
 	// server is the server as planned: what kind, and the Apache CouchDB
 	// release section 9 starts the other sites from.
 	server plannedServer
@@ -75,7 +79,7 @@ func Run(ctx context.Context, cfg Config) ([]*Report, error) {
 			errs = append(errs, fmt.Errorf("%s: not measured: %w", ps.kind, err))
 			continue
 		}
-		rep, err := runServer(ctx, cfg.forServer(ps.kind), ps, measured)
+		rep, err := runServer(ctx, cfg.forServer(ps.kind), ps, measured, reps)
 		measured++
 		if rep == nil { // the --url server: nothing measured, nothing to report
 			return nil, err
@@ -91,7 +95,7 @@ func Run(ctx context.Context, cfg Config) ([]*Report, error) {
 
 // runServer runs the configured sections against one server. A server
 // that cannot be started or reached gives a report holding the error.
-func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (*Report, error) {
+func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int, prior []*Report) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -112,7 +116,7 @@ func runServer(ctx context.Context, cfg Config, ps plannedServer, earlier int) (
 			log.Warn().Err(err).Msg("closing the server connection")
 		}
 	}()
-	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler(), earlier: earlier, server: ps}
+	b := &run{cfg: cfg, log: log, t: t, memory: newHeapSampler(), earlier: earlier, prior: prior, server: ps}
 	defer func() {
 		if b.scratch != "" {
 			_ = os.RemoveAll(b.scratch)

@@ -39,6 +39,11 @@ const bulkBatch = 100
 // over the three writes a job takes at least (insert, claim, finish).
 func (r ceilingResult) jobsLimit() float64 { return r.bulkBare / 3 }
 
+// designLimit is the limit of a queue that keeps couchq's design document
+// (validation and views) on its database: what the server stores in bulk
+// with it, over the three writes a job takes.
+func (r ceilingResult) designLimit() float64 { return r.bulkDesign / 3 }
+
 // putLimit is the single-document limit: the best single-document rate,
 // with couchq's design document, over three writes a job. The queue
 // writes one document at a time where it must (a claim), so this is the

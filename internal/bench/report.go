@@ -122,8 +122,15 @@ const (
 	keySitesCPU2      = "sites_cpu_2"
 	keySitesCPU3      = "sites_cpu_3"
 	keySitesCPUGrowth = "sites_cpu_growth"
-	keyFleet          = "fleet"       // section 2: Fleet worker processes' jobs/s
-	keyFleetShare     = "fleet_share" // the same, of the in-process figure
+	// Section 2: couchq in a database with validation off, its share of
+	// the bare bulk/3 (judged), the in-process run's server CPU per job,
+	// and on the cluster that as a multiple of the node's (judged).
+	keyNoValidation      = "no_validation"
+	keyNoValidationShare = "no_validation_share"
+	keyServerCPU         = "server_cpu"
+	keyClusterCPU        = "cluster_cpu"
+	keyFleet             = "fleet"       // section 2: Fleet worker processes' jobs/s
+	keyFleetShare        = "fleet_share" // the same, of the in-process figure
 )
 
 // headline is the report's row of that key.

@@ -302,21 +302,23 @@ func (u cpuUse) jsSince(before cpuUse) time.Duration {
 	return d
 }
 
-// cpuRows adds CPU time per job between two readings.
-func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) {
+// cpuRows adds CPU time per job between two readings, and returns the
+// server's row (nil when the bench cannot read the server's processes).
+func cpuRows(s *Section, prefix string, before, after cpuUse, jobs int) (server *Row) {
 	if jobs == 0 {
-		return
+		return nil
 	}
 	per := func(d time.Duration) time.Duration { return d / time.Duration(jobs) }
 	if before.ok && after.ok {
 		s.add(durRow(prefix+"CPU per job, bench process (queue clients + workers)", per(after.bench-before.bench)))
 	}
 	if before.serverOK && after.serverOK {
-		s.add(durRow(prefix+"CPU per job, server processes", per(after.server-before.server)))
+		server = s.add(durRow(prefix+"CPU per job, server processes", per(after.server-before.server)))
 		if len(after.js) > 0 {
 			s.add(durRow(prefix+"  of which couchjs (JavaScript: validate_doc_update, views)", per(after.jsSince(before))))
 		}
 	}
+	return server
 }
 
 // cpuSpans adds up the CPU used in several spans of time, for cpuRows: the
