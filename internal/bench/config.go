@@ -83,6 +83,11 @@ const (
 	// 16 goroutines, validation on) in the full bench run of 2026-11-26 on
 	// the 2-core machine the targets were set on.
 	ClusterThroughputBaseline = 58.0
+	// TargetWorkerRSS100 bounds a `couchq worker` process's memory under
+	// load: section 6 runs WorkerRSSConcurrency webhook jobs at once in
+	// one process, each held by a slow receiver, and judges its VmHWM.
+	TargetWorkerRSS100   = 32 << 20 // bytes: peak RSS of a worker process running WorkerRSSConcurrency jobs at once
+	WorkerRSSConcurrency = 100      // jobs at once: the worker's --concurrency, and what the receiver must see
 )
 
 // Config is one bench run. The zero value of a field means its default
@@ -539,7 +544,8 @@ const usageHead = `usage: couchq-bench [flags]
 Measures couchq against CouchDB-compatible servers (loopback only) and
 prints one table per server: the server's own write ceiling, end-to-end
 throughput, idle wake-up latency, claim contention, backlog scaling,
-memory, feature costs, claim indexes, sites (section 9, on the single
+memory (judged on a ` + "`couchq worker`" + ` process with a webhook job in each
+slot), feature costs, claim indexes, sites (section 9, on the single
 Apache CouchDB node: linked to further nodes it starts as other sites) and
 workflows (section 10: release latency, batch throughput).
 Each section works in a fresh database, dropped at its end unless --keep.

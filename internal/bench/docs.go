@@ -210,6 +210,8 @@ var targetRows = []struct {
 	{fmt.Sprintf("enqueue of the large backlog ≥ %.0f %% of the bare bulk ceiling", TargetEnqueueShare*100),
 		headlineCell(keyEnqueue, keyEnqueueShare, func(s Row) string { return fmt.Sprintf(" (%.1f %%)", s.Value) })},
 	{"peak RSS of the process the workers ran in (no target the bench judges)", headlineCell(keyWorkerRSS, "", nil)},
+	{fmt.Sprintf("peak RSS of a `couchq worker` process running %d jobs at once < %d MiB", WorkerRSSConcurrency, TargetWorkerRSS100>>20),
+		headlineCell(keyWorkerRSS100, "", nil)},
 	{fmt.Sprintf("sites: a site's throughput linked to another ≥ %.0f %% of alone", TargetSitesShare*100),
 		headlineCell(keySitesShare, keySitesLinked, func(s Row) string { return " (" + s.Text + " linked)" })},
 	{fmt.Sprintf("sites: a site's server CPU per job does not grow with other sites' jobs (2 / 3 sites linked ≤ %.2f× of alone)", TargetSitesCPUGrowth),

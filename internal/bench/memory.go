@@ -3,9 +3,15 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"runtime/metrics"
 	"sync"
 	"time"
+
+	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/protocol"
 )
 
 // heapSampler records the peak of the Go heap while workers run.
@@ -81,7 +87,10 @@ func (h *heapSampler) max() uint64 {
 // runMemory reports the peak memory of the processes the workers ran in:
 // with --procs, each worker process's VmHWM (read before it was stopped);
 // always this process's own peak, which includes the bench's buffers.
-func (b *run) runMemory(_ context.Context, s *Section) error {
+// Then it runs one `couchq worker` process at WorkerRSSConcurrency jobs at
+// once and judges its peak RSS (runWorkerRSS100); that comes last so that
+// its HTTP server and jobs count in none of the figures before it.
+func (b *run) runMemory(ctx context.Context, s *Section) error {
 	if len(b.procRSS) > 0 {
 		var peak uint64
 		for _, v := range b.procRSS {
@@ -121,5 +130,147 @@ func (b *run) runMemory(_ context.Context, s *Section) error {
 	} else {
 		s.add(textRow("peak Go heap (live objects) while in-process workers ran", "n/a (none ran)"))
 	}
+	return b.runWorkerRSS100(ctx, s)
+}
+
+const (
+	// rss100Jobs is three rounds of the worker's slots: its peak is then
+	// that of slots reused, not of the first round alone.
+	rss100Jobs = 3 * WorkerRSSConcurrency
+	// rss100Hold is how long the receiver holds each webhook request: long
+	// enough for the worker to claim and start all its slots' jobs before
+	// the first ends, short enough for the three rounds to take seconds.
+	rss100Hold = 2 * time.Second
+	// rss100HTTPTimeout bounds each webhook request, set on the command
+	// line so that no default of the CLI's can cut the hold short.
+	rss100HTTPTimeout = 5 * rss100Hold
+)
+
+// runWorkerRSS100 measures the target TargetWorkerRSS100: one `couchq
+// worker --handler webhook --concurrency WorkerRSSConcurrency` process
+// works rss100Jobs jobs that POST to a local receiver holding each request
+// for rss100Hold, so that every slot holds a job, a request and its
+// connection at once; the process's VmHWM is read before it is stopped.
+func (b *run) runWorkerRSS100(ctx context.Context, s *Section) error {
+	if _, err := b.cliPath(ctx); err != nil {
+		return err
+	}
+	recv := newHoldServer(rss100Hold)
+	defer recv.close()
+	db, err := b.newDB(ctx, s, "rss")
+	if err != nil {
+		return err
+	}
+	c, err := b.t.open(ctx, db)
+	if err != nil {
+		return err
+	}
+	jobs := make([]protocol.NewJob, rss100Jobs)
+	for i := range jobs {
+		jobs[i] = protocol.NewJob{Worker: jobType, Payload: map[string]string{"url": recv.URL}}
+	}
+	res, err := c.EnqueueMany(ctx, jobs)
+	if err != nil {
+		return fmt.Errorf("enqueueing %d webhook jobs: %w", len(jobs), err)
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			return fmt.Errorf("enqueueing %d webhook jobs: %w", len(jobs), r.Err)
+		}
+	}
+	p, err := b.startProcsWith(ctx, db, []int{WorkerRSSConcurrency}, handlers.NameWebhook,
+		"--http-timeout", rss100HTTPTimeout.String())
+	if err != nil {
+		return err
+	}
+	// Stopped before the receiver closes (deferred calls run last first):
+	// a job cut short by the receiver would fail and be retried.
+	defer p.stop(b)
+	if err := p.waitCompleted(ctx, c, rss100Jobs, stallTimeout); err != nil {
+		peak, served := recv.counts()
+		return fmt.Errorf("running %d webhook jobs (the receiver answered %d requests, at most %d at once): %w", rss100Jobs, served, peak, err)
+	}
+	rss, err := p.peakRSS()
+	if err != nil {
+		return fmt.Errorf("reading the webhook worker's peak RSS: %w", err)
+	}
+	peak, _ := recv.counts()
+	workerRSS100Rows(s, rss[0], peak)
 	return nil
+}
+
+// workerRSS100Rows adds the worker's peak RSS, judged against
+// TargetWorkerRSS100, and the peak of requests the receiver held at once.
+// The target is about WorkerRSSConcurrency jobs at once: a worker that ran
+// fewer at once did not show what it needs at that load, so its figure,
+// however small, does not meet it.
+func workerRSS100Rows(s *Section, rss uint64, inFlight int) {
+	row := s.add(numRow(fmt.Sprintf("peak RSS of a `couchq worker` process running %d jobs at once (webhook handler, VmHWM)", WorkerRSSConcurrency),
+		float64(rss)/(1<<20), "MiB", 1))
+	row.Key = keyWorkerRSS100
+	what := fmt.Sprintf("< %d MiB", TargetWorkerRSS100>>20)
+	if inFlight < WorkerRSSConcurrency {
+		what += fmt.Sprintf(", at %d jobs at once: not met, only %d ran at once", WorkerRSSConcurrency, inFlight)
+	}
+	row.target(what, rss < TargetWorkerRSS100 && inFlight >= WorkerRSSConcurrency)
+	s.add(numRow(fmt.Sprintf("  peak webhook requests in flight at the receiver (each held %s)", rss100Hold), float64(inFlight), "", 0))
+}
+
+// holdServer is the webhook jobs' receiver, an HTTP server in this
+// process: it holds each request for hold before answering 200, so that
+// the jobs overlap, and counts the requests it holds at once.
+type holdServer struct {
+	*httptest.Server
+	hold time.Duration
+	// quit, closed by close, answers the requests still held at once:
+	// httptest.Server.Close waits for them.
+	quit chan struct{}
+
+	mu                     sync.Mutex
+	inFlight, peak, served int
+}
+
+func newHoldServer(hold time.Duration) *holdServer {
+	h := &holdServer{hold: hold, quit: make(chan struct{})}
+	h.Server = httptest.NewServer(http.HandlerFunc(h.serve))
+	return h
+}
+
+func (h *holdServer) serve(w http.ResponseWriter, r *http.Request) {
+	// Read the body first, as a receiver does before it works.
+	_, _ = io.Copy(io.Discard, r.Body)
+	h.mu.Lock()
+	h.inFlight++
+	h.peak = max(h.peak, h.inFlight)
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.inFlight--
+		h.mu.Unlock()
+	}()
+	t := time.NewTimer(h.hold)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-h.quit:
+	case <-r.Context().Done(): // the worker gave up on it: no one to answer
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+	h.mu.Lock()
+	h.served++
+	h.mu.Unlock()
+}
+
+// counts returns the peak of requests held at once and how many were
+// answered.
+func (h *holdServer) counts() (peak, served int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.peak, h.served
+}
+
+func (h *holdServer) close() {
+	close(h.quit)
+	h.Server.Close()
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/localserver"
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -70,8 +71,16 @@ type procPool struct {
 	children []*child
 }
 
-// startProcs starts one worker process per entry of concurrencies.
+// startProcs starts one `couchq worker --handler noop` process per entry
+// of concurrencies.
 func (b *run) startProcs(ctx context.Context, db string, concurrencies []int) (*procPool, error) {
+	return b.startProcsWith(ctx, db, concurrencies, handlers.NameNoop)
+}
+
+// startProcsWith is startProcs with the built-in handler named handler,
+// and extra flags appended to each process's command line (section 6's
+// webhook worker needs both).
+func (b *run) startProcsWith(ctx context.Context, db string, concurrencies []int, handler string, extra ...string) (*procPool, error) {
 	bin, err := b.cliPath(ctx)
 	if err != nil {
 		return nil, err
@@ -89,16 +98,17 @@ func (b *run) startProcs(ctx context.Context, db string, concurrencies []int) (*
 	}
 	p := &procPool{}
 	for _, conc := range concurrencies {
-		cmd := exec.Command(bin, "worker", "--type", jobType, "--handler", "noop",
+		args := append([]string{"worker", "--type", jobType, "--handler", handler,
 			"--url", b.t.queueURL(), "--db", db, "--concurrency", strconv.Itoa(conc),
-			"--heartbeat", procHeartbeat.String(), "--log-level", "warn")
+			"--heartbeat", procHeartbeat.String(), "--log-level", "warn"}, extra...)
+		cmd := exec.Command(bin, args...)
 		c := &child{cmd: cmd, out: localserver.NewTail(16 << 10), done: make(chan struct{})}
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = c.out, c.out
 		cmd.SysProcAttr = childProcAttr()
 		if err := cmd.Start(); err != nil {
 			p.stop(b)
-			return nil, fmt.Errorf("starting %s worker: %w", bin, err)
+			return nil, fmt.Errorf("starting %s worker --handler %s: %w", bin, handler, err)
 		}
 		go func() {
 			c.err = cmd.Wait()

@@ -110,6 +110,9 @@ const (
 	// (Apache CouchDB only).
 	keyBacklogRatioStale = "backlog_ratio_stale"
 	keyWorkerRSS         = "worker_rss" // section 6: peak RSS of the process the workers ran in
+	// keyWorkerRSS100 is section 6's judged figure: a `couchq worker`
+	// process's peak RSS at WorkerRSSConcurrency jobs at once.
+	keyWorkerRSS100 = "worker_rss_100"
 	// Section 9: site A's throughput alone and linked to B, that as a
 	// share (judged), the replication lag of A's results at B, and A's
 	// server CPU per job with 1, 2 and 3 sites, the growth judged.

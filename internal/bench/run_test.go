@@ -114,7 +114,7 @@ func TestRunEverySectionAgainstARealServer(t *testing.T) {
 	// The headline figures the docs' summaries pick are keyed; section 2's
 	// minimal queues and section 5's stale reads run on Apache CouchDB
 	// only, and tiny has no 16 claimants to judge 409s at.
-	keys := []string{keyThroughput, keyThroughputShare, keyWakeupP99, keyEnqueue, keyEnqueueShare, keyBacklogRatio, keyWorkerRSS}
+	keys := []string{keyThroughput, keyThroughputShare, keyWakeupP99, keyEnqueue, keyEnqueueShare, keyBacklogRatio, keyWorkerRSS, keyWorkerRSS100}
 	if srv.Caps().Vendor == "couchdb" {
 		keys = append(keys, keyReach, keyBacklogRatioStale)
 	}
