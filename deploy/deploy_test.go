@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/couchq/couchq/internal/localserver"
 )
 
 // couchqBinary builds couchq once per test run, static (CGO off) as the
@@ -105,10 +107,17 @@ func TestComposeNamesOnlyWhatExists(t *testing.T) {
 			Volumes         []string          `yaml:"volumes"`
 			Secrets         []string          `yaml:"secrets"`
 			StopGracePeriod string            `yaml:"stop_grace_period"`
+			Configs         []struct {
+				Source string `yaml:"source"`
+				Target string `yaml:"target"`
+			} `yaml:"configs"`
 		} `yaml:"services"`
 		Secrets map[string]struct {
 			File string `yaml:"file"`
 		} `yaml:"secrets"`
+		Configs map[string]struct {
+			Content string `yaml:"content"`
+		} `yaml:"configs"`
 	}
 	if err := yaml.Unmarshal(src, &compose); err != nil {
 		t.Fatalf("compose.yaml: %v", err)
@@ -121,6 +130,28 @@ func TestComposeNamesOnlyWhatExists(t *testing.T) {
 			if _, ok := compose.Secrets[s]; !ok {
 				t.Errorf("service %s: secret %s is not declared", name, s)
 			}
+		}
+		// CouchDB's settings go in as ini files the image reads at start
+		// (etc/local.d), holding the settings the tests' servers run with.
+		for _, c := range svc.Configs {
+			cfg, ok := compose.Configs[c.Source]
+			if !ok {
+				t.Errorf("service %s: config %s is not declared", name, c.Source)
+				continue
+			}
+			if !strings.HasPrefix(c.Target, "/opt/couchdb/etc/local.d/") || !strings.HasSuffix(c.Target, ".ini") {
+				t.Errorf("service %s: config %s mounted at %s, where CouchDB does not read it", name, c.Source, c.Target)
+			}
+			for section, keys := range localserver.CompactionSettings() {
+				for key, value := range keys {
+					if !strings.Contains(cfg.Content, "["+section+"]\n"+key+" = "+value+"\n") {
+						t.Errorf("config %s lacks [%s] %s = %s:\n%s", c.Source, section, key, value, cfg.Content)
+					}
+				}
+			}
+		}
+		if strings.HasPrefix(svc.Image, "couchdb:") && len(svc.Configs) == 0 {
+			t.Errorf("service %s runs CouchDB without couchq's compaction settings", name)
 		}
 		if !strings.HasPrefix(svc.Image, "couchq:") {
 			continue

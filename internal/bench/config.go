@@ -249,7 +249,9 @@ func (c Config) WithDefaults() Config {
 		c.ContentionWorkers = ContentionWorkersDefault()
 	}
 	setInt(&c.ContentionConcurrency, ContentionConcurrencyDefault)
-	setInt(&c.Fleet, FleetDefault)
+	if c.Fleet == 0 { // negative: no fleet (setInt would turn it into the default)
+		c.Fleet = FleetDefault
+	}
 	setInt(&c.FleetConcurrency, FleetConcurrencyDefault)
 	setInt(&c.BacklogSmall, BacklogSmallDefault)
 	setInt(&c.BacklogLarge, BacklogLargeDefault)

@@ -198,3 +198,18 @@ func TestParseArgsWriteDocs(t *testing.T) {
 		})
 	}
 }
+
+// --fleet -1 leaves the fleet out: the defaults must not turn it into
+// the default fleet, as they do a zero.
+func TestFleetOffSurvivesDefaults(t *testing.T) {
+	c, _, err := ParseArgs([]string{"--fleet", "-1"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.WithDefaults().Fleet; got != -1 {
+		t.Errorf("--fleet -1: Fleet %d after the defaults, want -1", got)
+	}
+	if got := (Config{}).WithDefaults().Fleet; got != FleetDefault {
+		t.Errorf("zero Fleet: %d after the defaults, want %d", got, FleetDefault)
+	}
+}

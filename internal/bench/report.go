@@ -100,7 +100,8 @@ type Row struct {
 const (
 	keyThroughput      = "throughput"       // section 2: couchq's jobs/s, judged against bulk/3
 	keyThroughputShare = "throughput_share" // section 2: that as a share of bulk/3
-	keyReach           = "reach"            // section 2: the fastest minimal queue's share of bulk/3
+	keyReach           = "reach"            // section 2: the fastest minimal queue's share of the target's limit
+	keyReachView       = "reach_view"       // section 2: the claim-view minimal queue's share of it
 	keyWakeupP99       = "wakeup_p99"       // section 3
 	keyConflicts       = "conflicts"        // section 4, at targetConflictWorkers claimants
 	keyEnqueue         = "enqueue"          // section 5: the large backlog's enqueue, judged

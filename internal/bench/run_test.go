@@ -423,6 +423,11 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 	}
 	checkCounterRows(t, rep.Server.Kind, counters, want[0])
 	checkReachRow(t, rep.Server.Kind, reach, slices.Max(catchUps), limit)
+	// The same of the queue in the claim view (the second with the
+	// catch-up: the first is the one finding its jobs by id).
+	if view, ok := rep.headline(keyReachView); !ok || view.Metric != reachViewRowMetric || !near(view.Value, 100*catchUps[1]/limit) {
+		t.Errorf("%s: claim-view reach row %+v, want %g%% (%.0f jobs/s of %.0f)", rep.Server.Kind, view, 100*catchUps[1]/limit, catchUps[1], limit)
+	}
 }
 
 // checkReachRow checks the row that says whether the end-to-end target is

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -226,6 +227,12 @@ func (t *target) dropDB(ctx context.Context, name string) error {
 // copy of each shard counts. ok is false when the server does not say (no
 // _active_tasks, or not allowed to read it).
 func (t *target) indexing(ctx context.Context, db string) (n int, ok bool) {
+	return t.activeTasks(ctx, db, "indexer")
+}
+
+// activeTasks counts the server's _active_tasks of the given types that
+// work on db; ok is false when the server does not say.
+func (t *target) activeTasks(ctx context.Context, db string, types ...string) (n int, ok bool) {
 	var tasks []struct {
 		Type     string `json:"type"`
 		Database string `json:"database"`
@@ -235,11 +242,69 @@ func (t *target) indexing(ctx context.Context, db string) (n int, ok bool) {
 	}
 	for _, task := range tasks {
 		// A shard of db is "shards/<range>/<db>.<suffix>".
-		if task.Type == "indexer" && (task.Database == db || strings.Contains(task.Database, "/"+db+".")) {
+		if slices.Contains(types, task.Type) && (task.Database == db || strings.Contains(task.Database, "/"+db+".")) {
 			n++
 		}
 	}
 	return n, true
+}
+
+// compactionWatch samples, while a run works db, whether the server is
+// compacting it (CouchDB's automatic compaction, smoosh, starts on its own
+// when a database's file has grown to a multiple of its live data, which a
+// queue's updates make happen within seconds), so that a run's figures can
+// say how much of its time the server spent compacting too.
+type compactionWatch struct {
+	stop    context.CancelFunc
+	done    chan struct{}
+	samples int
+	busy    int
+	ok      bool
+}
+
+// compactionWatchEvery is how often compactionWatch asks _active_tasks.
+const compactionWatchEvery = 500 * time.Millisecond
+
+// watchCompaction starts a compactionWatch of db; stopWatch ends it.
+func (t *target) watchCompaction(ctx context.Context, db string) *compactionWatch {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &compactionWatch{stop: cancel, done: make(chan struct{}), ok: true}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(compactionWatchEvery)
+		defer tick.Stop()
+		for {
+			n, ok := t.activeTasks(ctx, db, "database_compaction", "view_compaction")
+			if ctx.Err() != nil {
+				return
+			}
+			if !ok {
+				w.ok = false
+				return
+			}
+			w.samples++
+			if n > 0 {
+				w.busy++
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return w
+}
+
+// stopWatch ends the watch and returns the share of samples in which the
+// server was compacting db (ok false when it could not tell).
+func (w *compactionWatch) stopWatch() (share float64, ok bool) {
+	w.stop()
+	<-w.done
+	if !w.ok || w.samples == 0 {
+		return 0, false
+	}
+	return float64(w.busy) / float64(w.samples), true
 }
 
 // open returns a queue client on db, as the workers use it.

@@ -133,7 +133,8 @@ func (t *target) startCouchDB(ctx context.Context, ps plannedServer, log zerolog
 	t.serverPIDs = slices.DeleteFunc(c.NodePIDs(), func(pid int) bool { return pid == 0 })
 	q, n := c.Shards()
 	t.info.Topology = fmt.Sprintf("%s, q=%d, n=%d", topologyName(ps.kind), q, n)
-	t.info.Origin = fmt.Sprintf("%s started by the bench from %s (%s), Erlang VM flags %s", topologyName(ps.kind), ps.home, ps.homeFrom, localserver.SchedulerFlags)
+	t.info.Origin = fmt.Sprintf("%s started by the bench from %s (%s), Erlang VM flags %s, automatic compaction at %sx the live data",
+		topologyName(ps.kind), ps.home, ps.homeFrom, localserver.SchedulerFlags, localserver.CompactionRatio)
 	if nodes > 1 {
 		t.info.CPU = fmt.Sprintf("the %d nodes summed: each node's Erlang VM (beam.smp) and its descendants, couchjs included", nodes)
 	} else {

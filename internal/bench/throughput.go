@@ -71,6 +71,8 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 	cpu0 := b.t.cpu()
 	counters0 := b.t.counters(ctx)
 	var wb workedBacklog
+	var compacting float64
+	var compactingOK bool
 	who := fmt.Sprintf("%d worker goroutines", cfg.Workers)
 	if cfg.Procs > 0 {
 		who = fmt.Sprintf("%d goroutines over %d processes", cfg.Workers, cfg.Procs)
@@ -79,7 +81,9 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 		if cfg.Instances > 1 {
 			who = fmt.Sprintf("%d goroutines over %d workers", cfg.Workers, cfg.Instances)
 		}
+		watch := b.t.watchCompaction(ctx, db)
 		wb, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
+		compacting, compactingOK = watch.stopWatch()
 	}
 	cpu1 := b.t.cpu()
 	alloc := heapAllocated() - alloc0
@@ -114,6 +118,7 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 		s.add(durRow("workers started -> all handlers returned", wb.wall))
 	}
 	s.add(numRow("jobs run more than once", float64(jt.reruns), "", 0))
+	compactionRow(s, "", compacting, compactingOK)
 	if wb.queries >= 0 {
 		s.add(numRow("due-view queries per claimed job", ratio(float64(wb.queries), float64(wb.claimed)), "", 2))
 	}
@@ -402,7 +407,10 @@ func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
 		return err
 	}
 	cpu0 := b.t.cpu()
-	if _, err := b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs); err != nil {
+	watch := b.t.watchCompaction(ctx, db)
+	_, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
+	compacting, compactingOK := watch.stopWatch()
+	if err != nil {
 		return err
 	}
 	cpu1 := b.t.cpu()
@@ -422,6 +430,18 @@ func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
 		b.judgeThroughput(s, row, tput, designdocs.ValidationOff)
 	}
 	s.add(numRow("  validation off: jobs run more than once", float64(jt.reruns), "", 0))
+	compactionRow(s, "  validation off: ", compacting, compactingOK)
 	cpuRows(s, "  validation off: ", cpu0, cpu1, cfg.Jobs)
 	return nil
+}
+
+// compactionRow gives the share of a run's time in which the server was
+// compacting the run's database (compactionWatch), when it could tell.
+// CouchDB compacts a queue's database on its own while jobs are worked
+// (its files grow by a revision per claim and per outcome); the ceiling's
+// short bulk runs finish before it starts.
+func compactionRow(s *Section, prefix string, share float64, ok bool) {
+	if ok {
+		s.add(numRow(prefix+"server compacting the database (automatic compaction), share of the run", 100*share, "%", 0))
+	}
 }

@@ -65,6 +65,14 @@ func startDocker(ctx context.Context, pool *dockertest.Pool, logger zerolog.Logg
 			return fail(fmt.Errorf("creating %s: %w", db, err))
 		}
 	}
+	// The compaction threshold the local nodes get in their local.ini.
+	for section, keys := range localserver.CompactionSettings() {
+		for key, value := range keys {
+			if _, err := s.do(ctx, http.MethodPut, "/_node/_local/_config/"+section+"/"+key, value, nil); err != nil {
+				return fail(fmt.Errorf("setting [%s] %s: %w", section, key, err))
+			}
+		}
+	}
 	return s, nil
 }
 
