@@ -210,7 +210,7 @@ const (
 	BacklogLargeDefault          = 100000
 	ClaimsDefault                = 200
 	ClusterScaleDefault          = 0.1
-	TimeoutDefault               = 15 * time.Minute
+	TimeoutDefault               = 30 * time.Minute
 	// SitesJobsDefault keeps section 9 to a few minutes on a 2-core
 	// machine: it runs 1, 2 (twice) and 3 sites, 8,000 jobs in all, with
 	// up to three Apache CouchDB nodes sharing the cores. On 2026-11-26 it
