@@ -262,21 +262,8 @@ func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error
 	if _, err := b.cliPath(ctx); err != nil { // built before anything is timed
 		return err
 	}
-	db, err := b.newDB(ctx, s, "fleet")
+	db, c, err := b.indexedBacklog(ctx, s, "fleet", cfg.Validation)
 	if err != nil {
-		return err
-	}
-	c, err := b.t.open(ctx, db)
-	if err != nil {
-		return err
-	}
-	if _, err := enqueueBulk(ctx, c, cfg.Jobs); err != nil {
-		return err
-	}
-	if _, err := buildViews(ctx, c); err != nil {
-		return err
-	}
-	if _, err := b.buildOtherIndexes(ctx, db); err != nil {
 		return err
 	}
 	conc := make([]int, cfg.Fleet)
@@ -389,21 +376,8 @@ func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
 	if cfg.Validation == designdocs.ValidationOff {
 		return nil
 	}
-	db, err := b.newDBValidation(ctx, s, "novalidation", designdocs.ValidationOff)
+	db, c, err := b.indexedBacklog(ctx, s, "novalidation", designdocs.ValidationOff)
 	if err != nil {
-		return err
-	}
-	c, err := b.t.open(ctx, db)
-	if err != nil {
-		return err
-	}
-	if _, err := enqueueBulk(ctx, c, cfg.Jobs); err != nil {
-		return err
-	}
-	if _, err := buildViews(ctx, c); err != nil {
-		return err
-	}
-	if _, err := b.buildOtherIndexes(ctx, db); err != nil {
 		return err
 	}
 	cpu0 := b.t.cpu()
@@ -444,4 +418,28 @@ func compactionRow(s *Section, prefix string, share float64, ok bool) {
 	if ok {
 		s.add(numRow(prefix+"server compacting the database (automatic compaction), share of the run", 100*share, "%", 0))
 	}
+}
+
+// indexedBacklog creates a database for s with validation as given,
+// enqueues section 2's backlog in it and builds every index before
+// anything is timed, as the in-process run does with its own.
+func (b *run) indexedBacklog(ctx context.Context, s *Section, what string, validation designdocs.Validation) (string, *protocol.Client, error) {
+	db, err := b.newDBValidation(ctx, s, what, validation)
+	if err != nil {
+		return "", nil, err
+	}
+	c, err := b.t.open(ctx, db)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := enqueueBulk(ctx, c, b.cfg.Jobs); err != nil {
+		return "", nil, err
+	}
+	if _, err := buildViews(ctx, c); err != nil {
+		return "", nil, err
+	}
+	if _, err := b.buildOtherIndexes(ctx, db); err != nil {
+		return "", nil, err
+	}
+	return db, c, nil
 }
