@@ -215,8 +215,12 @@ var targetRows = []struct {
 		headlineCell(keyWorkerRSS100, "", nil)},
 	{fmt.Sprintf("sites: a site's throughput linked to another ≥ %.0f %% of alone", TargetSitesShare*100),
 		headlineCell(keySitesShare, keySitesLinked, func(s Row) string { return " (" + s.Text + " linked)" })},
+	{"… within reach of two sites on one machine? (the machine's share, side by side / alone, over the least growth with 2 sites)",
+		headlineCell(keySitesShareReach, "", nil)},
 	{fmt.Sprintf("sites: a site's server CPU per job does not grow with other sites' jobs (2 / 3 sites linked ≤ %.2f× of alone)", TargetSitesCPUGrowth),
 		headlineCell(keySitesCPUGrowth, "", nil)},
+	{"… within reach of a site that stores every other site's jobs? (the least growth: one finished copy of each, served and stored in full batches)",
+		headlineCell(keySitesReach, "", nil)},
 }
 
 // headlineCell is a target's cell: the verdict and figure of the row of

@@ -126,6 +126,12 @@ const (
 	keySitesCPU2      = "sites_cpu_2"
 	keySitesCPU3      = "sites_cpu_3"
 	keySitesCPUGrowth = "sites_cpu_growth"
+	// keySitesReach is the least growth any site holding every other
+	// site's jobs has: whether the growth target is within reach.
+	keySitesReach = "sites_reach"
+	// keySitesShareReach is the most a site linked to another on this
+	// machine can run of its rate alone, from the least growth.
+	keySitesShareReach = "sites_share_reach"
 	// Section 2: couchq in a database with validation off, its share of
 	// the bare bulk/3 (judged), the in-process run's server CPU per job,
 	// and on the cluster that as a multiple of the node's (judged).

@@ -180,6 +180,9 @@ type sitesOutcome struct {
 	// job read done at every site and A's views caught up.
 	cpu0, cpu1 cpuUse
 	jobs       int // each site's own
+	// oneCopy is, in the run of A alone, A's server CPU per job to serve
+	// and store one finished copy of each of its jobs (oneCopyCPU).
+	oneCopy time.Duration
 }
 
 // cpuPerJob is A's server CPU per job of its own, and the couchjs part of
@@ -291,7 +294,58 @@ func (b *run) sitesRun(ctx context.Context, s *Section, sc sitesScenario, server
 			out.lag = append(out.lag, lagsOf(seen, siteName(0))...)
 		}
 	}
+	if sc.sites == 1 && out.cpu1.serverOK {
+		if out.oneCopy, err = b.oneCopyCPU(ctx, s, sites[0]); err != nil {
+			return out, err
+		}
+	}
 	return out, nil
+}
+
+// oneCopyCPU is the least a job of one site can cost another site's
+// server: A's finished jobs copied once (a one-shot replication of what
+// a link carries, in its full batches) into a fresh database with couchq's
+// design documents on A's own node, and that database indexed, A's server
+// CPU over it per job. The node both serves and stores each copy, as a
+// site of a mesh serves each of its jobs to every other site and stores
+// each of theirs. A link can only cost more: it carries every revision
+// that is still the latest when its batch leaves (a claim, a renewal, the
+// finish), in batches as small as one when the site is quiet.
+func (b *run) oneCopyCPU(ctx context.Context, s *Section, a *benchSite) (time.Duration, error) {
+	copyDB, err := b.newDB(ctx, s, "sites_copy")
+	if err != nil {
+		return 0, err
+	}
+	from := a.endpoint()
+	to := from
+	to.DB, to.Site = copyDB, "copy of "+a.name
+	before := b.t.cpu()
+	if err := protocol.ReplicateOnce(ctx, b.t.srv, from, to); err != nil {
+		return 0, err
+	}
+	if _, err := b.t.bringIndexesUpToDate(ctx, copyDB, autoIndexed()...); err != nil {
+		return 0, fmt.Errorf("the copy of site %s: %w", a.name, err)
+	}
+	after := b.t.cpu()
+	if !before.serverOK || !after.serverOK {
+		return 0, nil
+	}
+	return (after.server - before.server) / time.Duration(b.cfg.SitesJobs), nil
+}
+
+// leastGrowth is the growth of A's server CPU per job of its own that
+// the one-copy cost alone makes with each count of sites: with k sites in
+// a mesh, each sending as many jobs as A, each job of A's is served k-1
+// times and A stores k-1 other jobs for it.
+func leastGrowth(alone, oneCopy time.Duration, sites []int) []float64 {
+	if alone <= 0 {
+		return nil
+	}
+	g := make([]float64, len(sites))
+	for i, k := range sites {
+		g[i] = 1 + float64(k-1)*float64(oneCopy)/float64(alone)
+	}
+	return g
 }
 
 // siteListedWithin bounds the wait for the sites document to reach a
@@ -683,6 +737,9 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 		}
 		if side, ok := find(sitesScenario{2, false}); ok {
 			s.add(numRow("site A linked / side by side, not linked (what the links cost)", 100*ratio(o.tput[0], side.tput[0]), "%", 1))
+			if one, _, ok := alone.cpuPerJob(); ok && alone.oneCopy > 0 {
+				s.add(reachShareRow(ratio(side.tput[0], alone.tput[0]), leastGrowth(one, alone.oneCopy, []int{2})[0]))
+			}
 		}
 		if lag := Summarize(o.lag); lag.N > 0 {
 			s.add(durRow("replication lag of A's results at B (finished_at -> read done there): p50", lag.P50)).Key = keySitesLagP50
@@ -711,6 +768,10 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 		row.Key = map[int]string{1: keySitesCPU1, 2: keySitesCPU2, 3: keySitesCPU3}[o.sc.sites]
 	}
 	s.add(durRow("  of which couchjs (validate_doc_update, views)", js))
+	if o.sc.sites == 1 && o.oneCopy > 0 {
+		s.add(durRow("the least a job of another site can cost A: one finished copy served and stored, in full batches, indexed (per job)", o.oneCopy))
+		s.add(numRow("  as a share of A's own job alone", 100*ratio(float64(o.oneCopy), float64(all)), "%", 1))
+	}
 	if o.sc.linked {
 		// A linked site stores every site's jobs (so that each shows them
 		// all): its CPU per job it stores is what replication adds per
@@ -726,11 +787,13 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 	}
 	var more []time.Duration
 	var labels []string
+	var counts []int
 	for _, x := range outs {
 		if x.sc.linked {
 			c, _, _ := x.cpuPerJob()
 			more = append(more, c)
 			labels = append(labels, fmt.Sprint(x.sc.sites))
+			counts = append(counts, x.sc.sites)
 		}
 	}
 	ratios, worst, met := cpuGrowth(one, more)
@@ -742,4 +805,45 @@ func sitesRows(s *Section, outs []sitesOutcome, cfg Config) {
 		Value: worst, Unit: "x", Text: strings.Join(texts, " / ")})
 	growth.target(fmt.Sprintf("<= %.2f x (not growing with other sites' jobs)", TargetSitesCPUGrowth), met)
 	growth.Key = keySitesCPUGrowth
+	if alone.oneCopy > 0 {
+		s.add(reachGrowthRow(leastGrowth(one, alone.oneCopy, counts)))
+	}
+	// What a linked site pays per job it stores, against alone: the
+	// growth that is not the other sites' jobs themselves.
+	stored := make([]string, len(more))
+	for i, m := range more {
+		stored[i] = fmt.Sprintf("%.2f x", float64(m)/float64(counts[i])/float64(one))
+	}
+	s.add(textRow(fmt.Sprintf("site A's server CPU per job it stores, %s sites linked vs alone", strings.Join(labels, " / ")), strings.Join(stored, " / ")))
+}
+
+// reachShareRow says whether the throughput target is within reach of two
+// sites on one machine: a site server-bound there runs at most the
+// machine's share (side by side / alone) divided by the least growth of
+// its CPU per job with two sites.
+func reachShareRow(machineShare, leastGrowth float64) Row {
+	best := 100 * machineShare / leastGrowth
+	verdict := "no"
+	if best >= 100*TargetSitesShare {
+		verdict = "yes"
+	}
+	return Row{Metric: "  within reach of two sites on one machine? (the machine's share / the least growth with 2 sites)",
+		Value: best, Unit: "%", Text: fmt.Sprintf("%s: %.1f %%", verdict, best), Key: keySitesShareReach}
+}
+
+// reachGrowthRow says whether the CPU growth target is within reach of any
+// site that stores every other site's jobs, from the least growth their one
+// copy each makes (leastGrowth); the worst is the value.
+func reachGrowthRow(least []float64) Row {
+	verdict, worst := "yes", 0.0
+	texts := make([]string, len(least))
+	for i, g := range least {
+		texts[i] = fmt.Sprintf("%.2f x", g)
+		worst = max(worst, g)
+	}
+	if worst > TargetSitesCPUGrowth {
+		verdict = "no"
+	}
+	return Row{Metric: "  within reach of a site that stores every other site's jobs? (the least growth: one finished copy of each)",
+		Value: worst, Unit: "x", Text: verdict + ": " + strings.Join(texts, " / "), Key: keySitesReach}
 }

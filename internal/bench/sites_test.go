@@ -126,8 +126,10 @@ func TestSitesRows(t *testing.T) {
 	s := &Section{ID: SectionSites, Name: sectionNames[SectionSites]}
 	cfg := Config{SitesJobs: 100, Workers: 16}
 	var outs []sitesOutcome
+	alone := outcome(sitesScenario{1, false}, 10*ms, 200)
+	alone.oneCopy = 2 * ms
 	for _, o := range []sitesOutcome{
-		outcome(sitesScenario{1, false}, 10*ms, 200),
+		alone,
 		outcome(sitesScenario{2, false}, 10*ms, 110, 105),
 		outcome(sitesScenario{2, true}, 14*ms, 90, 88),
 		outcome(sitesScenario{3, true}, 19*ms, 60, 59, 58),
@@ -146,6 +148,11 @@ func TestSitesRows(t *testing.T) {
 		keySitesCPU2:      "14.0 ms",
 		keySitesCPU3:      "19.0 ms",
 		keySitesCPUGrowth: "1.40 x / 1.90 x",
+		// One copy at 2 ms against 10 ms alone: 1 + 0.2 with two sites,
+		// 1 + 0.4 with three, over 1.25.
+		keySitesReach: "no: 1.20 x / 1.40 x",
+		// Side by side 110 of 200 jobs/s alone, over 1.2: 45.8 %.
+		keySitesShareReach: "no: 45.8 %",
 	} {
 		if row, ok := rep.headline(key); !ok || row.Text != want {
 			t.Errorf("row %s: %+v, want %q", key, row, want)
@@ -169,6 +176,9 @@ func TestSitesRows(t *testing.T) {
 		"  of which couchjs (validate_doc_update, views) | 1.00 ms\n",
 		"  site A side by side, not linked / alone (the machine's share) | 55.0 %\n",
 		"  per job it stores (its own and the 2 other sites') | 6.33 ms\n",
+		"the least a job of another site can cost A: one finished copy served and stored, in full batches, indexed (per job) | 2.00 ms\n",
+		"  as a share of A's own job alone | 20.0 %\n",
+		"site A's server CPU per job it stores, 2 / 3 sites linked vs alone | 0.70 x / 0.63 x\n",
 	} {
 		wantIn(t, "section 9's rows", table.String(), want)
 	}
@@ -176,6 +186,7 @@ func TestSitesRows(t *testing.T) {
 	for _, want := range []string{
 		"| sites: a site's throughput linked to another ≥ 90 % of alone | **not met**: 45.0 % (90 jobs/s linked) |\n",
 		"| sites: a site's server CPU per job does not grow with other sites' jobs (2 / 3 sites linked ≤ 1.25× of alone) | **not met**: 1.40 x / 1.90 x |\n",
+		"| … within reach of a site that stores every other site's jobs? (the least growth: one finished copy of each, served and stored in full batches) | no: 1.20 x / 1.40 x |\n",
 	} {
 		wantIn(t, "targets region", targets, want)
 	}
@@ -225,7 +236,7 @@ func TestRunSitesOnLocalNodes(t *testing.T) {
 	}
 	keys := []string{keySitesAlone, keySitesLinked, keySitesShare, keySitesLagP50, keySitesLagP99}
 	if runtime.GOOS == "linux" { // the server's CPU is read from /proc
-		keys = append(keys, keySitesCPU1, keySitesCPU2, keySitesCPU3, keySitesCPUGrowth)
+		keys = append(keys, keySitesCPU1, keySitesCPU2, keySitesCPU3, keySitesCPUGrowth, keySitesReach, keySitesShareReach)
 	}
 	for _, k := range keys {
 		if row, ok := rep.headline(k); !ok || row.Value <= 0 {

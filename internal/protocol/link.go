@@ -85,7 +85,16 @@ func linkDoc(from, to SiteEndpoint) map[string]any {
 		"source":     from.replicationEnd(),
 		"target":     to.replicationEnd(),
 		"continuous": true,
-		"couchq":     map[string]any{"from": from.Site, "to": to.Site, "db": to.DB},
+		// One worker per link, not CouchDB's four. A live link's changes
+		// arrive one at a time; four workers each take a batch of one
+		// (a revs_diff, a _bulk_get and a _bulk_docs per revision), where
+		// one worker takes everything that arrived while it wrote the last
+		// batch. Batches then grow with the load, and each revision of a
+		// job that was replaced before its batch left is not sent at all:
+		// with two sites this cut a site's server CPU per job by a
+		// quarter, with three by more than a third (docs/design/sites.md).
+		"worker_processes": 1,
+		"couchq":           map[string]any{"from": from.Site, "to": to.Site, "db": to.DB},
 	}
 	if from.Replicator {
 		doc["selector"] = linkSelector()
@@ -142,6 +151,30 @@ func LinkSites(ctx context.Context, a, b SiteEndpoint, holders map[string]*Serve
 		if err := srv.putReplication(ctx, linkDocID(l.from, l.to), linkDoc(l.from, l.to)); err != nil {
 			return fmt.Errorf("linking %s into %s: %w", l.from.Site, l.to.Site, err)
 		}
+	}
+	return nil
+}
+
+// ReplicateOnce copies from's queue database into to's once, through the
+// server of srv (POST /_replicate, not continuous), carrying what a link
+// carries, and returns when the copy is done.
+func ReplicateOnce(ctx context.Context, srv *Server, from, to SiteEndpoint) error {
+	doc := linkDoc(from, to)
+	delete(doc, "continuous")
+	delete(doc, "couchq")
+	body, err := json.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("encoding a replication: %w", err)
+	}
+	opts := &chttp.Options{NoGzip: true, GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }}
+	var resp struct {
+		OK bool `json:"ok"`
+	}
+	if err := srv.raw.DoJSON(ctx, http.MethodPost, "/_replicate", opts, &resp); err != nil {
+		return fmt.Errorf("replicating %s into %s once: %w", from.Site, to.Site, err)
+	}
+	if !resp.OK {
+		return fmt.Errorf("replicating %s into %s once: the server did not say ok", from.Site, to.Site)
 	}
 	return nil
 }
