@@ -195,6 +195,8 @@ var targetRows = []struct {
 	{fmt.Sprintf("the cluster's server CPU per job ≤ %.1f× the node's", TargetClusterCPU), headlineCell(keyClusterCPU, "", nil)},
 	{fmt.Sprintf("a fleet of %d `couchq worker` processes × %d ≥ %.0f %% of the in-process figure", FleetDefault, FleetConcurrencyDefault, TargetFleetShare*100),
 		headlineCell(keyFleetShare, keyFleet, func(s Row) string { return " (" + s.Text + ")" })},
+	{fmt.Sprintf("… within reach of workers of %d slots? (the fleet's shape, %d × %d, in one process, share of the in-process figure)", FleetConcurrencyDefault, FleetDefault, FleetConcurrencyDefault),
+		headlineCell(keyFleetReach, "", nil)},
 	{fmt.Sprintf("idle wake-up, enqueue → handler start p99 < %d ms", TargetWakeupP99.Milliseconds()), headlineCell(keyWakeupP99, "", nil)},
 	{fmt.Sprintf("409s per claimed job at %d claimants < %.1f", targetConflictWorkers, TargetConflicts), headlineCell(keyConflicts, "", nil)},
 	{fmt.Sprintf("claim round, large backlog (%s jobs, the cluster %s) vs small (%s) ≤ %.1f× (view brought up to date / as it stands)",

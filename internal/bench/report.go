@@ -141,6 +141,9 @@ const (
 	keyClusterCPU        = "cluster_cpu"
 	keyFleet             = "fleet"       // section 2: Fleet worker processes' jobs/s
 	keyFleetShare        = "fleet_share" // the same, of the in-process figure
+	// keyFleetReach is the fleet's shape run in one process, as a share
+	// of the in-process figure: whether the fleet target is within reach.
+	keyFleetReach = "fleet_reach"
 )
 
 // headline is the report's row of that key.

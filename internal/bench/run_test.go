@@ -646,6 +646,16 @@ func checkFleetRows(t *testing.T, rep *Report) {
 		*share.Met != (fleet.Value >= TargetFleetShare*inProcess.Value) {
 		t.Errorf("fleet share row %+v (fleet %v, in-process %v)", share, fleet.Value, inProcess.Value)
 	}
+	// The fleet's shape run in this process, as a share of the in-process
+	// figure, says whether the target is within reach of such workers.
+	reach, ok := rep.headline(keyFleetReach)
+	wantVerdict := "no: "
+	if reach.Value >= 100*TargetFleetShare {
+		wantVerdict = "yes: "
+	}
+	if !ok || reach.Value <= 0 || !strings.HasPrefix(reach.Text, wantVerdict) {
+		t.Errorf("fleet reach row %+v", reach)
+	}
 }
 
 // checkNoValidationRows checks section 2's run with validation off: its

@@ -297,7 +297,53 @@ func (b *run) runFleet(ctx context.Context, s *Section, inProcess float64) error
 	}
 	cpu0.ok = false // the bench process only watched the worker processes
 	cpuRows(s, "  fleet: ", cpu0, cpu1, cfg.Jobs)
+	return b.runFleetShape(ctx, s, conc, tput, inProcess)
+}
+
+// runFleetShape runs the backlog once more with the fleet's shape (Fleet
+// worker.Worker values of FleetConcurrency each) in this process, and
+// splits the fleet's gap to the in-process figure in two: what separate
+// processes cost (fleet / the same shape here), and what workers of
+// FleetConcurrency slots cost against the in-process run's (the same
+// shape here / in-process). A worker claims and finishes its jobs in
+// batches of up to its free slots, so workers of 4 slots send several
+// times the requests per job of one of 16; the second share says whether
+// the fleet target is within reach of workers of that size at all.
+func (b *run) runFleetShape(ctx context.Context, s *Section, conc []int, fleet, inProcess float64) error {
+	cfg := b.cfg
+	db, c, err := b.indexedBacklog(ctx, s, "fleetshape", cfg.Validation)
+	if err != nil {
+		return err
+	}
+	cpu0 := b.t.cpu()
+	if _, err := b.workInProcess(ctx, db, conc, cfg.Jobs); err != nil {
+		return err
+	}
+	cpu1 := b.t.cpu()
+	jt, err := readDone(ctx, c, cfg.Jobs)
+	if err != nil {
+		return err
+	}
+	shape := rate(int64(cfg.Jobs), jt.span())
+	s.add(numRow(fmt.Sprintf("the fleet's shape in one process: %d workers x %d, first claim -> last done", cfg.Fleet, cfg.FleetConcurrency),
+		shape, "jobs/s", 0))
+	s.add(numRow("  fleet / the same shape in one process (what separate processes cost)", 100*ratio(fleet, shape), "%", 1))
+	s.add(reachFleetRow(shape, inProcess, cfg.FleetConcurrency))
+	cpuRows(s, "  the fleet's shape in one process: ", cpu0, cpu1, cfg.Jobs)
 	return nil
+}
+
+// reachFleetRow says whether the fleet target is within reach of workers
+// of slots slots each: shape, the fleet's shape in one process, as a share
+// of inProcess.
+func reachFleetRow(shape, inProcess float64, slots int) Row {
+	share := 100 * ratio(shape, inProcess)
+	verdict := "no"
+	if shape >= TargetFleetShare*inProcess {
+		verdict = "yes"
+	}
+	return Row{Metric: fmt.Sprintf("  within reach of workers of %d slots? (the same shape in one process / in-process)", slots),
+		Value: share, Unit: "%", Text: fmt.Sprintf("%s: %.1f %%", verdict, share), Key: keyFleetReach}
 }
 
 // judgeThroughput sets the end-to-end target on row, couchq's throughput
