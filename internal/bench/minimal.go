@@ -159,7 +159,11 @@ func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, 
 	if firstErr != nil {
 		return res, fmt.Errorf("minimal queue: %w", firstErr)
 	}
-	if res.jobs != int64(q.n) {
+	// More than n is possible on a cluster: the minimal queue has no
+	// confirming read, so two claimers writing one revision through
+	// different nodes both win it (as couchq's claims would without
+	// theirs). The yardstick counts what it ran; fewer than n is a failure.
+	if res.jobs < int64(q.n) {
 		return res, fmt.Errorf("minimal queue: %d of %d jobs done", res.jobs, q.n)
 	}
 	return res, nil
