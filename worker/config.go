@@ -78,6 +78,12 @@ type Config struct {
 	// its owner's and one other peer's (its thief, also by hash), past
 	// twice StealAfter anyone's: a busy or dead owner's jobs still run. It
 	// is what a new job may wait when its owner is busy and others idle.
+	// When a worker's claim rounds are slow (a loaded server), it waits
+	// three of its rounds instead, up to 8 times StealAfter: an owner
+	// takes its jobs in its next round, and a thief that does not wait
+	// for it races it. A worker that joined in the last second also
+	// leaves its own jobs to the peers that do not know of it yet, where
+	// they would take them next.
 	// Negative: a worker leaves no job to its owner (workers race for
 	// every job, as before couchq gave jobs owners).
 	StealAfter time.Duration

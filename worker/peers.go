@@ -29,7 +29,17 @@ type peers struct {
 	slots     map[string]peerSlot // job type -> slot
 	known     map[string]bool     // the live claimants read, any type
 	refreshed time.Time           // monotonic; zero before the first refresh
+	joined    time.Time           // when this worker registered (monotonic)
 }
+
+// joinSettle is how long a worker that just registered leaves its own jobs
+// to the peers that owned them before it came, where those would take them
+// in their next round. Its peers learn of it from the changes feed and a
+// registry read, and until then the peer that owned each of its jobs before
+// (its thief now: rendezvous hashing moves a job to a newcomer from the
+// peer ranked next) still takes them. With 16 workers starting one after
+// another, about half the claims lost were such races.
+const joinSettle = time.Second
 
 // peerSlot is a worker's rank among the n live workers claiming a type,
 // their claimant names by rank, and how many jobs each rank runs at once
@@ -38,6 +48,13 @@ type peerSlot struct {
 	rank  int
 	names []string
 	takes []int
+	// joining says that the worker registered less than joinSettle ago:
+	// its peers may not know of it yet.
+	joining bool
+	// spread says that the worker lost claims lately (see
+	// runner.widenPick): with no peer it knows of, claimants it does not
+	// know take the same rows, and it picks at random among them.
+	spread bool
 }
 
 // size is how many live workers claim the type (1 when this worker knows
@@ -50,6 +67,7 @@ func (p *peers) slot(typ string) peerSlot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s, ok := p.slots[typ]; ok {
+		s.joining = !p.joined.IsZero() && time.Since(p.joined) < joinSettle
 		return s
 	}
 	return peerSlot{}
@@ -149,12 +167,15 @@ func peerSlots(infos []*protocol.WorkerInfo, self string, concurrency int, types
 // stealAfter, when the thief did not take them either. The rest go after the
 // claimable ones. Workers that agree on who is live thus never race for a
 // job while every owner keeps up, even when few are due, and a busy or dead
-// owner's jobs still run. With n = 1 every job is the worker's own, in
-// random order (the pick among K); with stealAfter < 0 every other's job is
-// anyone's.
+// owner's jobs still run. With n = 1 every job is the worker's own, oldest
+// first, or in random order (the pick among K) when it lost claims lately
+// (s.spread); with stealAfter < 0 every other's job is anyone's. A worker
+// that joined lately (s.joining) leaves its own jobs that a peer that has
+// not heard of it yet takes next to that peer (see joinSettle).
 func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) time.Duration, stealAfter time.Duration) (claimable int) {
 	var rest []protocol.DueCandidate
-	zone := make([]int, s.size()) // each owner's jobs met so far, in the order it takes them
+	zone := make([]int, s.size())       // each owner's jobs met so far, in the order it takes them
+	zoneBefore := make([]int, s.size()) // the same, as peers that do not know this worker see them
 	ordered := make([]protocol.DueCandidate, 0, len(items))
 	for start := 0; start < len(items); {
 		end := start + 1
@@ -164,7 +185,9 @@ func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) 
 		run := items[start:end]
 		start = end
 		if s.size() <= 1 {
-			rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+			if s.spread {
+				rand.Shuffle(len(run), func(i, j int) { run[i], run[j] = run[j], run[i] })
+			}
 			ordered = append(ordered, run...)
 			continue
 		}
@@ -172,6 +195,21 @@ func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) 
 		anyone := make([][]protocol.DueCandidate, s.size())
 		for _, it := range run {
 			o, t := s.choices(it.ID)
+			if s.joining && stealAfter >= 0 {
+				// Before this worker joined, the job was its thief's
+				// (rendezvous hashing): a peer that has not heard of it
+				// yet takes it in its next round if it is among that
+				// round's jobs.
+				before := o
+				if o == s.rank {
+					before = t
+				}
+				zoneBefore[before]++
+				if o == s.rank && zoneBefore[before] <= s.take(before) {
+					rest = append(rest, it)
+					continue
+				}
+			}
 			if o == s.rank {
 				own = append(own, it)
 				continue
@@ -182,8 +220,9 @@ func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) 
 			}
 			mine := t == s.rank
 			zone[o]++
-			if zone[o] > s.take(o) {
-				// Past what its owner takes next: its thief's.
+			if zone[o] > s.take(o) && !s.joining {
+				// Past what its owner takes next: its thief's (but a
+				// worker that joined lately cannot tell what that is).
 				if mine {
 					thief = append(thief, it)
 				} else {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sort"
+	"time"
 
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -51,6 +52,9 @@ func (w *Worker) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.peers.mu.Lock()
+	w.peers.joined = time.Now()
+	w.peers.mu.Unlock()
 	w.refreshPeers(ctx)
 	return nil
 }

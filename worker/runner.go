@@ -82,6 +82,9 @@ type runner struct {
 	// next of them may be taken. Touched only by the runner's own loop.
 	leftSince map[string]time.Time
 	stealAt   time.Time
+	// roundTook is how long a claim round takes (see noteRound); touched
+	// only by the runner's own loop.
+	roundTook time.Duration
 	// longList records that the last due query listed as many jobs as it
 	// asked for: the next fresh one lists them without their documents,
 	// which only a short list (an idle runner's) saves a request with.
@@ -258,6 +261,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// With n workers claiming the type, about one row in n is this
 	// worker's own (ownFirst): read enough rows to find its share.
 	slot := r.w.peers.slot(r.typ)
+	slot.spread = r.pick > r.w.cfg.PickAmong
 	want := max(r.pick, r.w.cfg.PickAmong, free)
 	if slot.size() > 1 {
 		want = max(want, ownShareRows*slot.size()*min(free, r.w.cfg.ClaimBatch))
@@ -318,6 +322,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// picked jobs' documents are read. Slots freed while the query ran
 	// count (jobs finish meanwhile).
 	left := make(map[string]time.Time, len(r.leftSince))
+	stealAfter := r.stealAfter()
 	claimable := ownFirst(cands, slot, func(id string) time.Duration {
 		since, ok := r.leftSince[id]
 		if !ok {
@@ -325,12 +330,12 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 		left[id] = since
 		return now.Sub(since)
-	}, r.w.cfg.StealAfter)
+	}, stealAfter)
 	// Look again when a job left to its owner may be taken (by this
 	// worker as its thief, or by anyone).
 	r.leftSince = left
 	for _, since := range left {
-		for _, at := range []time.Time{since.Add(r.w.cfg.StealAfter), since.Add(2 * r.w.cfg.StealAfter)} {
+		for _, at := range []time.Time{since.Add(stealAfter), since.Add(2 * stealAfter)} {
 			if at.After(now) && (r.stealAt.IsZero() || at.Before(r.stealAt)) {
 				r.stealAt = at
 			}
@@ -410,6 +415,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.start(item, slot)
 	})
 	r.widenPick(conflicts)
+	r.noteRound(time.Since(began))
 	if conflicts > 0 {
 		r.w.refreshPeersAfterLoss(ctx)
 	}
@@ -451,6 +457,41 @@ func (w *Worker) concedeLater(claims []*protocol.UnrunClaim) {
 // concedeTimeout bounds conceding a round's unrun claims, which Stop waits
 // for: one that fails leaves them to their leases, as before.
 const concedeTimeout = 5 * time.Second
+
+// stealRounds is how many of its claim rounds a worker leaves a job to the
+// owner that would take it next, at the least (see stealAfter).
+const stealRounds = 3
+
+// maxStealRoundsWait bounds how far slow rounds stretch stealAfter, in
+// Config.StealAfter: one stalled round must not leave a busy owner's jobs
+// waiting for long.
+const maxStealRoundsWait = 8
+
+// stealAfter is how long this runner leaves a job to its owner before its
+// thief may take it: Config.StealAfter, or stealRounds of its own claim
+// rounds when those take longer (up to maxStealRoundsWait times
+// StealAfter). An owner takes the job in its next round, which on a
+// loaded server comes later than StealAfter: a thief that took it sooner
+// raced the owner for it. With 16 workers of 4 slots on one busy node a
+// round took about 320 ms, and such races were about a third of the
+// claims lost.
+func (r *runner) stealAfter() time.Duration {
+	base := r.w.cfg.StealAfter
+	if base < 0 {
+		return base
+	}
+	return max(base, min(stealRounds*r.roundTook, maxStealRoundsWait*base))
+}
+
+// noteRound folds a claim round's duration into roundTook, a moving
+// average over about eight rounds.
+func (r *runner) noteRound(d time.Duration) {
+	if r.roundTook == 0 {
+		r.roundTook = d
+		return
+	}
+	r.roundTook += (d - r.roundTook) / 8
+}
 
 // ownShareRows is how many rows per claim a runner that shares its type
 // with n-1 other workers reads, times n: the jobs that hash to it are about

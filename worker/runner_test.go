@@ -258,3 +258,98 @@ func TestOwnFirstWithoutLeavingJobsToOwners(t *testing.T) {
 		}
 	}
 }
+
+// A worker that joined lately takes none of the jobs that the peers that
+// have not heard of it take in their next round, and none of their later
+// jobs as a thief; once settled it takes its own jobs at once.
+func TestOwnFirstLeavesANewcomersJobsToPeersThatDoNotKnowIt(t *testing.T) {
+	const peers, take = 8, 4
+	var all []protocol.DueCandidate
+	for i := range 200 {
+		all = append(all, protocol.DueCandidate{ID: fmt.Sprintf("job:%04d", i), Priority: protocol.PriorityDefault})
+	}
+	newcomer := slotOf(peers-1, peers, take) // host/1/w07 joined
+	before := slotOf(0, peers-1, take)       // what the others still see
+	// The jobs the others take next, as they see them: each one's oldest
+	// take of its own.
+	next := map[string]bool{}
+	seen := make([]int, peers-1)
+	for _, it := range all {
+		if o, _ := before.choices(it.ID); seen[o] < take {
+			seen[o]++
+			next[it.ID] = true
+		}
+	}
+	claimable := func(s peerSlot) []protocol.DueCandidate {
+		items := slices.Clone(all)
+		return items[:ownFirst(items, s, never, time.Second)]
+	}
+	joining := newcomer
+	joining.joining = true
+	got := claimable(joining)
+	if len(got) == 0 {
+		t.Fatal("a joining worker may claim none of its jobs")
+	}
+	for _, it := range got {
+		if next[it.ID] {
+			t.Fatalf("the joining worker may claim %s, which a peer that does not know it takes next", it.ID)
+		}
+		if o, _ := newcomer.choices(it.ID); o != newcomer.rank {
+			t.Fatalf("the joining worker may claim %s, another's job, before it was left for StealAfter", it.ID)
+		}
+	}
+	raced := 0
+	for _, it := range claimable(newcomer) {
+		if next[it.ID] {
+			raced++
+		}
+	}
+	if raced == 0 {
+		t.Fatal("settled, the newcomer still leaves its jobs to the peers that owned them before")
+	}
+}
+
+// Alone, a worker takes the oldest jobs first; once it lost claims (to
+// claimants it does not know of) it picks among them at random.
+func TestOwnFirstAloneTakesOldestUnlessContended(t *testing.T) {
+	var all []protocol.DueCandidate
+	for i := range 32 {
+		all = append(all, protocol.DueCandidate{ID: fmt.Sprintf("job:%04d", i), Priority: protocol.PriorityDefault})
+	}
+	items := slices.Clone(all)
+	if n := ownFirst(items, peerSlot{}, never, time.Second); n != len(all) || !slices.Equal(items, all) {
+		t.Fatalf("alone: %d claimable, order changed: %v", n, items[:4])
+	}
+	shuffled := false
+	for range 20 {
+		items := slices.Clone(all)
+		ownFirst(items, peerSlot{spread: true}, never, time.Second)
+		shuffled = shuffled || !slices.Equal(items, all)
+	}
+	if !shuffled {
+		t.Fatal("alone after lost claims: never picked at random")
+	}
+}
+
+// A thief waits StealAfter, or three of its own claim rounds when a loaded
+// server makes those slower, but not much longer.
+func TestStealAfterFollowsSlowRounds(t *testing.T) {
+	r := &runner{w: &Worker{cfg: Config{StealAfter: 500 * time.Millisecond}}}
+	if got := r.stealAfter(); got != 500*time.Millisecond {
+		t.Fatalf("no round yet: %s, want StealAfter", got)
+	}
+	for range 50 {
+		r.noteRound(320 * time.Millisecond)
+	}
+	if got := r.stealAfter(); got != 960*time.Millisecond {
+		t.Fatalf("rounds of 320 ms: %s, want 960ms", got)
+	}
+	r.noteRound(time.Minute)
+	if got := r.stealAfter(); got != 4*time.Second {
+		t.Fatalf("after a stalled round: %s, want at most 8 × StealAfter", got)
+	}
+	r.w.cfg.StealAfter = -1
+	if got := r.stealAfter(); got >= 0 {
+		t.Fatalf("StealAfter < 0: %s, want it kept", got)
+	}
+}
