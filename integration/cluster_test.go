@@ -1086,6 +1086,14 @@ func TestClusterPauseReachesEveryNode(t *testing.T) {
 	}
 }
 
+// An idle worker on node 2 claims a job enqueued through node 1 from the
+// document the feed brought, without reading the due view (which may not
+// list the job yet: its rows come from one copy of each shard).
+func TestClusterIdleWorkerClaimsWhatTheFeedBrings(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	checkIdleClaimsFromFeed(t, cb.ctx, cb.clients[0], cb.clients[1], func(h map[string]worker.Handler) worker.Config { return clusterWorker(cb.log, h) })
+}
+
 // Workers on all three nodes run the same schedule: one job per tick, no
 // tick missed, each run once, though each tick's job is created through
 // several nodes at once.

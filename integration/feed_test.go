@@ -273,7 +273,9 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 
 // laggingCopy answers the first query for due jobs after it is armed with
 // the answer to the one before: as a cluster answers a view query from a
-// copy that does not hold the newest jobs yet.
+// copy that does not hold the newest jobs yet. Its feed carries no
+// documents (as a busy worker's), so that the worker looks for the job in
+// the view.
 type laggingCopy struct {
 	next     http.RoundTripper
 	mu       sync.Mutex
@@ -283,6 +285,12 @@ type laggingCopy struct {
 }
 
 func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/_changes") {
+		r = r.Clone(r.Context())
+		q := r.URL.Query()
+		q.Del("include_docs")
+		r.URL.RawQuery = q.Encode()
+	}
 	r, query, err := readDueQuery(r)
 	if err != nil || query != dueNow {
 		return l.next.RoundTrip(r)
@@ -317,7 +325,8 @@ func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
 // On a cluster the feed can report a job before the copy a due query reads
 // holds it: the round the feed woke finds nothing. The worker looks again
 // shortly after, so the job runs at once rather than at the next fallback
-// poll.
+// poll. (An idle worker whose feed brings the job's document claims it
+// without the view: TestClusterIdleWorkerClaimsWhatTheFeedBrings.)
 func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
 	cb := setupCluster(t, protocol.Config{})
 	var lag *laggingCopy
@@ -399,4 +408,108 @@ func TestHungDueQueryIsCutOffByQueryTimeout(t *testing.T) {
 		t.Fatalf("%d due queries hung, want 1: the test proved nothing", hang.hung.Load())
 	}
 	t.Logf("ran %s after the enqueue, past one hung due query", time.Since(began).Round(time.Millisecond))
+}
+
+// An idle worker's feed brings the new jobs due now with their documents,
+// by type and priority, so that it claims them without reading the due
+// view; a job scheduled for later is left to the view. A busy worker's
+// feed brings none. Through both filters.
+func TestFeedBringsDueJobsWithTheirDocuments(t *testing.T) {
+	eachFeedFilter(t, func(t *testing.T, tb *testBundle, c *protocol.Client) {
+		ctx := tb.ctx
+		_, since, err := c.WaitForWork(ctx, "now", []string{"fed"}, 10*time.Millisecond, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		urgent, err := c.Enqueue(ctx, protocol.NewJob{Worker: "fed", Priority: protocol.PriorityHighest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "fed", At: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "other"}); err != nil {
+			t.Fatal(err)
+		}
+		jobs := 0
+		var due []protocol.DueCandidate
+		for deadline := time.Now().Add(5 * time.Second); jobs < 2 && time.Now().Before(deadline); {
+			fc, next, err := c.WaitForWork(ctx, since, []string{"fed"}, 500*time.Millisecond, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			since, jobs, due = next, jobs+fc.Jobs, append(due, fc.Due["fed"]...)
+			if len(fc.Due) > 1 || (len(fc.Due) == 1 && fc.Due["fed"] == nil) {
+				t.Fatalf("the feed brought jobs of other types: %v", fc.Due)
+			}
+		}
+		if jobs != 2 || len(due) != 1 || due[0].ID != urgent.ID || due[0].Priority != protocol.PriorityHighest {
+			t.Fatalf("the feed reported %d job changes and brought %+v, want 2 and the job due now (%s, priority 1)", jobs, due, urgent.ID)
+		}
+		// Claimed from the document the feed brought.
+		batch, err := c.FetchCandidates(ctx, due)
+		if err != nil || len(batch.Items) != 1 || batch.Items[0].Rev != urgent.Rev {
+			t.Fatalf("the fed job as FetchCandidates reads it: %+v, %v; want revision %s", batch, err, urgent.Rev)
+		}
+		if _, err := c.Claim(ctx, batch.Items[0], "fed/1/w", time.Minute); err != nil {
+			t.Fatalf("claiming the fed job: %v", err)
+		}
+		if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "fed"}); err != nil {
+			t.Fatal(err)
+		}
+		fc, _, err := c.WaitForWork(ctx, since, []string{"fed"}, 2*time.Second, false)
+		if err != nil || fc.Jobs != 1 || fc.Due != nil {
+			t.Fatalf("without documents the feed reported %d jobs and brought %v (%v), want 1 and none", fc.Jobs, fc.Due, err)
+		}
+	})
+}
+
+// An idle worker claims a job the feed brought without a due-view read:
+// its claim round reads no view at all.
+func TestIdleWorkerClaimsWhatTheFeedBrings(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	checkIdleClaimsFromFeed(t, tb.ctx, tb.client, tb.client, func(h map[string]worker.Handler) worker.Config { return fastWorker(tb, h) })
+}
+
+// checkIdleClaimsFromFeed enqueues three jobs one at a time through
+// enqueue for an idle worker on work and checks that it ran each without
+// reading the due view.
+func checkIdleClaimsFromFeed(t *testing.T, ctx context.Context, enqueue, work *protocol.Client, config func(map[string]worker.Handler) worker.Config) {
+	t.Helper()
+	ran := make(chan string, 10)
+	w := runWorker(t, ctx, work, config(map[string]worker.Handler{"fed": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		ran <- job.ID
+		return nil
+	})}))
+	// Idle: its first rounds found nothing due.
+	before := w.Stats().Queries
+	for settled := time.Now().Add(5 * time.Second); ; {
+		time.Sleep(300 * time.Millisecond)
+		if now := w.Stats().Queries; now == before {
+			break
+		} else if time.Now().After(settled) {
+			t.Fatalf("an idle worker keeps reading the due view (%d queries)", now)
+		} else {
+			before = now
+		}
+	}
+	for i := range 3 {
+		job, err := enqueue.Enqueue(ctx, protocol.NewJob{Worker: "fed"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case id := <-ran:
+			if id != job.ID {
+				t.Fatalf("ran %s, want %s", id, job.ID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("job %d did not run within 10 s", i)
+		}
+		time.Sleep(200 * time.Millisecond) // its outcome written
+	}
+	time.Sleep(300 * time.Millisecond) // a round after the last job would read the view now
+	if after := w.Stats().Queries; after != before {
+		t.Errorf("the idle worker read the due view %d times for 3 jobs the feed brought, want none", after-before)
+	}
 }

@@ -22,13 +22,13 @@ func TestFeedReportsWorkersJoining(t *testing.T) {
 
 func checkJoins(t *testing.T, tb *testBundle, c *protocol.Client) {
 	t.Helper()
-	_, since, err := c.WaitForWork(tb.ctx, "now", []string{"join"}, 10*time.Millisecond)
+	_, since, err := c.WaitForWork(tb.ctx, "now", []string{"join"}, 10*time.Millisecond, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	feed := func(what string, want int) {
 		t.Helper()
-		fc, next, err := c.WaitForWork(tb.ctx, since, []string{"join"}, 500*time.Millisecond)
+		fc, next, err := c.WaitForWork(tb.ctx, since, []string{"join"}, 500*time.Millisecond, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,12 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 	backoff := 100 * time.Millisecond
 	broken := false
 	for ctx.Err() == nil && !w.stopping() {
-		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), w.cfg.FeedTimeout)
+		// An idle runner claims the jobs the feed brings from the
+		// documents it includes, without a due-view read first (see
+		// runner.fed); a busy one finds them in the view anyway, and the
+		// server would read each document for nothing.
+		docs := w.anyIdle()
+		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), w.cfg.FeedTimeout, docs)
 		if err != nil {
 			if ctx.Err() != nil || w.stopping() {
 				return
@@ -58,9 +63,16 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		if fc.Joined > 0 {
 			w.refreshPeers(ctx) // share the jobs with the newcomer from now on
 		}
+		fed := 0
+		for _, r := range w.runners {
+			r.offer(fc.Due[r.typ])
+			fed += len(fc.Due[r.typ])
+		}
 		if fc.Jobs > 0 {
 			w.wakeAll()
-			if w.client.Replicas() > 1 {
+			// Jobs the feed brought to idle runners with their documents
+			// are claimed from those, not looked for in the view.
+			if w.client.Replicas() > 1 && (!docs || fed < fc.Jobs) {
 				w.relook(ctx)
 			}
 		}
@@ -120,4 +132,15 @@ func (w *Worker) refreshPaused(ctx context.Context) {
 		w.log.Info().Str("type", r.typ).Msg("job type resumed")
 		r.nudge()
 	}
+}
+
+// anyIdle reports whether a runner waits for work with a slot free: the
+// last round left nothing due behind.
+func (w *Worker) anyIdle() bool {
+	for _, r := range w.runners {
+		if !r.paused.Load() && !r.behind.Load() && r.free() > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -82,6 +82,11 @@ type runner struct {
 	// next of them may be taken. Touched only by the runner's own loop.
 	leftSince map[string]time.Time
 	stealAt   time.Time
+	// fedMu guards fedDue: claimable jobs of the runner's type that the
+	// changes feed brought with their documents since the last round
+	// (offer, takeFed).
+	fedMu  sync.Mutex
+	fedDue []protocol.DueCandidate
 	// roundTook is how long a claim round takes (see noteRound); touched
 	// only by the runner's own loop.
 	roundTook time.Duration
@@ -281,7 +286,32 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return now.Sub(at) > recentClaims })
 	var cands []protocol.DueCandidate
 	var listed, k int
-	for {
+	fromFeed := false
+	fed := r.takeFed()
+	defer func() {
+		// Jobs the feed brought that this round did not claim are looked
+		// for in the view, which on a cluster may not list them yet: look
+		// again a little later, as for a feed without documents.
+		if len(fed) > 0 && (!fromFeed || more) && r.w.client.Replicas() > 1 {
+			r.w.relook(ctx)
+		}
+	}()
+	if len(fed) > 0 && news && !r.behind.Load() {
+		// Idle, woken by the feed with the new jobs' documents: claim
+		// them without reading the due view, which on a cluster may not
+		// list them yet (its rows come from one copy of each shard). The
+		// view is read again only if they were not all claimed; a job
+		// scheduled for later, which the feed does not bring, is found
+		// when the loop asks when the next one is due.
+		slices.SortStableFunc(fed, func(a, b protocol.DueCandidate) int { return a.Priority - b.Priority })
+		cands = slices.DeleteFunc(fed, func(c protocol.DueCandidate) bool {
+			_, unrepairable := r.unrepairable[c.ID]
+			return unrepairable
+		})
+		listed, k, upTo = len(fed), len(fed)+1, r.w.cfg.Now() // not a full page: more only if some were not claimed
+		fromFeed = true
+	}
+	for !fromFeed {
 		k = want + len(r.unrepairable)
 		if stale {
 			// Its last round's claims may still be listed first.
@@ -311,7 +341,9 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		}
 		stale = false
 	}
-	r.dueTook = time.Since(began)
+	if !fromFeed {
+		r.dueTook = time.Since(began)
+	}
 	if len(cands) == 0 {
 		return false, upTo, nil
 	}
@@ -457,6 +489,33 @@ func (w *Worker) concedeLater(claims []*protocol.UnrunClaim) {
 // concedeTimeout bounds conceding a round's unrun claims, which Stop waits
 // for: one that fails leaves them to their leases, as before.
 const concedeTimeout = 5 * time.Second
+
+// maxFed bounds the jobs the feed brought that a runner keeps for its next
+// round: more than a round claims, fewer than a view page.
+const maxFed = 200
+
+// offer keeps claimable jobs the feed brought with their documents for the
+// next round (see fetch); the newest replace the oldest past maxFed.
+func (r *runner) offer(due []protocol.DueCandidate) {
+	if len(due) == 0 {
+		return
+	}
+	r.fedMu.Lock()
+	defer r.fedMu.Unlock()
+	r.fedDue = append(r.fedDue, due...)
+	if extra := len(r.fedDue) - maxFed; extra > 0 {
+		r.fedDue = slices.Delete(r.fedDue, 0, extra)
+	}
+}
+
+// takeFed returns the jobs offered since the last round and forgets them.
+func (r *runner) takeFed() []protocol.DueCandidate {
+	r.fedMu.Lock()
+	defer r.fedMu.Unlock()
+	fed := r.fedDue
+	r.fedDue = nil
+	return fed
+}
 
 // stealRounds is how many of its claim rounds a worker leaves a job to the
 // owner that would take it next, at the least (see stealAfter).

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -29,6 +30,11 @@ type FeedChanges struct {
 	// Joined is how many worker processes of these types registered
 	// (WorkerInfo.Joined): the peers a worker shares its jobs with changed.
 	Joined int
+	// Due are the jobs due now among those Jobs counts, by job type, with
+	// the documents the feed included (WaitForWork with docs): an idle
+	// worker claims them through FetchCandidates without reading the due
+	// view first. Jobs scheduled for later are not among them.
+	Due map[string][]DueCandidate
 }
 
 // WaitForChanges long-polls the _changes feed from since ("now" for only
@@ -38,13 +44,15 @@ type FeedChanges struct {
 // continue from. It returns (0, since, nil) when timeout passes with no
 // change.
 func (c *Client) WaitForChanges(ctx context.Context, since string, types []string, timeout time.Duration) (int, string, error) {
-	fc, last, err := c.WaitForWork(ctx, since, types, timeout)
+	fc, last, err := c.WaitForWork(ctx, since, types, timeout, false)
 	return fc.Jobs + len(fc.Controls), last, err
 }
 
 // WaitForWork is WaitForChanges telling job changes and control changes
-// apart: what a worker follows.
-func (c *Client) WaitForWork(ctx context.Context, since string, types []string, timeout time.Duration) (FeedChanges, string, error) {
+// apart: what a worker follows. With docs the feed includes the claimable
+// jobs' documents (FeedChanges.Due); the server reads each one for it, which
+// only an idle worker gains from.
+func (c *Client) WaitForWork(ctx context.Context, since string, types []string, timeout time.Duration, docs bool) (FeedChanges, string, error) {
 	if since == "now" || since == "" {
 		// Resolve "now" to a real sequence: a feed that ends by the client's
 		// deadline (a server that ignores timeout) returns no last_seq, and
@@ -55,30 +63,75 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 		}
 		since = seq
 	}
-	var ids []string
+	var changed []change
 	var err error
 	last := since
 	if c.couch != nil {
-		ids, last, err = c.waitForChangesSelector(ctx, since, types, timeout)
+		changed, last, err = c.waitForChangesSelector(ctx, since, types, timeout, docs)
 	} else {
-		ids, last, err = c.waitForChangesFilter(ctx, since, types, timeout)
+		changed, last, err = c.waitForChangesFilter(ctx, since, types, timeout, docs)
 	}
 	var fc FeedChanges
-	for _, id := range ids {
-		if typ, ok := isControlID(id); ok {
+	for _, ch := range changed {
+		if typ, ok := isControlID(ch.ID); ok {
 			fc.Controls = append(fc.Controls, typ)
-		} else if strings.HasPrefix(id, workerIDPrefix) {
+		} else if strings.HasPrefix(ch.ID, workerIDPrefix) {
 			fc.Joined++
 		} else {
 			fc.Jobs++
+			if typ, cand, ok := fedCandidate(ch, c.now()); ok {
+				if fc.Due == nil {
+					fc.Due = map[string][]DueCandidate{}
+				}
+				fc.Due[typ] = append(fc.Due[typ], cand)
+			}
 		}
 	}
 	return fc, last, err
 }
 
+// change is one row of a changes feed: the document's id, and the document
+// when the feed included it.
+type change struct {
+	ID  string          `json:"id"`
+	Doc json.RawMessage `json:"doc"`
+}
+
+// fedCandidate is a claimable job the feed included, as the due view would
+// list it at now: its type and its priority as the view keys it (a
+// malformed one at PriorityHighest, so that FetchCandidates finds it
+// malformed at once). A row without a document, whose document names no
+// type, or which is due later, is none.
+func fedCandidate(ch change, now time.Time) (typ string, cand DueCandidate, ok bool) {
+	if len(ch.Doc) == 0 || string(ch.Doc) == "null" {
+		return "", DueCandidate{}, false
+	}
+	var head struct {
+		Worker   string          `json:"worker"`
+		Priority json.RawMessage `json:"priority"`
+		Date     json.RawMessage `json:"date"`
+	}
+	if json.Unmarshal(ch.Doc, &head) != nil || head.Worker == "" {
+		return "", DueCandidate{}, false
+	}
+	var date float64
+	if json.Unmarshal(head.Date, &date) == nil && date > ToUnix(now) {
+		return "", DueCandidate{}, false // scheduled: the view tells when
+	}
+	cand = DueCandidate{ID: ch.ID, Priority: PriorityDefault, doc: string(ch.Doc)}
+	if len(head.Priority) > 0 && string(head.Priority) != "null" {
+		var p int
+		if json.Unmarshal(head.Priority, &p) != nil || p < PriorityHighest || p > PriorityLowest {
+			p = PriorityHighest
+		}
+		cand.Priority = p
+	}
+	return head.Worker, cand, true
+}
+
 // waitForChangesFilter follows the feed through the design document's work
 // filter (servers without _selector) and returns the changed ids.
-func (c *Client) waitForChangesFilter(ctx context.Context, since string, types []string, timeout time.Duration) ([]string, string, error) {
+func (c *Client) waitForChangesFilter(ctx context.Context, since string, types []string, timeout time.Duration, docs bool) ([]change, string, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+grace(timeout))
 	defer cancel()
 	params := map[string]any{
@@ -90,6 +143,9 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 	if len(types) > 0 {
 		params["types"] = strings.Join(types, ",")
 	}
+	if docs {
+		params["include_docs"] = true
+	}
 	if c.cfg.Site != "" {
 		params["site"] = c.cfg.Site
 		if st := c.siteView(); !st.multi || st.def == c.cfg.Site {
@@ -98,9 +154,13 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 	}
 	changes := c.db.Changes(reqCtx, kivik.Params(params))
 	defer changes.Close()
-	var ids []string
+	var changed []change
 	for changes.Next() {
-		ids = append(ids, changes.ID())
+		ch := change{ID: changes.ID()}
+		if docs {
+			_ = changes.ScanDoc(&ch.Doc) // none: a wake-up without a document
+		}
+		changed = append(changed, ch)
 	}
 	if err := changes.Err(); err != nil {
 		if ctx.Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
@@ -112,7 +172,7 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 	if meta, err := changes.Metadata(); err == nil && meta.LastSeq != "" {
 		last = meta.LastSeq
 	}
-	return ids, last, nil
+	return changed, last, nil
 }
 
 // UpdateSeq is the database's current update sequence: where a changes

@@ -212,10 +212,11 @@ func (c *Client) FetchCandidates(ctx context.Context, cands []DueCandidate) (*Ba
 }
 
 // dueAt reports whether the due_priority view lists the job at now: not
-// claimed, not running or finished, and its date come.
+// claimed, not waiting for other jobs, not running or finished, and its
+// date come.
 func (w *WorkItem) dueAt(now time.Time) bool {
 	switch w.Status {
-	case StatusRunning, StatusDone, StatusFailed, StatusCancelled:
+	case StatusWaiting, StatusRunning, StatusDone, StatusFailed, StatusCancelled:
 		return false
 	}
 	return !w.Claimed && w.Date <= ToUnix(now)

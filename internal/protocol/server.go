@@ -100,7 +100,7 @@ func (s *Server) Open(ctx context.Context, dbName string, cfg Config) (*Client, 
 }
 
 // waitForChangesSelector is WaitForChanges with a native _selector filter.
-func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration) ([]string, string, error) {
+func (c *Client) waitForChangesSelector(ctx context.Context, since string, types []string, timeout time.Duration, docs bool) ([]change, string, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, timeout+grace(timeout))
 	defer cancel()
 	control := map[string]any{"type": ControlDocType}
@@ -122,9 +122,12 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 		"timeout": {strconv.FormatInt(timeout.Milliseconds(), 10)},
 		"filter":  {"_selector"},
 	}
+	if docs {
+		q.Set("include_docs", "true")
+	}
 	var resp struct {
-		Results []json.RawMessage `json:"results"`
-		LastSeq json.RawMessage   `json:"last_seq"`
+		Results []change        `json:"results"`
+		LastSeq json.RawMessage `json:"last_seq"`
 	}
 	body, err := json.Marshal(map[string]any{"selector": selector})
 	if err != nil {
@@ -151,15 +154,7 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 	case len(resp.LastSeq) > 0 && string(resp.LastSeq) != "null":
 		last = string(resp.LastSeq) // CouchDB 1.x numbers
 	}
-	ids := make([]string, 0, len(resp.Results))
-	for _, r := range resp.Results {
-		var ch struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(r, &ch)
-		ids = append(ids, ch.ID)
-	}
-	return ids, last, nil
+	return resp.Results, last, nil
 }
 
 // claimableSelector matches what the work filter (designdocs/couchq/
