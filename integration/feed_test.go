@@ -274,8 +274,7 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 // laggingCopy answers the first query for due jobs after it is armed with
 // the answer to the one before: as a cluster answers a view query from a
 // copy that does not hold the newest jobs yet. Its feed carries no
-// documents (as a busy worker's), so that the worker looks for the job in
-// the view.
+// documents (withoutFeedDocs).
 type laggingCopy struct {
 	next     http.RoundTripper
 	mu       sync.Mutex
@@ -285,12 +284,7 @@ type laggingCopy struct {
 }
 
 func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
-	if strings.HasSuffix(r.URL.Path, "/_changes") {
-		r = r.Clone(r.Context())
-		q := r.URL.Query()
-		q.Del("include_docs")
-		r.URL.RawQuery = q.Encode()
-	}
+	r = withoutFeedDocs(r)
 	r, query, err := readDueQuery(r)
 	if err != nil || query != dueNow {
 		return l.next.RoundTrip(r)
@@ -358,9 +352,22 @@ func TestClusterFeedWakeUpSurvivesALaggingCopy(t *testing.T) {
 	}
 }
 
+// withoutFeedDocs asks the changes feed for no documents (as a busy
+// worker's feed), so that the worker looks for a new job in the due view.
+func withoutFeedDocs(r *http.Request) *http.Request {
+	if !strings.HasSuffix(r.URL.Path, "/_changes") {
+		return r
+	}
+	r = r.Clone(r.Context())
+	q := r.URL.Query()
+	q.Del("include_docs")
+	r.URL.RawQuery = q.Encode()
+	return r
+}
+
 // hangingDue leaves the next query of a due view unanswered, until the
 // request is cancelled, once armed: as CouchDB 3.5.0 did with a node
-// stopped mid-query.
+// stopped mid-query. Its feed carries no documents (withoutFeedDocs).
 type hangingDue struct {
 	next http.RoundTripper
 	arm  atomic.Bool
@@ -368,6 +375,7 @@ type hangingDue struct {
 }
 
 func (h *hangingDue) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = withoutFeedDocs(r)
 	if strings.Contains(r.URL.Path, "/_view/due") && h.arm.CompareAndSwap(true, false) {
 		h.hung.Add(1)
 		<-r.Context().Done()
