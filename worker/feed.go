@@ -19,7 +19,7 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 	for ctx.Err() == nil && !w.stopping() {
 		// An idle runner claims the jobs the feed brings from the
 		// documents it includes, without a due-view read first (see
-		// runner.fed); a busy one finds them in the view anyway, and the
+		// runner.offer and fetch); a busy one finds them in the view anyway, and the
 		// server would read each document for nothing.
 		docs := w.anyIdle()
 		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), w.cfg.FeedTimeout, docs)
