@@ -3,9 +3,11 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,22 +273,35 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 	}
 }
 
-// laggingCopy answers the first query for due jobs after it is armed with
+// laggingCopy answers the first query it matches after it is armed with
 // the answer to the one before: as a cluster answers a view query from a
-// copy that does not hold the newest jobs yet. Its feed carries no
-// documents (withoutFeedDocs).
+// copy that does not hold the newest jobs yet. It matches queries for due
+// jobs unless given match; its feed then carries no documents
+// (withoutFeedDocs).
 type laggingCopy struct {
-	next     http.RoundTripper
+	next http.RoundTripper
+	// match reports whether r is a query the copy lags on, and the request
+	// to send.
+	match    func(r *http.Request) (*http.Request, bool)
 	mu       sync.Mutex
-	last     []byte // the last answer to a query for due jobs
+	last     []byte // the last answer to a matching query
 	arm      atomic.Bool
 	replayed atomic.Int64
 }
 
+// dueNowQuery matches the queries for jobs due now.
+func dueNowQuery(r *http.Request) (*http.Request, bool) {
+	r, query, err := readDueQuery(withoutFeedDocs(r))
+	return r, err == nil && query == dueNow
+}
+
 func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = withoutFeedDocs(r)
-	r, query, err := readDueQuery(r)
-	if err != nil || query != dueNow {
+	match := l.match
+	if match == nil {
+		match = dueNowQuery
+	}
+	r, ok := match(r)
+	if !ok {
 		return l.next.RoundTrip(r)
 	}
 	l.mu.Lock()
@@ -519,5 +534,62 @@ func checkIdleClaimsFromFeed(t *testing.T, ctx context.Context, enqueue, work *p
 	time.Sleep(300 * time.Millisecond) // a round after the last job would read the view now
 	if after := w.Stats().Queries; after != before {
 		t.Errorf("the idle worker read the due view %d times for 3 jobs the feed brought, want none", after-before)
+	}
+}
+
+// A change a long poll of the changes feed slept through is found a moment
+// later, not a feed timeout (a minute by default) later. CouchDB starts a
+// long poll's update listener beside its first read of the changes, so a
+// change written between the two wakes nobody: a worker missed a peer's
+// registration that way, one start in five. The transport here plays the
+// server's part: the poll sleeps to its timeout and reports nothing.
+func TestFeedFindsAChangeThePollSleptThrough(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var asleep atomic.Int64
+	c := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			q := r.URL.Query()
+			if !strings.HasSuffix(r.URL.Path, "/_changes") || q.Get("feed") != "longpoll" {
+				return next.RoundTrip(r)
+			}
+			asleep.Add(1)
+			timeout, _ := strconv.Atoi(q.Get("timeout"))
+			select {
+			case <-time.After(time.Duration(timeout) * time.Millisecond):
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			body := fmt.Sprintf(`{"results":[],"last_seq":%q,"pending":0}`, q.Get("since"))
+			return &http.Response{
+				StatusCode: http.StatusOK, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: http.Header{"Content-Type": {"application/json"}},
+				Body:   io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r,
+			}, nil
+		})
+	})
+	since, err := c.UpdateSeq(tb.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(tb.ctx, protocol.NewJob{Worker: "slept"}); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 5 * time.Second
+	for _, docs := range []bool{false, true} {
+		began := time.Now()
+		fc, _, err := c.WaitForWork(tb.ctx, since, []string{"slept"}, timeout, docs)
+		took := time.Since(began)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fc.Jobs != 1 || took > timeout/2 {
+			t.Fatalf("with documents %v the feed reported %d jobs after %s, want the job well before the poll's timeout (%s)", docs, fc.Jobs, took.Round(time.Millisecond), timeout)
+		}
+		if docs && len(fc.Due["slept"]) != 1 {
+			t.Fatalf("the look that found the job brought %d due jobs with their documents, want 1", len(fc.Due["slept"]))
+		}
+	}
+	if asleep.Load() != 2 {
+		t.Fatalf("%d polls went through the sleeping server, want 2: the test proved nothing", asleep.Load())
 	}
 }

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,7 +183,7 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 		return runWorker(t, cb.ctx, cb.clients[node-1], cfg)
 	}
 	workers := []*worker.Worker{start(1, "w1"), start(2, "w2")}
-	time.Sleep(time.Second) // w1 learns of w2 from the feed
+	time.Sleep(2 * time.Second) // w1 learns of w2 from the feed, and reads the registry again a second later
 	const jobs = 20
 	ids := enqueueSpaced(t, cb.ctx, func(i int) *protocol.Client { return cb.clients[i%2] }, "share", jobs, 50*time.Millisecond)
 	waitAllDone(t, cb.clients[0], ids, time.Minute)
@@ -208,6 +210,82 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	if twice := rc.twice(); len(twice) > 0 {
 		t.Fatalf("jobs run more than once: %v", twice)
 	}
+}
+
+// A worker whose read of the registry after a peer joined came from a
+// copy without the newcomer (on a cluster the registry is listed from
+// whichever copy answers first) reads it again: it does not go on taking
+// the newcomer's jobs. Before, it did until its next heartbeat, winning
+// the races and so never losing a claim that would make it look: a cluster
+// run lost 4 claims of 20, every job run by the first worker.
+func TestPeersLearnOfANewcomerTheRegistryReadMissed(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var lag *laggingCopy
+	first := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		lag = &laggingCopy{next: next, match: registryListing}
+		return lag
+	})
+	checkNewcomerTheRegistryReadMissed(t, tb.ctx, first, tb.client, lag, func(h map[string]worker.Handler) worker.Config {
+		return fastWorker(tb, h)
+	})
+}
+
+func TestClusterPeersLearnOfANewcomerTheRegistryReadMissed(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	var lag *laggingCopy
+	first := cb.openThrough(t, 1, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		lag = &laggingCopy{next: next, match: registryListing}
+		return lag
+	})
+	checkNewcomerTheRegistryReadMissed(t, cb.ctx, first, cb.clients[1], lag, func(h map[string]worker.Handler) worker.Config {
+		return clusterWorker(cb.log, h)
+	})
+}
+
+func checkNewcomerTheRegistryReadMissed(t *testing.T, ctx context.Context, first, second *protocol.Client, lag *laggingCopy, base func(map[string]worker.Handler) worker.Config) {
+	t.Helper()
+	var rc runCounter
+	start := func(c *protocol.Client, id string) *worker.Worker {
+		cfg := base(map[string]worker.Handler{"newcomer": rc.handler(id)})
+		cfg.ID = id
+		cfg.StealAfter = time.Minute // owners only: stealing has its own tests
+		// No heartbeat (which reads the registry too) during the test.
+		cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Minute, time.Minute
+		return runWorker(t, ctx, c, cfg)
+	}
+	workers := []*worker.Worker{start(first, "w1")}
+	lag.arm.Store(true)
+	workers = append(workers, start(second, "w2"))
+	time.Sleep(2 * time.Second) // w1 reads the registry when the feed reports w2, and again a second later
+	if lag.replayed.Load() != 1 {
+		t.Fatalf("%d registry reads were answered from the lagging copy, want 1: the test proved nothing", lag.replayed.Load())
+	}
+	const jobs = 20
+	ids := enqueueSpaced(t, ctx, func(int) *protocol.Client { return second }, "newcomer", jobs, 30*time.Millisecond)
+	waitAllDone(t, second, ids, time.Minute)
+	var lost int64
+	for _, w := range workers {
+		lost += w.Stats().Conflicts + w.Stats().Conceded
+	}
+	ran := map[string]int{}
+	rc.mu.Lock()
+	for _, by := range rc.runs {
+		for _, w := range by {
+			ran[w]++
+		}
+	}
+	rc.mu.Unlock()
+	if lost > jobs/10 || ran["w1"] == 0 || ran["w2"] == 0 {
+		t.Errorf("%d claims of %d jobs lost or conceded, runs %v: w1 still takes the newcomer's jobs", lost, jobs, ran)
+	}
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Fatalf("jobs run more than once: %v", twice)
+	}
+}
+
+// registryListing matches the listings of the worker registry.
+func registryListing(r *http.Request) (*http.Request, bool) {
+	return r, strings.HasSuffix(r.URL.Path, "/_all_docs") && r.URL.Query().Get("startkey") == `"worker:"`
 }
 
 // enqueueSpaced enqueues n jobs of type typ one at a time, the i-th

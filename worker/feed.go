@@ -62,6 +62,16 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		}
 		if fc.Joined > 0 {
 			w.refreshPeers(ctx) // share the jobs with the newcomer from now on
+			// On a cluster the registry is listed from whichever copy of
+			// each shard range answers first, which may not hold the
+			// newcomer yet: read it again. Until then this worker would
+			// take the newcomer's jobs, and while it wins those races it
+			// has no lost claim to make it look.
+			time.AfterFunc(peerRelook, func() {
+				if ctx.Err() == nil && !w.stopping() {
+					w.refreshPeers(ctx)
+				}
+			})
 		}
 		fed := 0
 		for _, r := range w.runners {
@@ -78,6 +88,10 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		}
 	}
 }
+
+// peerRelook is how long after the feed reported a worker joining the
+// registry is read again.
+const peerRelook = time.Second
 
 // How long after the feed reported work on a cluster the runners look for
 // it again (relook).

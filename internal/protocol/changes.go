@@ -15,8 +15,12 @@ import (
 
 // grace is how long past the server-side timeout the client waits for a
 // long-poll to end by itself. Some servers (PouchDB Server) ignore the
-// timeout parameter; the client deadline ends the request there.
+// timeout parameter; the client deadline ends the request there. A read
+// that does not wait (timeout 0) gets the most: its answer is all it is.
 func grace(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return 5 * time.Second
+	}
 	return min(5*time.Second, timeout/4+100*time.Millisecond)
 }
 
@@ -63,14 +67,7 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 		}
 		since = seq
 	}
-	var changed []change
-	var err error
-	last := since
-	if c.couch != nil {
-		changed, last, err = c.waitForChangesSelector(ctx, since, types, timeout, docs)
-	} else {
-		changed, last, err = c.waitForChangesFilter(ctx, since, types, timeout, docs)
-	}
+	changed, last, err := c.pollChanges(ctx, since, types, timeout, docs)
 	var fc FeedChanges
 	for _, ch := range changed {
 		if typ, ok := isControlID(ch.ID); ok {
@@ -88,6 +85,57 @@ func (c *Client) WaitForWork(ctx context.Context, since string, types []string, 
 		}
 	}
 	return fc, last, err
+}
+
+// feedRecheck is how long a long poll of the changes feed has waited when
+// pollChanges looks once more without waiting.
+const feedRecheck = 100 * time.Millisecond
+
+// pollChanges long-polls the changes feed from since, and closes a gap in
+// CouchDB's long poll: the server starts the poll's update listener beside
+// its first read of the changes (fabric_view_changes:go spawns
+// fabric_db_update_listener, which registers on every node by message), so
+// a change written after that read and before the listener is up wakes
+// nobody, and the poll sleeps to its timeout (a minute by default). Seen
+// when a worker registered as a peer's first poll began: the peer counted
+// itself alone until its next heartbeat. So once the poll has waited
+// feedRecheck, the changes since are read once without waiting (feed=normal,
+// which has no listener); any found end the poll. An idle worker pays one
+// more request per wait; a busy one's polls return at once.
+func (c *Client) pollChanges(ctx context.Context, since string, types []string, timeout time.Duration, docs bool) ([]change, string, error) {
+	read := c.waitForChangesFilter
+	if c.couch != nil {
+		read = c.waitForChangesSelector
+	}
+	if timeout <= feedRecheck {
+		return read(ctx, since, types, timeout, docs)
+	}
+	type answer struct {
+		changed []change
+		last    string
+		err     error
+	}
+	pollCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	polled := make(chan answer, 1)
+	go func() {
+		changed, last, err := read(pollCtx, since, types, timeout, docs)
+		polled <- answer{changed, last, err}
+	}()
+	recheck := time.NewTimer(feedRecheck)
+	defer recheck.Stop()
+	select {
+	case a := <-polled:
+		return a.changed, a.last, a.err
+	case <-recheck.C:
+	}
+	if changed, last, err := read(ctx, since, types, 0, docs); err == nil && len(changed) > 0 {
+		cancel()
+		<-polled
+		return changed, last, nil
+	}
+	a := <-polled
+	return a.changed, a.last, a.err
 }
 
 // change is one row of a changes feed: the document's id, and the document
@@ -139,6 +187,10 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 		"since":   since,
 		"timeout": timeout.Milliseconds(),
 		"filter":  designdocs.Name + "/work",
+	}
+	if timeout <= 0 { // a look that does not wait
+		params["feed"] = "normal"
+		delete(params, "timeout")
 	}
 	if len(types) > 0 {
 		params["types"] = strings.Join(types, ",")

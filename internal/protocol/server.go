@@ -122,6 +122,10 @@ func (c *Client) waitForChangesSelector(ctx context.Context, since string, types
 		"timeout": {strconv.FormatInt(timeout.Milliseconds(), 10)},
 		"filter":  {"_selector"},
 	}
+	if timeout <= 0 { // a look that does not wait
+		q.Set("feed", "normal")
+		q.Del("timeout")
+	}
 	if docs {
 		q.Set("include_docs", "true")
 	}
