@@ -187,18 +187,7 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	const jobs = 20
 	ids := enqueueSpaced(t, cb.ctx, func(i int) *protocol.Client { return cb.clients[i%2] }, "share", jobs, 50*time.Millisecond)
 	waitAllDone(t, cb.clients[0], ids, time.Minute)
-	var lost int64
-	for _, w := range workers {
-		lost += w.Stats().Conflicts + w.Stats().Conceded
-	}
-	ran := map[string]int{}
-	rc.mu.Lock()
-	for _, by := range rc.runs {
-		for _, w := range by {
-			ran[w]++
-		}
-	}
-	rc.mu.Unlock()
+	lost, ran := shared(workers, &rc)
 	// Racing for every job (StealAfter < 0), 9 of 20 were lost here (17
 	// of 20 on a single node).
 	if lost > jobs/10 {
@@ -295,24 +284,30 @@ func checkNewcomerTheRegistryReadMissed(t *testing.T, ctx context.Context, first
 	const jobs = 20
 	ids := enqueueSpaced(t, ctx, func(int) *protocol.Client { return second }, "newcomer", jobs, 30*time.Millisecond)
 	waitAllDone(t, second, ids, time.Minute)
-	var lost int64
-	for _, w := range workers {
-		lost += w.Stats().Conflicts + w.Stats().Conceded
-	}
-	ran := map[string]int{}
-	rc.mu.Lock()
-	for _, by := range rc.runs {
-		for _, w := range by {
-			ran[w]++
-		}
-	}
-	rc.mu.Unlock()
+	lost, ran := shared(workers, &rc)
 	if lost > jobs/10 || ran["w1"] == 0 || ran["w2"] == 0 {
 		t.Errorf("%d claims of %d jobs lost or conceded, runs %v: a worker that counts itself alone takes its peer's jobs", lost, jobs, ran)
 	}
 	if twice := rc.twice(); len(twice) > 0 {
 		t.Fatalf("jobs run more than once: %v", twice)
 	}
+}
+
+// shared is how many claims the workers lost or conceded, and how many
+// runs each worker made.
+func shared(workers []*worker.Worker, rc *runCounter) (lost int64, ran map[string]int) {
+	for _, w := range workers {
+		lost += w.Stats().Conflicts + w.Stats().Conceded
+	}
+	ran = map[string]int{}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, by := range rc.runs {
+		for _, w := range by {
+			ran[w]++
+		}
+	}
+	return lost, ran
 }
 
 // registryListing matches the listings of the worker registry.
