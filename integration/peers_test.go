@@ -190,9 +190,8 @@ func TestClusterPeersShareJobsWithoutRacing(t *testing.T) {
 	lost, ran := shared(workers, &rc)
 	// Racing for every job (StealAfter < 0), 9 of 20 were lost here (17
 	// of 20 on a single node). A worker that counted itself alone lost 4
-	// to 8. Loaded CI machines lost up to 3 with the work shared evenly,
-	// not yet explained: copies lagging by more than the relooks.
-	if lost > jobs/5 {
+	// to 8.
+	if lost > jobs/10 {
 		var how []string
 		for _, w := range workers {
 			st := w.Stats()
