@@ -62,16 +62,7 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		}
 		if fc.Joined > 0 {
 			w.refreshPeers(ctx) // share the jobs with the newcomer from now on
-			// On a cluster the registry is listed from whichever copy of
-			// each shard range answers first, which may not hold the
-			// newcomer yet: read it again. Until then this worker would
-			// take the newcomer's jobs, and while it wins those races it
-			// has no lost claim to make it look.
-			time.AfterFunc(peerRelook, func() {
-				if ctx.Err() == nil && !w.stopping() {
-					w.refreshPeers(ctx)
-				}
-			})
+			w.refreshPeersAgain(ctx)
 		}
 		fed := 0
 		for _, r := range w.runners {
@@ -89,9 +80,23 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 	}
 }
 
-// peerRelook is how long after the feed reported a worker joining the
-// registry is read again.
+// peerRelook is how long after a read of the registry that followed a
+// registration (a peer's, or the worker's own) it is read again.
 const peerRelook = time.Second
+
+// refreshPeersAgain reads the registry again peerRelook from now. On a
+// cluster the registry is listed from whichever copy of each shard range
+// answers first, which may not hold the newest registration yet. Until
+// the worker reads it again it may count itself alone, or miss a
+// newcomer, and take its peers' jobs; while it wins those races it has no
+// lost claim to make it look.
+func (w *Worker) refreshPeersAgain(ctx context.Context) {
+	time.AfterFunc(peerRelook, func() {
+		if ctx.Err() == nil && !w.stopping() {
+			w.refreshPeers(ctx)
+		}
+	})
+}
 
 // How long after the feed reported work on a cluster the runners look for
 // it again (relook).

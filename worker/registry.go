@@ -56,14 +56,7 @@ func (w *Worker) register(ctx context.Context) error {
 	w.peers.joined = time.Now()
 	w.peers.mu.Unlock()
 	w.refreshPeers(ctx)
-	// As after a peer joins (followChanges): on a cluster this read may
-	// come from a copy that does not hold a peer's registration yet, and
-	// a worker that counts itself alone takes its peers' jobs.
-	time.AfterFunc(peerRelook, func() {
-		if ctx.Err() == nil && !w.stopping() {
-			w.refreshPeers(ctx)
-		}
-	})
+	w.refreshPeersAgain(ctx) // the read may miss a peer already there
 	return nil
 }
 
