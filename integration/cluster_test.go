@@ -1094,6 +1094,16 @@ func TestClusterIdleWorkerClaimsWhatTheFeedBrings(t *testing.T) {
 	checkIdleClaimsFromFeed(t, cb.ctx, cb.clients[0], cb.clients[1], func(h map[string]worker.Handler) worker.Config { return clusterWorker(cb.log, h) })
 }
 
+// A copy that does not hold the claim yet reports the claimed job to the
+// worker's feed again, here through node 2
+// (TestFeedReportingAClaimedJobAgainStartsNoClaim).
+func TestClusterFeedReportingAClaimedJobAgainStartsNoClaim(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	checkClaimedJobReportedAgain(t, cb.ctx, func(wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
+		return cb.openThrough(t, 2, protocol.Config{}, wrap)
+	}, func(h map[string]worker.Handler) worker.Config { return clusterWorker(cb.log, h) })
+}
+
 // Workers on all three nodes run the same schedule: one job per tick, no
 // tick missed, each run once, though each tick's job is created through
 // several nodes at once.

@@ -274,15 +274,17 @@ func TestWakeUpDoesNotWaitForTheNextScheduledQuery(t *testing.T) {
 }
 
 // laggingCopy answers the first query it matches after it is armed with
-// the answer to the one before: as a cluster answers a view query from a
-// copy that does not hold the newest jobs yet. It matches queries for due
-// jobs unless given match; its feed then carries no documents
-// (withoutFeedDocs).
+// the answer to the one before (or the last that keep kept): as a cluster
+// answers a view query from a copy that does not hold the newest jobs yet.
+// It matches queries for due jobs unless given match; its feed then
+// carries no documents (withoutFeedDocs).
 type laggingCopy struct {
 	next http.RoundTripper
 	// match reports whether r is a query the copy lags on, and the request
 	// to send.
-	match    func(r *http.Request) (*http.Request, bool)
+	match func(r *http.Request) (*http.Request, bool)
+	// keep reports whether an answer is one to replay; nil keeps all.
+	keep     func(body []byte) bool
 	mu       sync.Mutex
 	last     []byte // the last answer to a matching query
 	arm      atomic.Bool
@@ -324,9 +326,11 @@ func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	l.last = body
-	l.mu.Unlock()
+	if l.keep == nil || l.keep(body) {
+		l.mu.Lock()
+		l.last = body
+		l.mu.Unlock()
+	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	return resp, nil
 }
@@ -591,5 +595,72 @@ func TestFeedFindsAChangeThePollSleptThrough(t *testing.T) {
 	}
 	if asleep.Load() != 2 {
 		t.Fatalf("%d polls went through the sleeping server, want 2: the test proved nothing", asleep.Load())
+	}
+}
+
+// A copy that does not hold a worker's claim yet can report the job to the
+// worker's feed again, due at the revision the claim was written over: on
+// a cluster a poll may be answered from another copy of the shard. The
+// worker must not claim it again. That claim could only lose (409), and it
+// counted as a race lost to a peer, which has the worker read the registry
+// again. The transport here replays the feed's answer that brought the job
+// once the job has run.
+func TestFeedReportingAClaimedJobAgainStartsNoClaim(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	checkClaimedJobReportedAgain(t, tb.ctx, func(wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client {
+		return clientThrough(t, tb, protocol.Config{}, wrap)
+	}, func(h map[string]worker.Handler) worker.Config { return fastWorker(tb, h) })
+}
+
+// checkClaimedJobReportedAgain runs one job through a worker whose client
+// (from open) replays the feed's answer that brought the job once it ran,
+// and checks that the worker made no second claim of it.
+func checkClaimedJobReportedAgain(t *testing.T, ctx context.Context, open func(wrap func(http.RoundTripper) http.RoundTripper) *protocol.Client, config func(map[string]worker.Handler) worker.Config) {
+	t.Helper()
+	var lag *laggingCopy
+	c := open(func(next http.RoundTripper) http.RoundTripper {
+		lag = &laggingCopy{
+			next: next,
+			match: func(r *http.Request) (*http.Request, bool) {
+				return r, strings.HasSuffix(r.URL.Path, "/_changes")
+			},
+			keep: func(body []byte) bool { return bytes.Contains(body, []byte(`"worker":"again"`)) },
+		}
+		return lag
+	})
+	ran := make(chan string, 4)
+	w := runWorker(t, ctx, c, config(map[string]worker.Handler{"again": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		ran <- job.ID
+		return nil
+	})}))
+	time.Sleep(500 * time.Millisecond) // idle, its feed bringing documents
+	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job did not run within 10 s")
+	}
+	lag.mu.Lock()
+	brought := lag.last
+	lag.mu.Unlock()
+	if !bytes.Contains(brought, []byte(`"doc":`)) {
+		t.Fatalf("the feed brought the job without its document: the test proved nothing (%s)", brought)
+	}
+	lag.arm.Store(true)
+	for deadline := time.Now().Add(5 * time.Second); lag.replayed.Load() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the feed was not read again within 5 s")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the round the replay woke
+	select {
+	case id := <-ran:
+		t.Fatalf("job %s ran twice", id)
+	default:
+	}
+	if st := w.Stats(); st.Claimed != 1 || st.Conflicts != 0 {
+		t.Errorf("after the feed reported the claimed job again: %d claims won, %d lost; want 1 and none", st.Claimed, st.Conflicts)
 	}
 }

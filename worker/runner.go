@@ -72,9 +72,10 @@ type runner struct {
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
 	// claimedAt holds the jobs this runner claimed in the last
-	// recentClaims, which a view read as it stands may still list as due;
-	// touched only by the runner's own loop.
-	claimedAt map[string]time.Time
+	// recentClaims, which a view read as it stands may still list as due,
+	// and a lagging copy (on a cluster) may still show due at the revision
+	// claimed over; touched only by the runner's own loop.
+	claimedAt map[string]recentClaim
 	// leftSince holds the jobs of peers this runner leaves to them (those
 	// its last round found among what a peer takes next, see ownFirst) and
 	// since when: a job left for StealAfter is its thief's too, for twice
@@ -106,6 +107,12 @@ type runner struct {
 // runner's claims (about one claim round, as each stale read has the
 // server index what it missed).
 const recentClaims = 2 * time.Second
+
+// recentClaim is one of a runner's claims of the last recentClaims.
+type recentClaim struct {
+	at   time.Time
+	from string // the revision the claim was written over
+}
 
 func (r *runner) nudge() {
 	select {
@@ -283,7 +290,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	news := r.news.Swap(false)
 	stale := r.behind.Load() && !news
 	now := time.Now()
-	maps.DeleteFunc(r.claimedAt, func(_ string, at time.Time) bool { return now.Sub(at) > recentClaims })
+	maps.DeleteFunc(r.claimedAt, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
 	var cands []protocol.DueCandidate
 	var listed, k int
 	fromFeed := false
@@ -388,10 +395,18 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if len(batch.Malformed) > 0 {
 		repaired = r.quarantine(ctx, batch.Malformed)
 	}
-	// Claimed, finished or malformed since the query: the next round
-	// looks again.
-	more = listed == k || n < claimable || len(batch.Items) < n
-	items := batch.Items
+	// A job this runner claimed, read from a copy that does not hold the
+	// claim yet (the feed's, on a cluster, reported it again as due):
+	// claiming it again could only lose, and would count as a race lost
+	// to a peer.
+	read := len(batch.Items)
+	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool {
+		c, ok := r.claimedAt[it.ID]
+		return ok && c.from == it.Rev
+	})
+	// Claimed by others, finished or malformed since the query: the next
+	// round looks again.
+	more = listed == k || n < claimable || read < n
 	if len(items) == 0 {
 		// Look again only if something changed; an unrepairable document
 		// must not make the runner spin.
@@ -429,6 +444,10 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	if limited {
 		deadline = r.tokenWindow.Add(rl.Per)
 	}
+	from := make(map[string]string, n)
+	for _, it := range items[:n] {
+		from[it.ID] = it.Rev
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	results, ok := r.w.client.ClaimManyBefore(cctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, deadline)
 	cancel()
@@ -439,7 +458,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return true, upTo, nil
 	}
 	conflicts := r.tallyClaims(results, func(item *protocol.WorkItem) {
-		r.claimedAt[item.ID] = now
+		r.claimedAt[item.ID] = recentClaim{at: now, from: from[item.ID]}
 		var slot *protocol.RunSlot
 		if len(runSlots) > 0 {
 			slot, runSlots = runSlots[0], runSlots[1:]

@@ -119,7 +119,7 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 			finishing:    make(chan struct{}, cfg.Concurrency),
 			wake:         make(chan struct{}, 1),
 			unrepairable: map[string]struct{}{},
-			claimedAt:    map[string]time.Time{},
+			claimedAt:    map[string]recentClaim{},
 		})
 	}
 	return w, nil
