@@ -152,3 +152,9 @@ func TestClusterDependentsOfParentsFinishingThroughDifferentNodes(t *testing.T) 
 	}
 	waitAllDone(t, cb.clients[0], last, 2*time.Minute)
 }
+
+// TestDependentOfAFinishingJobIsReleasedByItsEnqueue on the cluster.
+func TestClusterDependentOfAFinishingJobIsReleasedByItsEnqueue(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	checkDependentOfAFinishingJob(t, cb.ctx, cb.clients[0])
+}

@@ -519,3 +519,49 @@ func TestWorkerClaimsTheDependentsItReleases(t *testing.T) {
 		t.Fatalf("the dependent due in an hour: %+v (%v)", it, err)
 	}
 }
+
+// A job enqueued to wait for a running one whose handler has returned can
+// slip between the two sides that release it: the finishing worker looked
+// for dependents before the job was written, and the enqueue read the
+// dependency before its outcome was. The enqueue checks such a job again
+// a moment later. Here the dependency's outcome is written after the
+// enqueue, with no release and no sweeper: the enqueue's second check
+// alone must release the job, well before any sweep.
+func TestDependentOfAFinishingJobIsReleasedByItsEnqueue(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	checkDependentOfAFinishingJob(t, tb.ctx, tb.client)
+}
+
+func checkDependentOfAFinishingJob(t *testing.T, ctx context.Context, c *protocol.Client) {
+	t.Helper()
+	parent, err := c.Enqueue(ctx, protocol.NewJob{Worker: "finishing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := c.Claim(ctx, parent, "test/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := c.Enqueue(ctx, protocol.NewJob{Worker: "after", After: []string{parent.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child.Status != protocol.StatusWaiting {
+		t.Fatalf("the dependent of a running job was enqueued %s, want waiting", child.Status)
+	}
+	if err := c.Complete(ctx, claimed, nil); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		it, err := c.Get(ctx, child.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.Status == protocol.StatusQueued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dependent still reads %s 3 s after its dependency finished, with no worker or sweeper to release it", it.Status)
+		}
+	}
+}

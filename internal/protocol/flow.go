@@ -226,6 +226,15 @@ func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []
 // finished between the enqueue's check and its write, and its worker
 // then found no dependent to release. A failure is logged; the sweeper
 // checks again.
+//
+// A dependency still running may be one whose handler has returned: its
+// worker looks for the jobs waiting for it while it writes the outcome
+// (LookForDependents), and that look may have come before this job was
+// written. Neither side would release the job then, and it waited for a
+// sweep (seconds; 5.6 to 12.8 s in the bench's workflows section). So a
+// job left waiting for a running one is checked again at each of
+// settleChecks (an outcome write takes some 10-100 ms). A dependency whose handler returns after this job was
+// written finds it anyway.
 func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	var ids []string
 	for _, it := range items {
@@ -239,7 +248,11 @@ func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	if slices.ContainsFunc(items, func(it *WorkItem) bool { return it != nil && len(it.After) > 0 }) {
 		c.flow.seen.Store(time.Now().UnixNano())
 	}
-	if _, err := c.releaseReady(ctx, ids, c.cfg.Actor); err != nil {
+	_, _, onRunning, err := c.releaseRead(ctx, slices.Clone(ids), nil, c.cfg.Actor)
+	if err == nil && onRunning {
+		c.settleAgain(ctx, ids)
+	}
+	if err != nil {
 		ev := c.log.Warn()
 		if isStatus(err, http.StatusForbidden) {
 			// A producer (couchq init --producers) may enqueue but not
@@ -248,6 +261,39 @@ func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 		}
 		ev.Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting; the sweeper will")
 	}
+}
+
+// settleChecks are when settleEnqueued checks again, from the enqueue,
+// jobs it left waiting for a running dependency; settleTimeout bounds
+// each check.
+const settleTimeout = 10 * time.Second
+
+func settleChecks() []time.Duration {
+	return []time.Duration{100 * time.Millisecond, time.Second}
+}
+
+// settleAgain checks the waiting jobs ids again at each of settleChecks,
+// on its own goroutine (the enqueue has returned by then), until none
+// waits for a running job.
+func (c *Client) settleAgain(ctx context.Context, ids []string) {
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		waited := time.Duration(0)
+		for _, at := range settleChecks() {
+			time.Sleep(at - waited)
+			waited = at
+			rctx, cancel := context.WithTimeout(ctx, settleTimeout)
+			_, _, onRunning, err := c.releaseRead(rctx, slices.Clone(ids), nil, c.cfg.Actor)
+			cancel()
+			if err != nil {
+				c.log.Debug().Err(err).Int("jobs", len(ids)).Msg("could not check the jobs just enqueued as waiting again; the sweeper will")
+				return
+			}
+			if !onRunning {
+				return
+			}
+		}
+	}()
 }
 
 // jobState is what a release needs of a job: whether it exists and, if
@@ -371,7 +417,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 			c.flow.seen.Store(time.Now().UnixNano())
 		}
 		if len(ids) == 0 && look.docs != nil {
-			_, released, err := c.releaseRead(ctx, look.deps, look.docs, by)
+			_, released, _, err := c.releaseRead(ctx, look.deps, look.docs, by)
 			return released, err
 		}
 		ids = append(ids, look.deps...)
@@ -384,7 +430,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 			c.flow.seen.Store(time.Now().UnixNano())
 		}
 		if len(ids) == 0 && docs != nil {
-			_, released, err := c.releaseRead(ctx, deps, docs, by)
+			_, released, _, err := c.releaseRead(ctx, deps, docs, by)
 			return released, err
 		}
 		ids = append(ids, deps...)
@@ -392,7 +438,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	_, released, err := c.releaseRead(ctx, ids, nil, by)
+	_, released, _, err := c.releaseRead(ctx, ids, nil, by)
 	return released, err
 }
 
@@ -611,24 +657,26 @@ const releaseRounds = 5
 // policy), over the revision it read. A job another writer changed in
 // between (409) is read and checked again. It returns how many it wrote.
 func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int, error) {
-	n, _, err := c.releaseRead(ctx, ids, nil, by)
+	n, _, _, err := c.releaseRead(ctx, ids, nil, by)
 	return n, err
 }
 
 // releaseRead is releaseReady with the jobs of ids already read (read,
 // for its first round; nil reads them). It also returns the jobs it
-// released to the queue, as stored.
-func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (written int, released []*WorkItem, err error) {
+// released to the queue, as stored, and whether a job it left waiting
+// waits for a running one.
+func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (written int, released []*WorkItem, onRunning bool, err error) {
 	for range releaseRounds {
+		onRunning = false
 		if len(ids) == 0 {
-			return written, released, nil
+			return written, released, onRunning, nil
 		}
 		jobs := read
 		read = nil
 		if jobs == nil {
 			var err error
 			if jobs, err = c.readJobs(ctx, ids, true); err != nil {
-				return written, released, fmt.Errorf("releasing waiting jobs: %w", err)
+				return written, released, onRunning, fmt.Errorf("releasing waiting jobs: %w", err)
 			}
 		}
 		var waiting []*WorkItem
@@ -646,15 +694,15 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			}
 		}
 		if len(waiting) == 0 {
-			return written, released, nil
+			return written, released, onRunning, nil
 		}
 		states, err := c.readJobs(ctx, deps, true)
 		if err != nil {
-			return written, released, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
+			return written, released, onRunning, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
 		}
 		for b := range batches {
 			if batches[b], err = c.batchCounts(ctx, b); err != nil {
-				return written, released, err
+				return written, released, onRunning, err
 			}
 		}
 		var docs []any
@@ -663,10 +711,15 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			if n := c.decide(ctx, it, states, batches[it.CallbackOf], by); n != nil {
 				docs = append(docs, n)
 				next = append(next, n)
+			} else if slices.ContainsFunc(it.After, func(d string) bool {
+				st := states[d].item
+				return st != nil && st.Status == StatusRunning
+			}) {
+				onRunning = true
 			}
 		}
 		if len(docs) == 0 {
-			return written, released, nil
+			return written, released, onRunning, nil
 		}
 		wctx, _ := c.traced(ctx)
 		bulk, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
@@ -687,11 +740,11 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			case isStatus(r.Error, http.StatusConflict):
 				ids = append(ids, r.ID) // someone else wrote: read and check again
 			default:
-				return written, released, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
+				return written, released, onRunning, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
 			}
 		}
 	}
-	return written, released, nil
+	return written, released, onRunning, nil
 }
 
 // decide returns the next state of waiting job it, or nil while it must
