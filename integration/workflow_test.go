@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -563,5 +566,71 @@ func checkDependentOfAFinishingJob(t *testing.T, ctx context.Context, c *protoco
 		if time.Now().After(deadline) {
 			t.Fatalf("the dependent still reads %s 3 s after its dependency finished, with no worker or sweeper to release it", it.Status)
 		}
+	}
+}
+
+// A worker that releases a dependent claims it at once (claimReleased),
+// while its feed reports the same job as due: the worker must not claim
+// it a second time from the feed. That claim lost a certain race (409),
+// which also made the worker leave its next releases to a claim round.
+// The transport holds the feed's report of the released job until the
+// release's claim is on its way, and that claim for a moment, so that a
+// claim from the feed would meet it.
+func TestReleasedJobIsNotClaimedTwiceByItsWorker(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "first"})
+	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "then", After: []string{parent.ID}})
+	var held atomic.Int64
+	claiming := make(chan struct{})
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			switch {
+			case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+child.ID):
+				body, err := readRequestBody(r)
+				if err != nil {
+					return nil, err
+				}
+				if bytes.Contains(body, []byte(`"claimed":true`)) && held.Add(1) == 1 {
+					close(claiming)
+					time.Sleep(300 * time.Millisecond)
+				}
+			case strings.HasSuffix(r.URL.Path, "/_changes"):
+				resp, err := next.RoundTrip(r)
+				if err != nil || resp.StatusCode != http.StatusOK {
+					return resp, err
+				}
+				body, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if err != nil {
+					return nil, err
+				}
+				if bytes.Contains(body, []byte(child.ID)) {
+					select { // the job was released: report it once its claim is on its way
+					case <-claiming:
+					case <-time.After(2 * time.Second):
+					}
+				}
+				resp.Body = io.NopCloser(bytes.NewReader(body))
+				return resp, nil
+			}
+			return next.RoundTrip(r)
+		})
+	})
+	ran := make(chan string, 4)
+	record := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		ran <- job.ID
+		return nil
+	})
+	w := runWorker(t, tb.ctx, client, fastWorker(tb, map[string]worker.Handler{"first": record, "then": record}))
+	waitStatus(t, tb, child.ID, protocol.StatusDone, 15*time.Second)
+	time.Sleep(300 * time.Millisecond) // a claim from the feed would be answered by now
+	if held.Load() == 0 {
+		t.Fatal("no claim of the dependent was held: the test proved nothing")
+	}
+	if len(ran) != 2 {
+		t.Errorf("%d handler runs, want 2 (the job and its dependent)", len(ran))
+	}
+	if st := w.Stats(); st.Claimed != 2 || st.Conflicts != 0 {
+		t.Errorf("%d claims won and %d lost, want 2 and none: the released job was claimed twice", st.Claimed, st.Conflicts)
 	}
 }

@@ -76,6 +76,14 @@ type runner struct {
 	// and a lagging copy (on a cluster) may still show due at the revision
 	// claimed over; touched only by the runner's own loop.
 	claimedAt map[string]recentClaim
+	// releasedMu guards claimingReleased: the jobs this worker released
+	// and claimReleased claims (from a finishing job's goroutine), with the
+	// revision the release stored, for recentClaims. The feed reports them
+	// as due meanwhile, and a round that claimed them too lost a certain
+	// race (409), which also kept the runner's next releases from being
+	// claimed at once (they wait for a round when it seems behind).
+	releasedMu       sync.Mutex
+	claimingReleased map[string]recentClaim
 	// leftSince holds the jobs of peers this runner leaves to them (those
 	// its last round found among what a peer takes next, see ownFirst) and
 	// since when: a job left for StealAfter is its thief's too, for twice
@@ -396,14 +404,21 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		repaired = r.quarantine(ctx, batch.Malformed)
 	}
 	// A job this runner claimed, read from a copy that does not hold the
-	// claim yet (the feed's, on a cluster, reported it again as due):
+	// claim yet (the feed's, on a cluster, reported it again as due), or
+	// one it released and claims on another goroutine (claimReleased):
 	// claiming it again could only lose, and would count as a race lost
 	// to a peer.
 	read := len(batch.Items)
+	r.releasedMu.Lock()
+	maps.DeleteFunc(r.claimingReleased, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
 	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool {
 		c, ok := r.claimedAt[it.ID]
+		if !ok {
+			c, ok = r.claimingReleased[it.ID]
+		}
 		return ok && c.from == it.Rev
 	})
+	r.releasedMu.Unlock()
 	// Claimed by others, finished or malformed since the query: the next
 	// round looks again.
 	more = listed == k || n < claimable || read < n
@@ -1318,6 +1333,12 @@ take:
 	if n == 0 {
 		return
 	}
+	now := time.Now()
+	r.releasedMu.Lock()
+	for _, it := range items[:n] {
+		r.claimingReleased[it.ID] = recentClaim{at: now, from: it.Rev}
+	}
+	r.releasedMu.Unlock()
 	results, _ := r.w.client.ClaimManyBefore(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, time.Time{})
 	unused := n
 	r.tallyClaims(results, func(item *protocol.WorkItem) {
