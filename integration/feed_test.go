@@ -317,22 +317,32 @@ func (l *laggingCopy) RoundTrip(r *http.Request) (*http.Response, error) {
 			Body:   io.NopCloser(bytes.NewReader(last)), ContentLength: int64(len(last)), Request: r,
 		}, nil
 	}
-	resp, err := l.next.RoundTrip(r)
-	if err != nil || resp.StatusCode != http.StatusOK {
+	resp, body, err := roundTripOK(l.next, r)
+	if err != nil || body == nil {
 		return resp, err
-	}
-	body, err := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if err != nil {
-		return nil, err
 	}
 	if l.keep == nil || l.keep(body) {
 		l.mu.Lock()
 		l.last = body
 		l.mu.Unlock()
 	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
 	return resp, nil
+}
+
+// roundTripOK sends r through next and returns the answer and, when it is
+// a 200, its body read whole (the answer's body can still be read).
+func roundTripOK(next http.RoundTripper, r *http.Request) (*http.Response, []byte, error) {
+	resp, err := next.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return resp, nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, body, nil
 }
 
 // On a cluster the feed can report a job before the copy a due query reads

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -595,23 +594,14 @@ func TestReleasedJobIsNotClaimedTwiceByItsWorker(t *testing.T) {
 					time.Sleep(300 * time.Millisecond)
 				}
 			case strings.HasSuffix(r.URL.Path, "/_changes"):
-				resp, err := next.RoundTrip(r)
-				if err != nil || resp.StatusCode != http.StatusOK {
-					return resp, err
-				}
-				body, err := io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				if err != nil {
-					return nil, err
-				}
-				if bytes.Contains(body, []byte(child.ID)) {
+				resp, body, err := roundTripOK(next, r)
+				if err == nil && bytes.Contains(body, []byte(child.ID)) {
 					select { // the job was released: report it once its claim is on its way
 					case <-claiming:
 					case <-time.After(2 * time.Second):
 					}
 				}
-				resp.Body = io.NopCloser(bytes.NewReader(body))
-				return resp, nil
+				return resp, err
 			}
 			return next.RoundTrip(r)
 		})
