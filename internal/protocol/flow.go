@@ -232,9 +232,9 @@ func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []
 // (LookForDependents), and that look may have come before this job was
 // written. Neither side would release the job then, and it waited for a
 // sweep (seconds; 5.6 to 12.8 s in the bench's workflows section). So a
-// job left waiting for a running one is checked again at each of
-// settleChecks (an outcome write takes some 10-100 ms). A dependency whose handler returns after this job was
-// written finds it anyway.
+// job left waiting for a running one is checked again (settleAgain). A
+// dependency whose handler returns after this job was written finds it
+// anyway.
 func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	var ids []string
 	for _, it := range items {
@@ -263,11 +263,12 @@ func (c *Client) settleEnqueued(ctx context.Context, items []*WorkItem) {
 	}
 }
 
-// settleChecks are when settleEnqueued checks again, from the enqueue,
-// jobs it left waiting for a running dependency; settleTimeout bounds
-// each check.
+// settleTimeout bounds each of settleAgain's checks.
 const settleTimeout = 10 * time.Second
 
+// settleChecks are when settleAgain checks, from the enqueue, jobs left
+// waiting for a running dependency: an outcome write takes some 10 to 100
+// ms, and the second check covers a slow one.
 func settleChecks() []time.Duration {
 	return []time.Duration{100 * time.Millisecond, time.Second}
 }
