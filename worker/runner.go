@@ -72,18 +72,12 @@ type runner struct {
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
 	// claimedAt holds the jobs this runner claimed in the last
-	// recentClaims, which a view read as it stands may still list as due,
-	// and a lagging copy (on a cluster) may still show due at the revision
-	// claimed over; touched only by the runner's own loop.
+	// recentClaims (see noteClaim), which a view read as it stands may
+	// still list as due, and a lagging copy (on a cluster) or the feed may
+	// still show due at the revision claimed over. claimsMu guards it:
+	// claimReleased writes it from a finishing job's goroutine.
+	claimsMu  sync.Mutex
 	claimedAt map[string]recentClaim
-	// releasedMu guards claimingReleased: the jobs this worker released
-	// and claimReleased claims (from a finishing job's goroutine), with the
-	// revision the release stored, for recentClaims. The feed reports them
-	// as due meanwhile, and a round that claimed them too lost a certain
-	// race (409), which also kept the runner's next releases from being
-	// claimed at once (they wait for a round when it seems behind).
-	releasedMu       sync.Mutex
-	claimingReleased map[string]recentClaim
 	// leftSince holds the jobs of peers this runner leaves to them (those
 	// its last round found among what a peer takes next, see ownFirst) and
 	// since when: a job left for StealAfter is its thief's too, for twice
@@ -120,6 +114,35 @@ const recentClaims = 2 * time.Second
 type recentClaim struct {
 	at   time.Time
 	from string // the revision the claim was written over
+}
+
+// noteClaim records that the runner claimed id over revision from: a
+// round's claims once won, and the jobs claimReleased claims before they
+// are sent, since the feed reports those as due meanwhile and a round
+// that claimed them too lost a certain race (409), which also marked the
+// runner behind and so left its next releases to a claim round.
+func (r *runner) noteClaim(id, from string, at time.Time) {
+	r.claimsMu.Lock()
+	defer r.claimsMu.Unlock()
+	r.claimedAt[id] = recentClaim{at: at, from: from}
+}
+
+// claimedOver reports whether the runner claimed id in the last
+// recentClaims over revision rev, or over any revision when rev is "".
+func (r *runner) claimedOver(id, rev string) bool {
+	r.claimsMu.Lock()
+	defer r.claimsMu.Unlock()
+	c, ok := r.claimedAt[id]
+	return ok && (rev == "" || c.from == rev)
+}
+
+// forgetOldClaims forgets the claims older than recentClaims and returns
+// how many are left.
+func (r *runner) forgetOldClaims(now time.Time) int {
+	r.claimsMu.Lock()
+	defer r.claimsMu.Unlock()
+	maps.DeleteFunc(r.claimedAt, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
+	return len(r.claimedAt)
 }
 
 func (r *runner) nudge() {
@@ -298,7 +321,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	news := r.news.Swap(false)
 	stale := r.behind.Load() && !news
 	now := time.Now()
-	maps.DeleteFunc(r.claimedAt, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
+	recent := r.forgetOldClaims(now)
 	var cands []protocol.DueCandidate
 	var listed, k int
 	fromFeed := false
@@ -330,7 +353,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		k = want + len(r.unrepairable)
 		if stale {
 			// Its last round's claims may still be listed first.
-			k += min(len(r.claimedAt), 2*free)
+			k += min(recent, 2*free)
 		}
 		k = min(k, maxDueLimit)
 		r.w.stats.queries.Add(1)
@@ -348,8 +371,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.longList = listed == k
 		cands = slices.DeleteFunc(cands, func(c protocol.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
-			_, mine := r.claimedAt[c.ID]
-			return unrepairable || (stale && mine)
+			return unrepairable || (stale && r.claimedOver(c.ID, ""))
 		})
 		if !stale || len(cands) >= r.free() {
 			break
@@ -409,16 +431,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// claiming it again could only lose, and would count as a race lost
 	// to a peer.
 	read := len(batch.Items)
-	r.releasedMu.Lock()
-	maps.DeleteFunc(r.claimingReleased, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
-	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool {
-		c, ok := r.claimedAt[it.ID]
-		if !ok {
-			c, ok = r.claimingReleased[it.ID]
-		}
-		return ok && c.from == it.Rev
-	})
-	r.releasedMu.Unlock()
+	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool { return r.claimedOver(it.ID, it.Rev) })
 	// Claimed by others, finished or malformed since the query: the next
 	// round looks again.
 	more = listed == k || n < claimable || read < n
@@ -473,7 +486,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		return true, upTo, nil
 	}
 	conflicts := r.tallyClaims(results, func(item *protocol.WorkItem) {
-		r.claimedAt[item.ID] = recentClaim{at: now, from: from[item.ID]}
+		r.noteClaim(item.ID, from[item.ID], now)
 		var slot *protocol.RunSlot
 		if len(runSlots) > 0 {
 			slot, runSlots = runSlots[0], runSlots[1:]
@@ -1334,11 +1347,9 @@ take:
 		return
 	}
 	now := time.Now()
-	r.releasedMu.Lock()
 	for _, it := range items[:n] {
-		r.claimingReleased[it.ID] = recentClaim{at: now, from: it.Rev}
+		r.noteClaim(it.ID, it.Rev, now)
 	}
-	r.releasedMu.Unlock()
 	results, _ := r.w.client.ClaimManyBefore(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, time.Time{})
 	unused := n
 	r.tallyClaims(results, func(item *protocol.WorkItem) {

@@ -115,12 +115,11 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 	for _, typ := range types {
 		w.runners = append(w.runners, &runner{
 			w: w, typ: typ, handler: cfg.Handlers[typ],
-			slots:            make(chan struct{}, cfg.Concurrency),
-			finishing:        make(chan struct{}, cfg.Concurrency),
-			wake:             make(chan struct{}, 1),
-			unrepairable:     map[string]struct{}{},
-			claimedAt:        map[string]recentClaim{},
-			claimingReleased: map[string]recentClaim{},
+			slots:        make(chan struct{}, cfg.Concurrency),
+			finishing:    make(chan struct{}, cfg.Concurrency),
+			wake:         make(chan struct{}, 1),
+			unrepairable: map[string]struct{}{},
+			claimedAt:    map[string]recentClaim{},
 		})
 	}
 	return w, nil
