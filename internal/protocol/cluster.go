@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,7 +31,9 @@ import (
 //     CouchDB answers 201 for ("committed"). Each copy takes one child of a
 //     revision, and two majorities share a copy, so of the claims of one
 //     revision at most one is committed. A 202 ("accepted": fewer copies
-//     took it) claim never runs; a holder's write answered 202 means the
+//     took it) claim is sent again unchanged (claimAgain) and runs only if
+//     the copies that took the tries add up to a majority; a holder's
+//     write answered 202 means the
 //     claim is lost (a sweep or an operator reached the majority first).
 //   - after a committed claim, reads every leaf revision of the job from a
 //     majority of the copies (open_revs=all, r = majority; the union of
@@ -111,6 +115,14 @@ func (t *commitTrace) record(r *http.Response) {
 	var one result
 	_ = json.Unmarshal(body, &one)
 	t.accepted[one.ID+"\x00"+one.Rev] = true
+}
+
+// commit records that the write of id that produced rev reached a
+// majority of the copies after all (claimAgain).
+func (t *commitTrace) commit(id, rev string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.accepted, id+"\x00"+rev)
 }
 
 // uncommitted reports whether the write of id that produced rev reached
@@ -848,5 +860,99 @@ func settleRank(l *Leaf) int {
 		return 2
 	default:
 		return 1
+	}
+}
+
+// claimAgainWaits are the pauses before claimAgain sends a claim that
+// reached a minority of the copies once more.
+var claimAgainWaits = [...]time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 100 * time.Millisecond}
+
+// claimAgain sends again, unchanged, the claims of a write that reached
+// fewer than a majority of the copies (aligned[k] for items[index[k]],
+// whose claim is docs[k]), and turns into committed those that a majority
+// of the copies took between the tries.
+//
+// A claim read from the changes feed can reach the copies before the
+// job's own write has reached all of them: the feed reports a job as soon
+// as one copy stores it, and the others may still be taking it (each runs
+// validate_doc_update on its own). Those copies answer the claim with a
+// conflict, and CouchDB answers 202. No other claimant need be involved:
+// on an idle cluster about one claim in ten of jobs just enqueued was
+// answered so, conceded, and claimed again a round later.
+//
+// The same claim written over the same revision has the same revision id
+// on every copy (CouchDB derives it from the body and the parent), and a
+// copy answers it ok only while the parent is a leaf there, so the copies
+// that answer ok to each try are copies that had not taken it before:
+// their counts add up. A 202 counts one copy, a 201 a majority; once they
+// add up to a majority the claim is committed, as if the first try had
+// been answered 201. A 409 ends the tries: the copies hold another claim,
+// or this one already (through internal replication), which cannot be
+// told apart without reading, and the claim is conceded as before.
+func (c *Client) claimAgain(ctx context.Context, items []*WorkItem, index []int, docs []any, aligned []kivik.BulkResult, first *commitTrace) {
+	if c.n <= 1 {
+		return
+	}
+	held := make(map[int]int) // k -> copies known to hold the claim
+	for k, r := range aligned {
+		if r.Error == nil && first.uncommitted(r.ID, r.Rev) {
+			held[k] = 1
+		}
+	}
+	for _, wait := range claimAgainWaits {
+		if len(held) == 0 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ks := slices.Sorted(maps.Keys(held))
+		again := make([]any, len(ks))
+		ids := make([]string, len(ks))
+		for j, k := range ks {
+			claim := docs[k].(*WorkItem)
+			claim.Rev = items[index[k]].Rev // the revision claimed over, as the first try
+			again[j], ids[j] = claim, claim.ID
+		}
+		wctx, trace := c.traced(ctx)
+		var bulk []kivik.BulkResult
+		var err error
+		if len(again) == 1 {
+			var rev string
+			rev, err = c.db.Put(wctx, ids[0], again[0], c.claimOpts(false)...)
+			bulk = []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
+			err = nil
+		} else {
+			bulk, err = c.db.BulkDocs(wctx, again, c.claimOpts(true)...)
+		}
+		res := alignBulk(ids, bulk, err)
+		for j, k := range ks {
+			docs[k].(*WorkItem).Rev = aligned[k].Rev
+			r := res[j]
+			if r.Error == nil && r.Rev != aligned[k].Rev {
+				// Cannot happen while CouchDB derives revision ids from
+				// the body: the claim is left to its lease, not run.
+				c.log.Warn().Str("job", r.ID).Str("rev", r.Rev).Str("first", aligned[k].Rev).Msg("a claim sent again got another revision id")
+			}
+			if r.Error != nil || r.Rev != aligned[k].Rev {
+				c.log.Debug().Str("job", r.ID).Err(r.Error).Msg("a claim sent again was not taken")
+				delete(held, k)
+				continue
+			}
+			if trace.uncommitted(r.ID, r.Rev) {
+				held[k]++
+			} else {
+				held[k] += c.quorum()
+			}
+			if held[k] >= c.quorum() {
+				c.log.Debug().Str("job", r.ID).Str("rev", r.Rev).Msg("a claim sent again reached a majority of the copies")
+				first.commit(r.ID, r.Rev)
+				delete(held, k)
+			}
+		}
 	}
 }

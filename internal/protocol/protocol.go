@@ -129,6 +129,7 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 		ids[k] = items[i].ID
 	}
 	aligned := alignBulk(ids, bulk, err)
+	c.claimAgain(ctx, items, index, docs, aligned, trace)
 	wait := min(max(concedeWaitFactor*time.Since(began), concedeWaitMin), concedeWaitMax)
 	// Claims that were stored but will not run are reported (Unrun).
 	stored := make(map[int]*WorkItem, len(index))
