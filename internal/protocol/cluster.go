@@ -639,18 +639,8 @@ func (c *Client) Concede(ctx context.Context, by string, claims []*UnrunClaim) i
 		c.record(next, EventClaimConceded, u.claim.ClaimedBy, u.reason)
 		docs[i], body[i], ids[i] = next, next, u.claim.ID
 	}
-	var res []kivik.BulkResult
-	var err error
-	if len(docs) == 1 {
-		var rev string
-		rev, err = c.db.Put(ctx, ids[0], body[0], c.claimOpts(false)...)
-		res = []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
-		err = nil
-	} else {
-		res, err = c.db.BulkDocs(ctx, body, c.claimOpts(true)...)
-	}
 	var conceded []*WorkItem
-	for i, r := range alignBulk(ids, res, err) {
+	for i, r := range c.writeClaims(ctx, ids, body) {
 		if r.Error != nil {
 			// Withdrawn by the committed claimant meanwhile (409), or the
 			// write failed: the claim holds the job until its lease ends.
@@ -919,17 +909,7 @@ func (c *Client) claimAgain(ctx context.Context, items []*WorkItem, index []int,
 			again[j], ids[j] = claim, claim.ID
 		}
 		wctx, trace := c.traced(ctx)
-		var bulk []kivik.BulkResult
-		var err error
-		if len(again) == 1 {
-			var rev string
-			rev, err = c.db.Put(wctx, ids[0], again[0], c.claimOpts(false)...)
-			bulk = []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
-			err = nil
-		} else {
-			bulk, err = c.db.BulkDocs(wctx, again, c.claimOpts(true)...)
-		}
-		res := alignBulk(ids, bulk, err)
+		res := c.writeClaims(wctx, ids, again)
 		for j, k := range ks {
 			docs[k].(*WorkItem).Rev = aligned[k].Rev
 			r := res[j]

@@ -112,25 +112,14 @@ func (c *Client) claimMany(ctx context.Context, items []*WorkItem, by string, le
 		return results
 	}
 	wctx, trace := c.traced(ctx)
-	var bulk []kivik.BulkResult
-	var err error
 	began := time.Now()
-	if len(docs) == 1 {
-		// A plain PUT is cheaper for the server than a one-document batch.
-		var rev string
-		rev, err = c.db.Put(wctx, items[index[0]].ID, docs[0], c.claimOpts(false)...)
-		bulk = []kivik.BulkResult{{ID: items[index[0]].ID, Rev: rev, Error: err}}
-		err = nil
-	} else {
-		bulk, err = c.db.BulkDocs(wctx, docs, c.claimOpts(true)...)
-	}
 	ids := make([]string, len(index))
 	for k, i := range index {
 		ids[k] = items[i].ID
 	}
-	aligned := alignBulk(ids, bulk, err)
-	c.claimAgain(ctx, items, index, docs, aligned, trace)
+	aligned := c.writeClaims(wctx, ids, docs)
 	wait := min(max(concedeWaitFactor*time.Since(began), concedeWaitMin), concedeWaitMax)
+	c.claimAgain(ctx, items, index, docs, aligned, trace)
 	// Claims that were stored but will not run are reported (Unrun).
 	stored := make(map[int]*WorkItem, len(index))
 	for k, i := range index {
@@ -489,6 +478,18 @@ func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
 // answers in request order, but nothing in the protocol should depend on
 // it (PouchDB Server, for one, reorders). Ids repeated in one request are
 // matched in order. A document with no result gets an error.
+// writeClaims writes docs (the documents of ids) with the w of claims, in
+// a plain PUT for one (cheaper for the server than a one-document batch)
+// or one _bulk_docs for more, and returns a result for each id, in order.
+func (c *Client) writeClaims(ctx context.Context, ids []string, docs []any) []kivik.BulkResult {
+	if len(docs) == 1 {
+		rev, err := c.db.Put(ctx, ids[0], docs[0], c.claimOpts(false)...)
+		return []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
+	}
+	bulk, err := c.db.BulkDocs(ctx, docs, c.claimOpts(true)...)
+	return alignBulk(ids, bulk, err)
+}
+
 func alignBulk(ids []string, results []kivik.BulkResult, reqErr error) []kivik.BulkResult {
 	out := make([]kivik.BulkResult, len(ids))
 	if reqErr != nil {
