@@ -855,7 +855,7 @@ func settleRank(l *Leaf) int {
 
 // claimAgainWaits are the pauses before claimAgain sends a claim that
 // reached a minority of the copies once more.
-var claimAgainWaits = [...]time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 100 * time.Millisecond}
+var claimAgainWaits = [...]time.Duration{10 * time.Millisecond, 40 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond}
 
 // claimAgain sends again, unchanged, the claims of a write that reached
 // fewer than a majority of the copies (aligned[k] for items[index[k]],
@@ -876,9 +876,11 @@ var claimAgainWaits = [...]time.Duration{10 * time.Millisecond, 40 * time.Millis
 // that answer ok to each try are copies that had not taken it before:
 // their counts add up. A 202 counts one copy, a 201 a majority; once they
 // add up to a majority the claim is committed, as if the first try had
-// been answered 201. A 409 ends the tries: the copies hold another claim,
-// or this one already (through internal replication), which cannot be
-// told apart without reading, and the claim is conceded as before.
+// been answered 201. A 409 counts none and does not end the tries: copies
+// that still lack the job answer it so (under load, for longer than the
+// first pause), as do copies holding another claim or this one already
+// (through internal replication). A claim the tries do not commit is
+// conceded, as before.
 func (c *Client) claimAgain(ctx context.Context, items []*WorkItem, index []int, docs []any, aligned []kivik.BulkResult, first *commitTrace) {
 	if c.n <= 1 {
 		return
@@ -913,13 +915,13 @@ func (c *Client) claimAgain(ctx context.Context, items []*WorkItem, index []int,
 		for j, k := range ks {
 			docs[k].(*WorkItem).Rev = aligned[k].Rev
 			r := res[j]
-			if r.Error == nil && r.Rev != aligned[k].Rev {
+			if r.Error != nil {
+				continue // taken by no copy: try again
+			}
+			if r.Rev != aligned[k].Rev {
 				// Cannot happen while CouchDB derives revision ids from
 				// the body: the claim is left to its lease, not run.
 				c.log.Warn().Str("job", r.ID).Str("rev", r.Rev).Str("first", aligned[k].Rev).Msg("a claim sent again got another revision id")
-			}
-			if r.Error != nil || r.Rev != aligned[k].Rev {
-				c.log.Debug().Str("job", r.ID).Err(r.Error).Msg("a claim sent again was not taken")
 				delete(held, k)
 				continue
 			}
