@@ -474,10 +474,6 @@ func (c *Client) DeleteFinished(ctx context.Context, item *WorkItem) error {
 	return nil
 }
 
-// alignBulk matches _bulk_docs results to the documents sent, by id. CouchDB
-// answers in request order, but nothing in the protocol should depend on
-// it (PouchDB Server, for one, reorders). Ids repeated in one request are
-// matched in order. A document with no result gets an error.
 // writeClaims writes docs (the documents of ids) with the w of claims, in
 // a plain PUT for one (cheaper for the server than a one-document batch)
 // or one _bulk_docs for more, and returns a result for each id, in order.
@@ -490,6 +486,10 @@ func (c *Client) writeClaims(ctx context.Context, ids []string, docs []any) []ki
 	return alignBulk(ids, bulk, err)
 }
 
+// alignBulk matches _bulk_docs results to the documents sent, by id. CouchDB
+// answers in request order, but nothing in the protocol should depend on
+// it (PouchDB Server, for one, reorders). Ids repeated in one request are
+// matched in order. A document with no result gets an error.
 func alignBulk(ids []string, results []kivik.BulkResult, reqErr error) []kivik.BulkResult {
 	out := make([]kivik.BulkResult, len(ids))
 	if reqErr != nil {
