@@ -207,10 +207,16 @@ func (c *Client) waitForChangesFilter(ctx context.Context, since string, types [
 	changes := c.db.Changes(reqCtx, kivik.Params(params))
 	defer changes.Close()
 	var changed []change
-	for changes.Next() {
-		ch := change{ID: changes.ID()}
+	// Rows are read through Iterator, not Next and ScanDoc: ScanDoc checks
+	// the iterator's state without its lock, which kivik's own goroutine
+	// writes when reqCtx ends, and pollChanges ends it mid-read.
+	for row, err := range changes.Iterator() {
+		if err != nil {
+			break // changes.Err says which
+		}
+		ch := change{ID: row.ID}
 		if docs {
-			_ = changes.ScanDoc(&ch.Doc) // none: a wake-up without a document
+			_ = row.ScanDoc(&ch.Doc) // none: a wake-up without a document
 		}
 		changed = append(changed, ch)
 	}
