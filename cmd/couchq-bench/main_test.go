@@ -107,8 +107,8 @@ func TestEveryServerAvailableAsJSON(t *testing.T) {
 		found[r.Metric] = r.Value
 	}
 	for _, m := range []string{
-		"_bulk_docs docs/s, batch 100, 1 client, bare database (no design doc)",
-		"_bulk_docs docs/s, batch 100, 1 client, with couchq's design doc",
+		"_bulk_docs docs/s, batch 100, bare database (no design doc)",
+		"_bulk_docs docs/s, batch 100, with couchq's design doc",
 		"physical limit: bulk (bare) / 3",
 		"single-doc limit: best single-doc rate / 3",
 	} {

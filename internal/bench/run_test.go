@@ -280,13 +280,22 @@ func checkCeilingAndThroughputRows(t *testing.T, rep *Report, instrumented bool)
 	}
 	put1 := get("1/single-doc writes/s, 1 client (with couchq's design doc)").Value
 	putC := get("1/single-doc writes/s, 2 clients (with couchq's design doc)").Value
-	bare := get("1/_bulk_docs docs/s, batch 100, 1 client, bare database (no design doc)").Value
-	design := get("1/_bulk_docs docs/s, batch 100, 1 client, with couchq's design doc").Value
+	bare := get("1/_bulk_docs docs/s, batch 100, bare database (no design doc)").Value
+	design := get("1/_bulk_docs docs/s, batch 100, with couchq's design doc").Value
 	lost := get("1/  bulk rate lost to the design doc (validate_doc_update, views)").Value
-	oneLine := get("1/_bulk_docs docs/s, batch 100, 1 client, a one-line validate_doc_update alone").Value
+	oneLine := get("1/_bulk_docs docs/s, batch 100, a one-line validate_doc_update alone").Value
 	oneLineLost := get("1/  bulk rate lost to calling validate_doc_update at all").Value
 	if oneLine <= 0 || !near(oneLineLost, 100*(1-oneLine/bare)) {
 		t.Errorf("%s: one-line validation: bulk %g docs/s, lost %g%% (bulk bare %g)", rep.Server.Kind, oneLine, oneLineLost, bare)
+	}
+	// Each bulk rate is the better of one writer and C (2 here).
+	for what, best := range map[string]float64{"bare database (no design doc)": bare, "with couchq's design doc": design, "a one-line validate_doc_update alone": oneLine} {
+		text := get("1/  " + what + ": 1 client / 2 clients").Text
+		var one, many float64
+		if _, err := fmt.Sscanf(strings.ReplaceAll(text, ",", ""), "%g / %g docs/s", &one, &many); err != nil || one <= 0 || many <= 0 ||
+			math.Abs(best-max(one, many)) > 1 {
+			t.Errorf("%s: %s: bulk %g docs/s, from %q (%v)", rep.Server.Kind, what, best, text, err)
+		}
 	}
 	limit := get("1/physical limit: bulk (bare) / 3").Value
 	putLimit := get("1/single-doc limit: best single-doc rate / 3").Value
