@@ -339,38 +339,25 @@ func (w *docWriter) job(ctx context.Context) (int, error) {
 // puts runs clients writers for d (or maxCeilingWrites writes) and
 // returns the documents written per second.
 func (w *docWriter) puts(ctx context.Context, clients int, d time.Duration) (float64, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var writes atomic.Int64
-	var firstErr error
-	var once sync.Once
-	var wg sync.WaitGroup
-	start := time.Now()
-	deadline := start.Add(d)
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) && writes.Load() < maxCeilingWrites && ctx.Err() == nil {
-				n, err := w.job(ctx)
-				writes.Add(int64(n))
-				if err != nil {
-					once.Do(func() { firstErr = err; cancel() })
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
-	}
-	return rate(writes.Load(), time.Since(start)), nil
+	return writeFor(ctx, clients, d, w.job)
 }
 
 // bulk posts batches of new job documents for d, from clients writers at
 // once, and returns documents stored per second.
 func (w *docWriter) bulk(ctx context.Context, clients, batch int, d time.Duration) (float64, error) {
+	return writeFor(ctx, clients, d, func(ctx context.Context) (int, error) {
+		if err := w.postBatch(ctx, batch); err != nil {
+			return 0, err
+		}
+		return batch, nil
+	})
+}
+
+// writeFor calls write from clients goroutines at once for d (or until
+// maxCeilingWrites documents), each call writing the documents it
+// returns, and gives the documents written per second. The first error
+// stops every writer.
+func writeFor(ctx context.Context, clients int, d time.Duration, write func(context.Context) (int, error)) (float64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var written atomic.Int64
@@ -383,11 +370,12 @@ func (w *docWriter) bulk(ctx context.Context, clients, batch int, d time.Duratio
 		go func() {
 			defer wg.Done()
 			for time.Since(start) < d && written.Load() < maxCeilingWrites && ctx.Err() == nil {
-				if err := w.postBatch(ctx, batch); err != nil {
+				n, err := write(ctx)
+				written.Add(int64(n))
+				if err != nil {
 					once.Do(func() { firstErr = err; cancel() })
 					return
 				}
-				written.Add(int64(batch))
 			}
 		}()
 	}
