@@ -64,17 +64,18 @@ func (r ceilingResult) designLimit() float64 { return r.bulkDesign / 3 }
 func (r ceilingResult) putLimit() float64 { return max(r.put1, r.putC) / 3 }
 
 // runCeiling measures the server's own write rates, with the queue out of
-// the way: plain HTTP, documents shaped like jobs. Every rate is taken with
-// one writer and with C at once, and the better one is the server's. Single-document writes
-// write each document three times (insert, then two updates carrying the
-// revision, like claim and finish) into a database with couchq's design
-// document, so validate_doc_update runs on every write as it does for
-// jobs. _bulk_docs inserts go into a bare database (the server alone: the
-// physical limit), into one with the design document, so that what
-// couchq's validation and views cost the server shows as its own line, into
-// one with the design document but validation off, and into one whose only
-// design document is a one-line validate_doc_update, which shows what
-// calling a validation function costs whatever the function does.
+// the way: plain HTTP, documents shaped like jobs. Every bulk rate is taken
+// with one writer and with C at once, and the better one is the server's.
+// Single-document writes write each document three times (insert, then
+// two updates carrying the revision, like claim and finish) into a
+// database with couchq's design document, so validate_doc_update runs on
+// every write as it does for jobs. _bulk_docs inserts go into a bare
+// database (the server alone: the physical limit), into one with the
+// design document, so that what couchq's validation and views cost the
+// server shows as its own line, into one with the design document but
+// validation off, and into one whose only design document is a one-line
+// validate_doc_update, which shows what calling a validation function
+// costs whatever the function does.
 func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	db, err := b.newDBValidation(ctx, s, "ceiling", designdocs.ValidationOn)
 	if err != nil {
