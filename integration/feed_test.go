@@ -674,3 +674,77 @@ func checkClaimedJobReportedAgain(t *testing.T, ctx context.Context, open func(w
 		t.Errorf("after the feed reported the claimed job again: %d claims won, %d lost; want 1 and none", st.Claimed, st.Conflicts)
 	}
 }
+
+// A job scheduled for a moment later, that the feed brought before it was
+// due while the worker was busy claiming, runs when it falls due: not a
+// fallback poll (here a minute) later. The round that claims what the feed
+// brought reads no view, so the next scheduled job must be looked for
+// from where the view was last read, not from the round's start, which
+// may be past the job's time. The transport here holds the worker's first
+// claim while the two jobs are enqueued.
+//
+// (On a cluster the worker looks at the view again a moment after a round
+// that claimed what the feed brought, which finds such a job anyway.)
+func TestJobScheduledWhileAClaimWaitsRunsWhenDue(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	ctx, enqueue := tb.ctx, tb.client
+	var armed atomic.Bool
+	held := make(chan struct{})
+	release := make(chan struct{})
+	c := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if armed.Load() && r.Body != nil && (r.Method == http.MethodPut || r.Method == http.MethodPost) {
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					return nil, err
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				if bytes.Contains(body, []byte(`"claimed":true`)) && armed.CompareAndSwap(true, false) {
+					close(held)
+					<-release
+				}
+			}
+			return next.RoundTrip(r)
+		})
+	})
+	ran := make(chan string, 10)
+	runWorker(t, ctx, c, fastWorker(tb, map[string]worker.Handler{"soon": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		ran <- job.ID
+		return nil
+	})}))
+	time.Sleep(500 * time.Millisecond) // idle, its feed bringing documents
+	armed.Store(true)
+	first, err := enqueue.Enqueue(ctx, protocol.NewJob{Worker: "soon"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not claim the first job within 10 s")
+	}
+	res, err := enqueue.EnqueueMany(ctx, []protocol.NewJob{
+		{Worker: "soon"},
+		{Worker: "soon", At: time.Now().Add(200 * time.Millisecond)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the feed brought both; the second is due now
+	close(release)
+	want := map[string]bool{first.ID: true}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		want[r.Item.ID] = true
+	}
+	for deadline := time.After(10 * time.Second); len(want) > 0; {
+		select {
+		case id := <-ran:
+			delete(want, id)
+		case <-deadline:
+			t.Fatalf("%d of 3 jobs did not run within 10 s: %v", len(want), want)
+		}
+	}
+}

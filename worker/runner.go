@@ -93,6 +93,12 @@ type runner struct {
 	// roundTook is how long a claim round takes (see noteRound); touched
 	// only by the runner's own loop.
 	roundTook time.Duration
+	// viewUpTo is the time the runner's last due-view query listed due
+	// jobs up to: every job due before it was listed then or has been
+	// brought by the feed since. A round that claims only what the feed
+	// brought lists nothing, so the next scheduled job is looked for from
+	// here (see fetch). Touched only by the runner's own loop.
+	viewUpTo time.Time
 	// longList records that the last due query listed as many jobs as it
 	// asked for: the next fresh one lists them without their documents,
 	// which only a short list (an idle runner's) saves a request with.
@@ -346,7 +352,13 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 			_, unrepairable := r.unrepairable[c.ID]
 			return unrepairable
 		})
-		listed, k, upTo = len(fed), len(fed)+1, r.w.cfg.Now() // not a full page: more only if some were not claimed
+		// Not a full page: more only if some were not claimed. The round
+		// lists nothing up to now: a job the feed brought before it was
+		// due, or one the runner was waiting for, may have fallen due since
+		// the last view query, and the next scheduled job is looked for
+		// from that query's time, so that the runner does not sleep past
+		// it to the fallback poll.
+		listed, k, upTo = len(fed), len(fed)+1, r.viewUpTo
 		fromFeed = true
 	}
 	for !fromFeed {
@@ -367,6 +379,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		if err != nil {
 			return false, time.Time{}, err
 		}
+		r.viewUpTo = upTo
 		listed = len(cands)
 		r.longList = listed == k
 		cands = slices.DeleteFunc(cands, func(c protocol.DueCandidate) bool {
