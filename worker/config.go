@@ -71,8 +71,10 @@ type Config struct {
 	// and it narrows back once claims stop being lost.
 	PickAmong int
 	// StealAfter is how long a worker leaves a due job to the live peer it
-	// hashes to (its owner) when that peer would take it in its next round
-	// (it is among the peer's oldest, as many as the peer runs at once), so
+	// hashes to (its owner) when that peer would take it in its next two
+	// rounds (it is among the peer's oldest, twice as many as the peer
+	// runs at once: the rows a worker reads may still list the peer's last
+	// claims), so
 	// that workers do not race for the same jobs (each race costs the loser
 	// a 409 and a round) even when few are due. Past StealAfter the job is
 	// its owner's and one other peer's (its thief, also by hash), past

@@ -80,8 +80,9 @@ func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 }
 
 // Peers that read the same rows claim disjoint jobs, however few are due:
-// no two race for a job. An owner's next round (its oldest jobs, as many
-// as it runs at once) is its own; its later jobs are its thief's too. A job
+// no two race for a job. An owner's next rounds (its oldest jobs, as many
+// as it runs at once, zoneRounds times) are its own; its later jobs are
+// its thief's too. A job
 // left to a busy owner for StealAfter becomes its thief's too, and for
 // twice that anyone's.
 func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
@@ -112,11 +113,13 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 						t.Fatalf("rank %d: ownFirst lost or made up rows", rank)
 					}
 				}
-				// Each owner's oldest zoneLen jobs: those its next round takes.
+				// Each owner's oldest jobs, two rounds' worth: those its
+				// next rounds take, from rows that may still list its last
+				// round's claims.
 				zone := map[string]bool{}
 				seen := make([]int, peers)
 				for _, it := range all {
-					if o, _ := slotOf(0, peers, 0).choices(it.ID); seen[o] < tc.zoneLen {
+					if o, _ := slotOf(0, peers, 0).choices(it.ID); seen[o] < 2*tc.zoneLen {
 						seen[o]++
 						zone[it.ID] = true
 					}
