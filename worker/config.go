@@ -74,9 +74,8 @@ type Config struct {
 	// hashes to (its owner) when that peer would take it in its next two
 	// rounds (it is among the peer's oldest, twice as many as the peer
 	// runs at once: the rows a worker reads may still list the peer's last
-	// claims), so
-	// that workers do not race for the same jobs (each race costs the loser
-	// a 409 and a round) even when few are due. Past StealAfter the job is
+	// claims), so that workers do not race for the same jobs (each race
+	// costs the loser a 409 and a round) even when few are due. Past StealAfter the job is
 	// its owner's and one other peer's (its thief, also by hash), past
 	// twice StealAfter anyone's: a busy or dead owner's jobs still run. It
 	// is what a new job may wait when its owner is busy and others idle.

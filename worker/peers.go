@@ -158,14 +158,13 @@ func peerSlots(infos []*protocol.WorkerInfo, self string, concurrency int, types
 // how many of the first items the worker may claim now.
 //
 // Each job has an order of preference among the n live peers: first its
-// owner, then one thief (choices), then anyone. The worker's
-// own jobs come first, oldest first. Then the others' jobs it is the thief
-// of, newest first, but not those the owner takes in its next round (its
-// oldest, as many as it runs at once, counted zoneRounds times: the zone;
-// see zoneRounds) until they were left there
-// for stealAfter (waited says how long; see runner.leftSince), for the owner
-// is busy or gone. Last (stealOrder) the jobs left in a zone for twice
-// stealAfter, when the thief did not take them either. The rest go after the
+// owner, then one thief (choices), then anyone. The worker's own jobs come
+// first, oldest first. Then the others' jobs it is the thief of, newest
+// first, but not those the owner takes in its next rounds (its oldest,
+// zoneRounds times as many as it runs at once: the zone) until they were
+// left there for stealAfter (waited says how long; see runner.leftSince),
+// for the owner is busy or gone. Last (stealOrder) the jobs left in a zone
+// for twice stealAfter, when the thief did not take them either. The rest go after the
 // claimable ones. Workers that agree on who is live thus never race for a
 // job while every owner keeps up, even when few are due, and a busy or dead
 // owner's jobs still run. With n = 1 every job is the worker's own, oldest

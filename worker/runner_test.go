@@ -80,11 +80,10 @@ func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 }
 
 // Peers that read the same rows claim disjoint jobs, however few are due:
-// no two race for a job. An owner's next rounds (its oldest jobs, as many
-// as it runs at once, zoneRounds times) are its own; its later jobs are
-// its thief's too. A job
-// left to a busy owner for StealAfter becomes its thief's too, and for
-// twice that anyone's.
+// no two race for a job. An owner's next rounds (its oldest jobs,
+// zoneRounds times as many as it runs at once) are its own; its later jobs
+// are its thief's too. A job left to a busy owner for StealAfter becomes
+// its thief's too, and for twice that anyone's.
 func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 	const stealAfter = time.Second
 	for _, rows := range []int{1, 3, 10, 40, 200} {
