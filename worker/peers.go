@@ -253,9 +253,9 @@ func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) 
 // jobs an owner claimed in its last round: the owner skips those, so its
 // next round takes the jobs after them, which a zone of one round leaves
 // to the thief. With 16 workers of 4 slots on one node (the bench's claim
-// contention), one round's zone lost 0.07–0.12 claims per job, most of
-// them owners and thieves meeting as the backlog ran out; two rounds'
-// lost 0.05–0.10, with the same throughput.
+// contention), one round's zone lost 0.095 claims per job on average, most
+// of them owners and thieves meeting as the backlog ran out; two rounds'
+// 0.080, with the same throughput (docs/design/cluster-claims.md).
 const zoneRounds = 2
 
 // take is how many of its own jobs rank o claims in one round.
