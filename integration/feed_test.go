@@ -701,7 +701,11 @@ func TestJobScheduledWhileAClaimWaitsRunsWhenDue(t *testing.T) {
 				r.Body = io.NopCloser(bytes.NewReader(body))
 				if bytes.Contains(body, []byte(`"claimed":true`)) && armed.CompareAndSwap(true, false) {
 					close(held)
-					<-release
+					select {
+					case <-release:
+					case <-r.Context().Done():
+						return nil, r.Context().Err()
+					}
 				}
 			}
 			return next.RoundTrip(r)
@@ -712,6 +716,11 @@ func TestJobScheduledWhileAClaimWaitsRunsWhenDue(t *testing.T) {
 		ran <- job.ID
 		return nil
 	})}))
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	// Registered after the worker's: runs before it stops, should the test
+	// end early.
+	t.Cleanup(free)
 	time.Sleep(500 * time.Millisecond) // idle, its feed bringing documents
 	armed.Store(true)
 	first, err := enqueue.Enqueue(ctx, protocol.NewJob{Worker: "soon"})
@@ -731,7 +740,7 @@ func TestJobScheduledWhileAClaimWaitsRunsWhenDue(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second) // the feed brought both; the second is due now
-	close(release)
+	free()
 	want := map[string]bool{first.ID: true}
 	for _, r := range res {
 		if r.Err != nil {
