@@ -27,9 +27,16 @@
 //	couchq/views/NAME/reduce      a built-in reduce such as _count or _stats
 //	couchq/filters/NAME.js        a _changes filter function
 //	couchq/validate_doc_update.js the validation function
+//
+// A fourth, _design/couchq-validate (tree couchq-validate/), holds the
+// validation written as a Mango selector (validate_doc_update.json, in a
+// design document of language "query"), which CouchDB runs without
+// JavaScript where it can (see ValidationMango). It is installed only when
+// the database's validation is mango, in place of validate_doc_update.js.
 package designdocs
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
@@ -41,7 +48,7 @@ import (
 	"strings"
 )
 
-//go:embed couchq couchq-sweep couchq-ops
+//go:embed couchq couchq-sweep couchq-ops couchq-validate
 var embedded embed.FS
 
 // ID is the claim design document's id in every couchq database.
@@ -57,6 +64,15 @@ const OpsID = "_design/couchq-ops"
 // SweepID is the id of the design document of the sweeper's, agents' and
 // slot reservations' views.
 const SweepID = "_design/couchq-sweep"
+
+// ValidateID is the id of the design document that holds the validation
+// written as a Mango selector (ValidationMango).
+const ValidateID = "_design/couchq-validate"
+
+// Query is the language of a design document CouchDB runs without
+// JavaScript: Mango indexes and, on servers that have it, validation
+// written as a Mango selector.
+const Query = "query"
 
 // DocFor is the id of the design document that holds view.
 func DocFor(view string) string {
@@ -91,7 +107,12 @@ func DocFor(view string) string {
 // dependents, waiting and batches views; a couchq of schema 4 would put
 // back due views that list waiting jobs. Its validation function also
 // checks the trace and progress fields.
-const SchemaVersion = 5
+//
+// Schema 6 may validate with a Mango selector (ValidationMango) in
+// _design/couchq-validate, the claim document then carrying no
+// validate_doc_update: a couchq of schema 5 would put the JavaScript
+// function back beside it.
+const SchemaVersion = 6
 
 // LanguageSchema is the first schema whose Language was chosen: an older
 // document's plain javascript is no one's choice.
@@ -138,15 +159,21 @@ func LanguageFor(vendor, version string) Language {
 	return JavaScript
 }
 
-// Validation says whether a design document carries validate_doc_update.
+// Validation says how a database validates writes.
 //
-// With it on (the default) CouchDB refuses, on every write, a WorkItem no
-// worker could run and enforces the roles of couchq init
-// --workers/--producers. It runs in CouchDB's JavaScript server for every
-// document written, which costs most of the server's write capacity (see
-// the README's Performance section). With it off, malformed WorkItems are
-// stored and workers quarantine them as they meet them (marked failed
-// with the reason), and any member of the database may write anything.
+// With it on CouchDB refuses, on every write, a WorkItem no worker could
+// run, saying which field is wrong and why, and enforces the roles of
+// couchq init --workers/--producers. It runs in CouchDB's JavaScript
+// server for every document written, which costs most of the server's
+// write capacity (see the README's Performance section). With mango the
+// same field checks are a Mango selector that CouchDB runs without
+// JavaScript, on servers that have such validation (Apache CouchDB after
+// 3.5): malformed WorkItems are refused with CouchDB's "document is not
+// valid", but roles are not enforced (a selector does not see who writes)
+// and the few rules that compare two fields are left to the workers. With
+// it off, malformed WorkItems are stored and workers quarantine them as
+// they meet them (marked failed with the reason), and any member of the
+// database may write anything.
 type Validation string
 
 const (
@@ -158,11 +185,22 @@ const (
 	ValidationOn Validation = "on"
 	// ValidationOff installs the design document without it.
 	ValidationOff Validation = "off"
+	// ValidationMango installs the claim design document without
+	// validate_doc_update, and _design/couchq-validate with the checks as
+	// a Mango selector. Only servers that run such validation take it.
+	ValidationMango Validation = "mango"
+	// ValidationAuto is mango where the server runs it and the database
+	// is not to enforce roles, else on: what a new database gets.
+	ValidationAuto Validation = "auto"
 )
 
-// ParseValidation reads "on" or "off".
+// ParseValidation reads "on", "off", "mango" or "auto".
 func ParseValidation(s string) (Validation, error) {
-	return parseEither("validation", s, ValidationOn, ValidationOff)
+	switch v := Validation(s); v {
+	case ValidationOn, ValidationOff, ValidationMango, ValidationAuto:
+		return v, nil
+	}
+	return "", fmt.Errorf("validation must be on, off, mango or auto, not %q", s)
 }
 
 // parseEither reads s as a or b, the two values an init option called
@@ -176,6 +214,10 @@ func parseEither[T ~string](what, s string, a, b T) (T, error) {
 
 // Source returns the embedded claim design document tree (rooted at couchq/).
 func Source() fs.FS { return subtree("couchq") }
+
+// ValidateSource returns the embedded tree of the validation written as a
+// Mango selector (couchq-validate/).
+func ValidateSource() fs.FS { return subtree("couchq-validate") }
 
 // SweepSource returns the embedded sweep design document tree (couchq-sweep/).
 func SweepSource() fs.FS { return subtree("couchq-sweep") }
@@ -218,6 +260,10 @@ type Doc struct {
 	Views             map[string]View   `json:"views"`
 	Filters           map[string]string `json:"filters,omitempty"`
 	ValidateDocUpdate string            `json:"validate_doc_update,omitempty"`
+	// Selector is validate_doc_update written as a Mango selector, in a
+	// document of language Query; it takes the place of ValidateDocUpdate
+	// in the stored JSON.
+	Selector json.RawMessage `json:"-"`
 	// Autoupdate false keeps CouchDB from indexing the views in the
 	// background (the ops document): they are indexed when read.
 	Autoupdate *bool `json:"autoupdate,omitempty"`
@@ -235,8 +281,15 @@ func BuildOps(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, OpsID, 
 // BuildSweep reads the sweep design document's tree.
 func BuildSweep(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, SweepID, schema) }
 
+// BuildValidate reads the tree of the validation written as a Mango
+// selector.
+func BuildValidate(fsys fs.FS, schema int) (*Doc, error) { return build(fsys, ValidateID, schema) }
+
 func build(fsys fs.FS, id string, schema int) (*Doc, error) {
 	doc := &Doc{ID: id, Language: string(JavaScript), Views: map[string]View{}, Filters: map[string]string{}}
+	if id == ValidateID {
+		doc.Language = Query
+	}
 	if id == OpsID {
 		doc.Autoupdate = new(bool)
 	}
@@ -253,6 +306,12 @@ func build(fsys fs.FS, id string, schema int) (*Doc, error) {
 		switch {
 		case p == "validate_doc_update.js":
 			doc.ValidateDocUpdate = src
+		case p == "validate_doc_update.json" && id == ValidateID:
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, []byte(src)); err != nil {
+				return fmt.Errorf("design document tree: %s: %w", p, err)
+			}
+			doc.Selector = compact.Bytes()
 		case len(parts) == 2 && parts[0] == "filters" && path.Ext(p) == ".js":
 			doc.Filters[strings.TrimSuffix(parts[1], ".js")] = src
 		case len(parts) == 3 && parts[0] == "views":
@@ -279,22 +338,30 @@ func build(fsys fs.FS, id string, schema int) (*Doc, error) {
 			return nil, fmt.Errorf("design document tree: view %q has no map.js", name)
 		}
 	}
+	if id == ValidateID && (len(doc.Selector) == 0 || len(doc.Views)+len(doc.Filters) > 0) {
+		return nil, fmt.Errorf("design document tree: %s must hold validate_doc_update.json alone", id)
+	}
 	doc.Couchq = Meta{Schema: schema, Hash: doc.contentHash()}
-	if doc.ValidateDocUpdate != "" {
+	switch {
+	case doc.ValidateDocUpdate != "":
 		doc.Couchq.Validation = ValidationOn
+	case doc.Selector != nil:
+		doc.Couchq.Validation = ValidationMango
 	}
 	return doc, nil
 }
 
-// WithValidation returns a copy of d with validate_doc_update on or off
-// (see Validation); ValidationKept returns d itself. Turning it back on
-// needs the function, so only a document built with it can.
+// WithValidation returns a copy of the claim document d with
+// validate_doc_update on, off or left to the Mango selector of
+// _design/couchq-validate (see Validation); ValidationKept (and
+// ValidationAuto, which Init resolves first) returns d itself. Turning it
+// back on needs the function, so only a document built with it can.
 func (d *Doc) WithValidation(v Validation) *Doc {
-	if v == ValidationKept || v == d.Couchq.Validation {
+	if v == ValidationKept || v == ValidationAuto || v == d.Couchq.Validation {
 		return d
 	}
 	c := *d
-	if v == ValidationOff {
+	if v == ValidationOff || v == ValidationMango {
 		c.ValidateDocUpdate = ""
 	}
 	c.Couchq.Validation = v
@@ -318,6 +385,16 @@ func (d *Doc) WithLanguage(lang Language) *Doc {
 // every one but those couchq init --validation off wrote.
 func (d *Doc) Validating() bool { return d.Couchq.Validation != ValidationOff }
 
+// ValidationOf is how the database whose stored claim document is d
+// validates: on, off or mango.
+func (d *Doc) ValidationOf() Validation {
+	switch d.Couchq.Validation {
+	case ValidationOff, ValidationMango:
+		return d.Couchq.Validation
+	}
+	return ValidationOn
+}
+
 // Default is the claim design document embedded in this build of couchq.
 func Default() (*Doc, error) {
 	return Build(Source(), SchemaVersion)
@@ -326,6 +403,12 @@ func Default() (*Doc, error) {
 // DefaultOps is the ops design document embedded in this build of couchq.
 func DefaultOps() (*Doc, error) {
 	return BuildOps(OpsSource(), SchemaVersion)
+}
+
+// DefaultValidate is the design document of the validation written as a
+// Mango selector, embedded in this build of couchq.
+func DefaultValidate() (*Doc, error) {
+	return BuildValidate(ValidateSource(), SchemaVersion)
 }
 
 // DefaultSweep is the sweep design document embedded in this build of couchq.
@@ -355,6 +438,9 @@ func (d *Doc) contentHash() string {
 	}
 	write("language", "", d.Language)
 	write("validate", "", d.ValidateDocUpdate)
+	if d.Selector != nil {
+		write("selector", "", string(d.Selector))
+	}
 	if d.Autoupdate != nil {
 		write("autoupdate", "", fmt.Sprint(*d.Autoupdate))
 	}
@@ -377,12 +463,52 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// MarshalJSON keeps empty maps out of the stored document.
+// MarshalJSON keeps empty maps out of the stored document, and writes a
+// Selector as validate_doc_update.
 func (d *Doc) MarshalJSON() ([]byte, error) {
 	type plain Doc
 	c := plain(*d)
 	if len(c.Filters) == 0 {
 		c.Filters = nil
 	}
-	return json.Marshal(c)
+	if c.Selector == nil {
+		return json.Marshal(c)
+	}
+	var views map[string]View
+	if len(c.Views) > 0 {
+		views = c.Views
+	}
+	c.Views = nil
+	return json.Marshal(struct {
+		plain
+		Views    map[string]View `json:"views,omitempty"`
+		Selector json.RawMessage `json:"validate_doc_update"`
+	}{c, views, c.Selector})
+}
+
+// UnmarshalJSON reads validate_doc_update as a function's source or as a
+// Mango selector (Selector).
+func (d *Doc) UnmarshalJSON(b []byte) error {
+	type plain Doc
+	var c struct {
+		plain
+		Validate json.RawMessage `json:"validate_doc_update"`
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return err
+	}
+	*d = Doc(c.plain)
+	d.ValidateDocUpdate, d.Selector = "", nil
+	switch v := bytes.TrimSpace(c.Validate); {
+	case len(v) == 0 || string(v) == "null":
+	case v[0] == '"':
+		return json.Unmarshal(v, &d.ValidateDocUpdate)
+	default:
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, v); err != nil {
+			return err
+		}
+		d.Selector = compact.Bytes()
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package designdocs
 
 import (
+	"encoding/json"
 	"io/fs"
 	"testing"
 	"testing/fstest"
@@ -188,5 +189,71 @@ func TestWithLanguage(t *testing.T) {
 	// Validation off keeps the language.
 	if off := q.WithValidation(ValidationOff); off.Language != string(QuickJS) || off.Couchq.Hash != off.contentHash() {
 		t.Errorf("validation off: language %q", off.Language)
+	}
+}
+
+// The Mango validation document holds its selector as validate_doc_update,
+// an object, in a document of language query, and reads back the same.
+func TestValidateDocRoundTrips(t *testing.T) {
+	v, err := DefaultValidate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.ID != ValidateID || v.Language != Query || v.Couchq.Validation != ValidationMango || len(v.Selector) == 0 || v.ValidateDocUpdate != "" {
+		t.Fatalf("validate document: id %s, language %s, validation %s, selector %d bytes", v.ID, v.Language, v.Couchq.Validation, len(v.Selector))
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored map[string]json.RawMessage
+	if err := json.Unmarshal(b, &stored); err != nil {
+		t.Fatal(err)
+	}
+	if s := stored["validate_doc_update"]; len(s) == 0 || s[0] != '{' {
+		t.Errorf("validate_doc_update stored as %.40s, want the selector object", s)
+	}
+	if _, ok := stored["views"]; ok {
+		t.Error("the validate document carries views")
+	}
+	var back Doc
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.contentHash() != v.Couchq.Hash || back.ValidationOf() != ValidationMango {
+		t.Errorf("read back: hash %s, want %s; validation %s", back.contentHash(), v.Couchq.Hash, back.ValidationOf())
+	}
+	// The claim document keeps its function as a string.
+	doc, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claim Doc
+	if err := json.Unmarshal(b, &claim); err != nil {
+		t.Fatal(err)
+	}
+	if claim.ValidateDocUpdate != doc.ValidateDocUpdate || claim.Selector != nil || claim.contentHash() != doc.Couchq.Hash {
+		t.Error("the claim document did not read back as written")
+	}
+	mango := doc.WithValidation(ValidationMango)
+	if mango.ValidateDocUpdate != "" || mango.ValidationOf() != ValidationMango || !mango.Validating() || mango.Couchq.Hash == doc.Couchq.Hash {
+		t.Errorf("claim document with validation mango: %+v", mango.Couchq)
+	}
+}
+
+func TestParseValidation(t *testing.T) {
+	for _, s := range []string{"on", "off", "mango", "auto"} {
+		if v, err := ParseValidation(s); err != nil || string(v) != s {
+			t.Errorf("ParseValidation(%q) = %q, %v", s, v, err)
+		}
+	}
+	for _, s := range []string{"", "On", "js", "yes"} {
+		if _, err := ParseValidation(s); err == nil {
+			t.Errorf("ParseValidation(%q) accepted", s)
+		}
 	}
 }

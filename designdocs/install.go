@@ -41,8 +41,9 @@ const installAttempts = 10
 // Install makes db carry want, idempotently: unchanged content is not
 // rewritten, a design document from a newer schema is kept, and concurrent
 // installers all succeed because a 409 is answered by reading again.
-// validation turns validate_doc_update on or off, or (ValidationKept) keeps
-// the stored document's choice.
+// validation turns validate_doc_update on or off, leaves it to
+// _design/couchq-validate (ValidationMango; Init installs that one), or
+// (ValidationKept) keeps the stored document's choice.
 func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation, log zerolog.Logger) (Outcome, error) {
 	for range installAttempts {
 		have, err := fetch(ctx, db, want.ID)
@@ -51,8 +52,8 @@ func Install(ctx context.Context, db *kivik.DB, want *Doc, validation Validation
 		}
 		outcome := Created
 		v := validation
-		if v == ValidationKept && have != nil && !have.Validating() {
-			v = ValidationOff
+		if v == ValidationKept && have != nil && have.ValidationOf() != ValidationOn {
+			v = have.ValidationOf()
 		}
 		want := want.WithValidation(v)
 		doc := *want
@@ -143,4 +144,33 @@ func fetch(ctx context.Context, db *kivik.DB, id string) (*Doc, error) {
 		have.Language = string(JavaScript)
 	}
 	return &have, nil
+}
+
+// Remove deletes the design document id from db when it is there, as
+// couchq init does with _design/couchq-validate when the database's
+// validation is no longer mango.
+func Remove(ctx context.Context, db *kivik.DB, id string, log zerolog.Logger) error {
+	for range installAttempts {
+		rev, err := db.GetRev(ctx, id)
+		if kivik.HTTPStatus(err) == http.StatusNotFound {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("looking for design document %s: %w", id, err)
+		}
+		if _, err := db.Delete(ctx, id, rev); err != nil {
+			switch kivik.HTTPStatus(err) {
+			case http.StatusConflict:
+				continue // rewritten meanwhile: look again
+			case http.StatusNotFound:
+				return nil
+			case http.StatusUnauthorized, http.StatusForbidden:
+				return fmt.Errorf("%w: design document %s no longer belongs in the database, and only an admin may remove it: %w", ErrNeedsAdmin, id, err)
+			}
+			return fmt.Errorf("removing design document %s: %w", id, err)
+		}
+		log.Info().Str("design_doc", id).Msg("removed design document")
+		return nil
+	}
+	return fmt.Errorf("removing design document %s: still conflicting after %d attempts", id, installAttempts)
 }

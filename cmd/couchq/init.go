@@ -11,7 +11,7 @@ import (
 	"github.com/couchq/couchq/internal/protocol"
 )
 
-const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation on|off] [--language LANG] [flags]
+const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation MODE] [--language LANG] [flags]
 
 Creates the database when it does not exist and installs the design
 documents (_design/couchq: claim views, changes filter, validation;
@@ -23,10 +23,16 @@ database admin: only admins may write design documents and _security.
 	                   finish, cancel, retry, pause and sweep jobs
 	--producers LIST   users and roles that enqueue: they may create jobs
 	                   and edit jobs nobody holds, nothing else
-	--validation on|off
-	                   whether the design document's validate_doc_update
-	                   checks every write (default: keep the database's
-	                   choice; on for a new database)
+	--validation on|mango|off|auto
+	                   how CouchDB checks every write: on, couchq's
+	                   JavaScript validate_doc_update (says why a job is
+	                   refused, enforces the roles); mango, the same
+	                   checks as a Mango selector CouchDB runs without
+	                   JavaScript, on servers that have it (Apache CouchDB
+	                   after 3.5), enforcing no roles; off; or auto, mango
+	                   where the server has it and no roles are set, else
+	                   on (default: keep the database's choice; auto for a
+	                   new database)
 	--language javascript|javascript_quickjs
 	                   the JavaScript engine of the design documents'
 	                   functions: javascript, the server's default engine,
@@ -48,7 +54,10 @@ goes through CouchDB's JavaScript server. --validation off is for
 high-volume queues whose writers are trusted: malformed jobs are then
 stored and workers quarantine them (failed, with the reason) when they
 meet them, and roles are not enforced, so it cannot go with --workers or
---producers. Workers never change the choice, nor the language.
+--producers. --validation mango keeps the checks of malformed jobs
+at a fraction of the cost where the server runs it, but refuses them
+with CouchDB's bare "document is not valid" and enforces no roles either.
+Workers never change the choice, nor the language.
 `
 
 func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -57,7 +66,7 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	var workers, producers, validation, language string
 	fs.StringVar(&workers, "workers", "", "users and roles that run workers")
 	fs.StringVar(&producers, "producers", "", "users and roles that enqueue")
-	fs.StringVar(&validation, "validation", "", "on or off")
+	fs.StringVar(&validation, "validation", "", "on, mango, off or auto")
 	fs.StringVar(&language, "language", "", "javascript or javascript_quickjs")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
@@ -88,9 +97,10 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	if setRoles && roles.Workers.Empty() && roles.Producers.Empty() {
 		return cli.Usagef("--workers and --producers name nobody: give user names or role:NAME")
 	}
-	if setRoles && opts.Validation == designdocs.ValidationOff {
-		return cli.Usagef("--validation off cannot go with --workers/--producers: validation is what enforces the roles")
+	if setRoles && (opts.Validation == designdocs.ValidationOff || opts.Validation == designdocs.ValidationMango) {
+		return cli.Usagef("--validation %s cannot go with --workers/--producers: only validation on enforces the roles", opts.Validation)
 	}
+	opts.Roles = setRoles
 	if err := conn.resolve(m); err != nil {
 		return err
 	}
@@ -104,8 +114,8 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	if err != nil {
 		return err
 	}
-	if setRoles && res.Validation == designdocs.ValidationOff {
-		return fmt.Errorf("not setting --workers/--producers on %s: its design document has validation off, which would leave the roles unenforced; add --validation on", conn.DB)
+	if setRoles && res.Validation != designdocs.ValidationOn {
+		return fmt.Errorf("not setting --workers/--producers on %s: its validation is %s, which would leave the roles unenforced; add --validation on", conn.DB, res.Validation)
 	}
 	if setRoles {
 		sec, err := m.setRoles(ctx, conn, roles, log)

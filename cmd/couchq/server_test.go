@@ -60,13 +60,29 @@ func TestInitValidationSwitch(t *testing.T) {
 		t.Errorf("init after --validation off: %v %+v", err, res)
 	}
 	// Roles need validation: refused before anything is written.
-	expect(t, c.run(t, "init", "--validation", "off", "--workers", "someone"), exitUsage, "validation is what enforces the roles")
-	expect(t, c.run(t, "init", "--workers", "someone"), exitFailure, "validation off", "--validation on")
-	expect(t, c.run(t, "init", "--validation", "maybe"), exitUsage, `validation must be on or off, not "maybe"`)
+	expect(t, c.run(t, "init", "--validation", "off", "--workers", "someone"), exitUsage, "only validation on enforces the roles")
+	expect(t, c.run(t, "init", "--validation", "mango", "--producers", "someone"), exitUsage, "only validation on enforces the roles")
+	expect(t, c.run(t, "init", "--workers", "someone"), exitFailure, "its validation is off", "--validation on")
+	expect(t, c.run(t, "init", "--validation", "maybe"), exitUsage, `validation must be on, off, mango or auto, not "maybe"`)
 	r = c.run(t, "init", "--validation", "on", "--json")
 	expect(t, r, exitOK)
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" || res.DesignDoc != "upgraded" {
 		t.Errorf("init --validation on: %v %+v", err, res)
+	}
+	// Mango validation where the server runs it; elsewhere a clear refusal
+	// that leaves the database as it was.
+	r = c.run(t, "init", "--validation", "mango")
+	if r.code == exitOK {
+		if !strings.Contains(r.stdout, "validation is mango") {
+			t.Errorf("init --validation mango: %q", r.stdout)
+		}
+		return
+	}
+	expect(t, r, exitFailure, "does not run validate_doc_update written as a Mango selector", "--validation on")
+	r = c.run(t, "init", "--json")
+	expect(t, r, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" || res.DesignDoc != "unchanged" {
+		t.Errorf("init after a refused --validation mango: %v %+v", err, res)
 	}
 }
 

@@ -30,6 +30,9 @@ type run struct {
 	t   *target
 	// ceiling is section 1's result, when it ran.
 	ceiling *ceilingResult
+	// noMango says why the server runs no Mango validate_doc_update, once
+	// a section found out.
+	noMango error
 	// memory samples the Go heap while workers run.
 	memory *heapSampler
 	// scratch is a temporary directory (the CLI built for --procs).

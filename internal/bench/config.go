@@ -157,9 +157,10 @@ type Config struct {
 	// SitesJobs is the jobs each site of section 9 enqueues and runs, in
 	// each of its runs.
 	SitesJobs int
-	// Validation is the design document's validate_doc_update in the
-	// queue's databases (sections 2 to 7): on (the default) or off, as
-	// couchq init --validation sets it. Section 1 measures both.
+	// Validation is how the queue's databases validate writes (sections 2
+	// to 7): on (the default), mango or off, as couchq init --validation
+	// sets it. Sections 1 and 2 measure all three (mango where the server
+	// runs it).
 	Validation designdocs.Validation
 	// Language is the design documents' language, which picks the engine
 	// of their functions, as couchq init --language sets it; the zero
@@ -432,7 +433,7 @@ func ParseArgs(args []string, getenv func(string) string, stderr io.Writer) (Con
 	fs.IntVar(&c.Claims, "claims", ClaimsDefault, "sections 5 and 8: timed claims per backlog (section 8: per index)")
 	fs.IntVar(&c.SitesJobs, "sites-jobs", SitesJobsDefault, "section 9: jobs each site enqueues and runs, in each of its runs")
 	fs.Float64Var(&c.ClusterScale, "cluster-scale", ClusterScaleDefault, "the cluster's --jobs, --backlog-large and --rate, as a share of the given ones")
-	validation := fs.String("validation", "on", "the queue databases' validate_doc_update: on or off (couchq init --validation)")
+	validation := fs.String("validation", "on", "the queue databases' validation: on, mango or off (couchq init --validation)")
 	language := fs.String("language", "", "the design documents' language: javascript or javascript_quickjs (couchq init --language; default: what init picks)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the databases (default: drop each at the end of its section)")
 	fs.BoolVar(&c.Instrument, "instrument", true, "count HTTP requests and TCP connections per job (false: use couchq.Connect's client as is)")

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -134,6 +135,9 @@ func (b *run) runThroughput(ctx context.Context, s *Section) error {
 			return err
 		}
 		if err := b.runWithoutValidation(ctx, s); err != nil {
+			return err
+		}
+		if err := b.runWithMangoValidation(ctx, s); err != nil {
 			return err
 		}
 		if err := b.runFleet(ctx, s, tput); err != nil {
@@ -452,6 +456,53 @@ func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
 	s.add(numRow("  validation off: jobs run more than once", float64(jt.reruns), "", 0))
 	compactionRow(s, "  validation off: ", compacting, compactingOK)
 	cpuRows(s, "  validation off: ", cpu0, cpu1, cfg.Jobs)
+	return nil
+}
+
+// runWithMangoValidation runs section 2's backlog again, in process as
+// the main run, in a database validated by the Mango selector (validation
+// mango), where the server runs one, beside validation on and off. Not
+// judged: the targets are set for validation on and off.
+func (b *run) runWithMangoValidation(ctx context.Context, s *Section) error {
+	cfg := b.cfg
+	const metric = "validation mango: throughput"
+	if cfg.Validation == designdocs.ValidationMango {
+		return nil // the main run is this one
+	}
+	if b.noMango != nil {
+		s.add(textRow(metric, "not measured: the server runs no Mango validate_doc_update"))
+		return nil
+	}
+	db, c, err := b.indexedBacklog(ctx, s, "mangovalidation", designdocs.ValidationMango)
+	if errors.Is(err, protocol.ErrNoMangoValidation) {
+		b.noMango = err
+		s.add(textRow(metric, "not measured: the server runs no Mango validate_doc_update"))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	cpu0 := b.t.cpu()
+	_, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
+	if err != nil {
+		return err
+	}
+	cpu1 := b.t.cpu()
+	jt, err := readDone(ctx, c, cfg.Jobs)
+	if err != nil {
+		return err
+	}
+	tput := rate(int64(cfg.Jobs), jt.span())
+	s.add(numRow(fmt.Sprintf("%s, %d worker goroutines, first claim -> last done", metric, cfg.Workers), tput, "jobs/s", 0))
+	if b.ceiling != nil {
+		if b.ceiling.bulkMango > 0 {
+			s.add(numRow("  share of bulk with couchq's design doc, validation mango / 3", 100*ratio(tput, b.ceiling.bulkMango/3), "%", 1))
+		}
+		s.add(numRow("  share of bulk with couchq's design doc, validation on / 3", 100*ratio(tput, b.ceiling.designLimit()), "%", 1))
+		s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(tput, b.ceiling.jobsLimit()), "%", 1))
+	}
+	s.add(numRow("  validation mango: jobs run more than once", float64(jt.reruns), "", 0))
+	cpuRows(s, "  validation mango: ", cpu0, cpu1, cfg.Jobs)
 	return nil
 }
 

@@ -19,7 +19,7 @@ type InitResult struct {
 	DBCreated bool               `json:"database_created"`
 	DesignDoc designdocs.Outcome `json:"design_doc"`
 	Schema    int                `json:"schema"`
-	// Validation is whether the design document validates writes: on or off.
+	// Validation is how the database validates writes: on, mango or off.
 	Validation designdocs.Validation `json:"validation"`
 	// Language is the design documents' language (the engine of their
 	// functions): javascript or javascript_quickjs.
@@ -37,6 +37,16 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 	if err != nil {
 		return nil, ServerError(conn.URL, fmt.Errorf("checking database %s: %w", conn.DB, err))
 	}
+	if opts.Validation == designdocs.ValidationKept {
+		// A new database gets the cheapest validation the server runs.
+		stored, err := designdocs.Stored(ctx, client.DB(conn.DB))
+		if err != nil && exists {
+			return nil, ServerError(conn.URL, err)
+		}
+		if stored == nil {
+			opts.Validation = designdocs.ValidationAuto
+		}
+	}
 	outcome, err := protocol.InitWith(ctx, client, conn.DB, opts, log)
 	if err != nil {
 		return nil, ServerError(conn.URL, err)
@@ -53,10 +63,7 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 		return nil, ServerError(conn.URL, err)
 	}
 	res.Language = stored.Language
-	res.Validation = designdocs.ValidationOn
-	if !stored.Validating() {
-		res.Validation = designdocs.ValidationOff
-	}
+	res.Validation = stored.ValidationOf()
 	return res, nil
 }
 
@@ -88,8 +95,13 @@ func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
 	if _, err := fmt.Fprintf(w, "%s on %s; %s; validation %s; language %s\n", db, res.URL, dd, res.Validation, res.Language); err != nil {
 		return err
 	}
-	if res.Validation == designdocs.ValidationOff {
+	switch res.Validation {
+	case designdocs.ValidationOff:
 		if _, err := fmt.Fprintln(w, "validation is off: CouchDB stores malformed jobs (workers mark them failed with the reason) and any member may write any document"); err != nil {
+			return err
+		}
+	case designdocs.ValidationMango:
+		if _, err := fmt.Fprintf(w, "validation is mango (%s): CouchDB refuses malformed jobs without running JavaScript, saying only \"document is not valid\", and enforces no roles\n", designdocs.ValidateID); err != nil {
 			return err
 		}
 	}

@@ -201,10 +201,16 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 
 // InitOptions are what an admin chooses at couchq init.
 type InitOptions struct {
-	// Validation turns the design document's validate_doc_update on or off;
-	// the zero value keeps what the database has. See designdocs.Validation
-	// for what each costs and guards.
+	// Validation turns the database's validation on, off or to a Mango
+	// selector (mango, where the server runs one), or lets Init choose
+	// (auto: mango where the server runs it, unless Roles, else on); the
+	// zero value keeps what the database has, on for a new one. See
+	// designdocs.Validation for what each costs and guards.
 	Validation designdocs.Validation
+	// Roles says the caller is about to set who may write the database
+	// (couchq init --workers/--producers): only validation on enforces
+	// that, so auto chooses it.
+	Roles bool
 	// Language picks the JavaScript engine the design documents' functions
 	// run in; the zero value keeps the stored documents' choice, and for a
 	// new database (or one from before the choice existed) takes the
@@ -237,9 +243,29 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 	for i, d := range docs {
 		docs[i] = d.WithLanguage(lang)
 	}
-	outcome, err := designdocs.Install(ctx, db, docs[0], opts.Validation, log)
+	validation, err := chooseValidation(ctx, client, db, opts, log)
 	if err != nil {
 		return "", err
+	}
+	if validation == designdocs.ValidationMango {
+		// The selector first, so that no write finds the database with
+		// neither it nor the function.
+		v, err := designdocs.DefaultValidate()
+		if err != nil {
+			return "", err
+		}
+		if _, err := designdocs.Install(ctx, db, v, designdocs.ValidationKept, log); err != nil {
+			return "", err
+		}
+	}
+	outcome, err := designdocs.Install(ctx, db, docs[0], validation, log)
+	if err != nil {
+		return "", err
+	}
+	if validation != designdocs.ValidationMango && outcome != designdocs.KeptNewer {
+		if err := designdocs.Remove(ctx, db, designdocs.ValidateID, log); err != nil {
+			return "", err
+		}
 	}
 	for _, d := range docs[1:] {
 		o, err := designdocs.Install(ctx, db, d, designdocs.ValidationKept, log)
