@@ -438,6 +438,12 @@ func (d *Doc) contentHash() string {
 	}
 	write("language", "", d.Language)
 	write("validate", "", d.ValidateDocUpdate)
+	if d.Couchq.Validation == ValidationMango && d.Selector == nil {
+		// The claim document of validation mango runs what validation
+		// off's does; its hash tells the two apart, so that switching
+		// between them is written.
+		write("validation", "", string(ValidationMango))
+	}
 	if d.Selector != nil {
 		write("selector", "", string(d.Selector))
 	}

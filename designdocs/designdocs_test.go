@@ -240,7 +240,9 @@ func TestValidateDocRoundTrips(t *testing.T) {
 		t.Error("the claim document did not read back as written")
 	}
 	mango := doc.WithValidation(ValidationMango)
-	if mango.ValidateDocUpdate != "" || mango.ValidationOf() != ValidationMango || !mango.Validating() || mango.Couchq.Hash == doc.Couchq.Hash {
+	off := doc.WithValidation(ValidationOff)
+	if mango.ValidateDocUpdate != "" || mango.ValidationOf() != ValidationMango || !mango.Validating() ||
+		mango.Couchq.Hash == doc.Couchq.Hash || mango.Couchq.Hash == off.Couchq.Hash || mango.Couchq.Hash != mango.contentHash() {
 		t.Errorf("claim document with validation mango: %+v", mango.Couchq)
 	}
 }

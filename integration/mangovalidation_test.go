@@ -19,13 +19,15 @@ import (
 
 // mangoLaxer are the documents the JavaScript validation refuses and the
 // Mango selector stores, each with why: a selector cannot compare one
-// field with another. Workers quarantine what they cannot run among them.
+// field with another, nor bound an array's length. Workers quarantine
+// what they cannot run among them.
 var mangoLaxer = map[string]string{
 	"control-id-mismatch":      "the id must be control:<worker>: compares _id with worker",
 	"slot-id-mismatch":         "the id must be slot:<sequence>:<slot>: compares _id with two fields",
 	"unique-key-wrong-id":      "the id must start job:unique:<worker>:<key>: compares _id with two fields",
 	"after-names-itself":       "after must not name the job's own id: compares after with _id",
 	"progress-done-over-total": "progress.done at most progress.total: compares two fields",
+	"after-1001":               "after names at most 1000 jobs: a selector cannot bound an array's length",
 }
 
 // mangoStricter are the documents the Mango selector refuses and the

@@ -110,6 +110,10 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		return err
 	}
 	defer client.Close()
+	if !opts.Roles && (opts.Validation == designdocs.ValidationKept || opts.Validation == designdocs.ValidationAuto) {
+		// Validation may be chosen (auto): roles set earlier need it on.
+		opts.Roles = m.hasRoles(ctx, conn, log)
+	}
 	res, err := cli.InitDB(ctx, client, &conn.Conn, opts, log)
 	if err != nil {
 		return err
@@ -130,6 +134,17 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		res.Security = sec
 	}
 	return cli.PrintInit(m.Stdout, res, conn.json)
+}
+
+// hasRoles reports whether the database's _security has couchq's roles;
+// false when it cannot be read (a new database has none).
+func (m *Main) hasRoles(ctx context.Context, conn *connFlags, log zerolog.Logger) bool {
+	srv, err := conn.Connect(ctx, log)
+	if err != nil {
+		return false
+	}
+	sec, err := srv.Security(ctx, conn.DB)
+	return err == nil && sec.Couchq != nil
 }
 
 // setRoles writes who may use the database into its _security.

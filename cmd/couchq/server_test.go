@@ -587,3 +587,31 @@ func TestWorkerPeriodicAndPeriodicLs(t *testing.T) {
 		t.Fatalf("no periodic job ran:\n%s", r.stdout)
 	}
 }
+
+// couchq init on a new database validates with the Mango selector where
+// the server runs one, else with the JavaScript function; a database
+// validated by the selector takes roles only once validation is on.
+func TestInitChoosesValidationForANewDatabase(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	r := c.run(t, "init", "--json")
+	expect(t, r, exitOK)
+	var res cli.InitResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatal(err)
+	}
+	switch res.Validation {
+	case "mango":
+		expect(t, c.run(t, "init", "--workers", "someone"), exitFailure, "its validation is mango", "--validation on")
+		r = c.run(t, "init", "--workers", "someone", "--validation", "on", "--json")
+		expect(t, r, exitOK)
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" {
+			t.Errorf("init --workers --validation on: %v %+v", err, res)
+		}
+	case "on":
+		// The server has no Mango validation: asking for it says so.
+		expect(t, c.run(t, "init", "--validation", "mango"), exitFailure, "does not run validate_doc_update written as a Mango selector")
+	default:
+		t.Errorf("a new database got validation %q, want mango or on", res.Validation)
+	}
+}

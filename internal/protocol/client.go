@@ -207,9 +207,9 @@ type InitOptions struct {
 	// zero value keeps what the database has, on for a new one. See
 	// designdocs.Validation for what each costs and guards.
 	Validation designdocs.Validation
-	// Roles says the caller is about to set who may write the database
-	// (couchq init --workers/--producers): only validation on enforces
-	// that, so auto chooses it.
+	// Roles says the database's _security has couchq's roles, or is about
+	// to (couchq init --workers/--producers): only validation on enforces
+	// them, so auto chooses it.
 	Roles bool
 	// Language picks the JavaScript engine the design documents' functions
 	// run in; the zero value keeps the stored documents' choice, and for a

@@ -22,7 +22,7 @@ var ErrNoMangoValidation = errors.New("the server does not run validate_doc_upda
 
 // chooseValidation resolves opts.Validation for db into on, off or mango:
 // the stored choice when kept (on for a new database), and for auto mango
-// where the server runs it and roles are not wanted, else on. Mango is
+// where the server runs it and opts.Roles is false, else on. Mango is
 // asked of the server once, unless the database already has it.
 func chooseValidation(ctx context.Context, client *kivik.Client, db *kivik.DB, opts InitOptions, log zerolog.Logger) (designdocs.Validation, error) {
 	have, err := designdocs.Stored(ctx, db)
@@ -50,12 +50,6 @@ func chooseValidation(ctx context.Context, client *kivik.Client, db *kivik.DB, o
 		if opts.Roles {
 			return designdocs.ValidationOn, nil
 		}
-		if roles, err := hasRoles(ctx, db); err != nil || roles {
-			if err != nil {
-				log.Info().Err(err).Msg("could not read the database's security object to see whether it has couchq roles: validation on, which enforces them")
-			}
-			return designdocs.ValidationOn, nil
-		}
 		if have != nil && stored == designdocs.ValidationMango {
 			return stored, nil
 		}
@@ -67,16 +61,6 @@ func chooseValidation(ctx context.Context, client *kivik.Client, db *kivik.DB, o
 		return designdocs.ValidationMango, nil
 	}
 	return "", fmt.Errorf("unknown validation %q", opts.Validation)
-}
-
-// hasRoles reports whether db's security object has couchq's roles
-// (SetRoles), which only the JavaScript validation enforces.
-func hasRoles(ctx context.Context, db *kivik.DB) (bool, error) {
-	var sec map[string]any
-	if err := db.Get(ctx, "_security").ScanDoc(&sec); err != nil {
-		return false, fmt.Errorf("reading the security object of %s: %w", db.Name(), err)
-	}
-	return sec[securityRolesKey] != nil, nil
 }
 
 // mangoProbeWait bounds how long the probe waits for its design document
