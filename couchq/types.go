@@ -175,11 +175,15 @@ type Sequence = protocol.Sequence
 // released, or until its time to live runs out.
 type Reservation = protocol.Reservation
 
-// InitOptions are what Server.Init is asked to choose: whether the design
-// document validates every write (Validation; the zero value keeps the
-// database's choice, on for a new one) and the JavaScript engine of the
-// design documents' functions (Language; the zero value keeps the stored
-// choice, else the fastest the server has).
+// InitOptions are what Server.Init is asked to choose: how CouchDB
+// validates every write (Validation: on, mango where the server runs a
+// Mango validate_doc_update, off, or auto; the zero value keeps the
+// database's choice, on for a new one; see designdocs.Validation), whether
+// the database has couchq's roles, which only validation on enforces
+// (Roles, for auto), and the JavaScript engine of the design documents'
+// functions (Language; the zero value keeps the stored choice, else the
+// fastest the server has). Validation mango on a server without it fails
+// with designdocs.ErrNoMangoValidation and changes nothing.
 type InitOptions = protocol.InitOptions
 
 // MalformedError describes a stored document couchq cannot run: its id and

@@ -34,6 +34,11 @@ const (
 // design documents. A database admin runs couchq init.
 var ErrNeedsAdmin = errors.New("run `couchq init` as an admin")
 
+// ErrNoMangoValidation means the server does not run validate_doc_update
+// written as a Mango selector, which ValidationMango needs: Apache CouchDB
+// 3.5 and earlier and PouchDB Server do not. Init changed nothing.
+var ErrNoMangoValidation = errors.New("the server does not run validate_doc_update written as a Mango selector (Apache CouchDB after 3.5 does): use --validation on")
+
 // installAttempts bounds the read-compare-write loop. Each lost race means
 // another installer wrote in between; a handful of rounds always settles.
 const installAttempts = 10

@@ -178,6 +178,9 @@ func (b *run) runCeiling(ctx context.Context, s *Section) error {
 	if bulkBare.cpu > 0 {
 		s.add(textRow("server CPU per document in _bulk_docs: bare / couchq's design doc / validation off / one-line validation",
 			fmt.Sprintf("%s / %s / %s / %s", formatDuration(bulkBare.cpu), formatDuration(bulkDesign.cpu), formatDuration(bulkNoValidation.cpu), formatDuration(bulkOneLine.cpu))))
+		if bulkMango.cpu > 0 {
+			s.add(durRow("server CPU per document in _bulk_docs: design doc with validation mango", bulkMango.cpu))
+		}
 	}
 	b.ceiling = &ceilingResult{put1: put1, putC: putC, bulkBare: bulkBare.best(), bulkDesign: bulkDesign.best(), bulkNoValidation: bulkNoValidation.best(), bulkMango: bulkMango.best()}
 	s.add(numRow("physical limit: bulk (bare) / 3", b.ceiling.jobsLimit(), "jobs/s", 0))

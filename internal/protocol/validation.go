@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -15,10 +14,8 @@ import (
 	"github.com/couchq/couchq/designdocs"
 )
 
-// ErrNoMangoValidation means the server does not run validate_doc_update
-// written as a Mango selector, which --validation mango needs: Apache
-// CouchDB 3.5 and earlier and PouchDB Server do not.
-var ErrNoMangoValidation = errors.New("the server does not run validate_doc_update written as a Mango selector (Apache CouchDB after 3.5 does): use --validation on")
+// ErrNoMangoValidation is designdocs.ErrNoMangoValidation.
+var ErrNoMangoValidation = designdocs.ErrNoMangoValidation
 
 // chooseValidation resolves opts.Validation for db into on, off or mango:
 // the stored choice when kept (on for a new database), and for auto mango
