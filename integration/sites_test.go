@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -352,6 +355,15 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 	var rc siteRuns
 	a.startWorkers(ctx, t, &rc, 1, "thumb")
 	b.startWorkers(ctx, t, &rc, 1, "thumb")
+	// The Mango validation's design document stays at its site: a server
+	// without such validation (the producer's) would fail every write with
+	// it. An empty one stands in for it here, where no server may run it;
+	// a design document of another name crosses the links.
+	for _, id := range []string{designdocs.ValidateID, "_design/app"} {
+		if _, err := a.conn.Client.DB(sitesDB).Put(ctx, id, map[string]any{"language": "javascript"}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// Offline: the producer's client works for no site (it runs no
 	// workers); its jobs name their owners, or none (the default, A).
@@ -380,6 +392,15 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a, b, p)
 	time.Sleep(3 * time.Second)
 	checkRanOnceAtOwner(t, &rc, owners)
+	for _, s := range []*testSite{b, p} {
+		db := s.conn.Client.DB(sitesDB)
+		if _, err := db.GetRev(ctx, "_design/app"); err != nil {
+			t.Errorf("site %s: a design document did not cross the links: %v", s.name, err)
+		}
+		if _, err := db.GetRev(ctx, designdocs.ValidateID); kivik.HTTPStatus(err) != http.StatusNotFound {
+			t.Errorf("site %s: %s crossed the links (%v)", s.name, designdocs.ValidateID, err)
+		}
+	}
 }
 
 // Site A stops with jobs claimed and queued; B takes A's jobs over and runs

@@ -255,6 +255,12 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 			return "", err
 		}
 		if _, err := designdocs.Install(ctx, db, v, designdocs.ValidationKept, log); err != nil {
+			if kivik.HTTPStatus(err) == http.StatusBadRequest {
+				// The database chose mango on another server: a site's,
+				// whose design documents replicated here.
+				return "", fmt.Errorf("%w: %s validates with a Mango selector (validation mango, chosen where its design documents were first installed), and this server refuses the selector's design document; run couchq init --validation on here and at every site it is linked to: %w",
+					designdocs.ErrNoMangoValidation, dbName, err)
+			}
 			return "", err
 		}
 	}

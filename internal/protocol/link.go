@@ -41,7 +41,11 @@ var replicatedTypes = []string{DocType, SitesDocType, SiteHeartbeatDocType, Site
 func linkSelector() map[string]any {
 	return map[string]any{"$or": []any{
 		map[string]any{"type": map[string]any{"$in": replicatedTypes}},
-		map[string]any{"_id": map[string]any{"$regex": "^_design/"}},
+		// Design documents but the Mango validation's, which a server
+		// without such validation (a PouchDB producer, an older CouchDB)
+		// would take and then fail every write with: each site installs
+		// its own (couchq init).
+		map[string]any{"_id": map[string]any{"$regex": "^_design/(?!couchq-validate$)"}},
 		// Tombstones carry no type: purged jobs and withdrawn branches
 		// must reach the other sites too.
 		map[string]any{"_deleted": true},
