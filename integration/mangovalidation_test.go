@@ -78,16 +78,7 @@ func mangoCases() map[string]string {
 // off. Where the server does not run it, init says so and changes nothing,
 // and auto falls back to on.
 func TestMangoValidation(t *testing.T) {
-	t.Run("single", func(t *testing.T) {
-		tb := setupWithout(t, protocol.Config{})
-		testMangoValidation(t, validationTarget{ctx: tb.ctx, admin: tb.kivik, db: tb.db.Name(), byHand: server,
-			producer: tb.client, worker: tb.client, lease: tb.lease, log: tb.log})
-	})
-	t.Run("cluster", func(t *testing.T) {
-		cb := setupCluster(t, protocol.Config{})
-		testMangoValidation(t, validationTarget{ctx: cb.ctx, admin: cb.cl.Node(1).Client(t), db: cb.dbName, byHand: cb.cl.Node(2),
-			producer: cb.clients[0], worker: cb.clients[2], lease: 15 * time.Second, log: cb.log})
-	})
+	onValidationTargets(t, testMangoValidation)
 }
 
 func testMangoValidation(t *testing.T, vt validationTarget) {

@@ -37,14 +37,21 @@ type validationTarget struct {
 // install that keeps the choice (every worker's) leaves it off; switching
 // it on again brings the refusals back.
 func TestValidationSwitch(t *testing.T) {
+	onValidationTargets(t, testValidationSwitch)
+}
+
+// onValidationTargets runs test on a single node and on the cluster, where
+// an application writes through another node than the admin installs
+// through, and the producer and the worker use different nodes again.
+func onValidationTargets(t *testing.T, test func(*testing.T, validationTarget)) {
 	t.Run("single", func(t *testing.T) {
 		tb := setupWithout(t, protocol.Config{})
-		testValidationSwitch(t, validationTarget{ctx: tb.ctx, admin: tb.kivik, db: tb.db.Name(), byHand: server,
+		test(t, validationTarget{ctx: tb.ctx, admin: tb.kivik, db: tb.db.Name(), byHand: server,
 			producer: tb.client, worker: tb.client, lease: tb.lease, log: tb.log})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cb := setupCluster(t, protocol.Config{})
-		testValidationSwitch(t, validationTarget{ctx: cb.ctx, admin: cb.cl.Node(1).Client(t), db: cb.dbName, byHand: cb.cl.Node(2),
+		test(t, validationTarget{ctx: cb.ctx, admin: cb.cl.Node(1).Client(t), db: cb.dbName, byHand: cb.cl.Node(2),
 			producer: cb.clients[0], worker: cb.clients[2], lease: 15 * time.Second, log: cb.log})
 	})
 }

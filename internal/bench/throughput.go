@@ -422,40 +422,24 @@ func (b *run) priorHeadline(kind, key string) (Row, bool) {
 // judges it against TargetNoValidationShare. It runs only when the main
 // run had validation on (with it off, the main run is this one).
 func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
-	cfg := b.cfg
-	if cfg.Validation == designdocs.ValidationOff {
+	if b.cfg.Validation == designdocs.ValidationOff {
 		return nil
 	}
-	db, c, err := b.indexedBacklog(ctx, s, "novalidation", designdocs.ValidationOff)
+	r, err := b.runValidated(ctx, s, "novalidation", designdocs.ValidationOff)
 	if err != nil {
 		return err
 	}
-	cpu0 := b.t.cpu()
-	watch := b.t.watchCompaction(ctx, db)
-	_, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
-	compacting, compactingOK := watch.stopWatch()
-	if err != nil {
-		return err
-	}
-	cpu1 := b.t.cpu()
-	jt, err := readDone(ctx, c, cfg.Jobs)
-	if err != nil {
-		return err
-	}
-	tput := rate(int64(cfg.Jobs), jt.span())
-	row := s.add(numRow(fmt.Sprintf("validation off: throughput, %d worker goroutines, first claim -> last done", cfg.Workers), tput, "jobs/s", 0))
+	row := s.add(numRow(fmt.Sprintf("validation off: throughput, %d worker goroutines, first claim -> last done", b.cfg.Workers), r.tput, "jobs/s", 0))
 	row.Key = keyNoValidation
 	if b.server.kind == ServerCluster {
 		// Not judged: the cluster's targets are its own, validation on.
 		if b.ceiling != nil {
-			s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(tput, b.ceiling.jobsLimit()), "%", 1)).Key = keyNoValidationShare
+			s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(r.tput, b.ceiling.jobsLimit()), "%", 1)).Key = keyNoValidationShare
 		}
 	} else {
-		b.judgeThroughput(s, row, tput, designdocs.ValidationOff)
+		b.judgeThroughput(s, row, r.tput, designdocs.ValidationOff)
 	}
-	s.add(numRow("  validation off: jobs run more than once", float64(jt.reruns), "", 0))
-	compactionRow(s, "  validation off: ", compacting, compactingOK)
-	cpuRows(s, "  validation off: ", cpu0, cpu1, cfg.Jobs)
+	r.rows(s, "  validation off: ", b.cfg.Jobs)
 	return nil
 }
 
@@ -464,46 +448,76 @@ func (b *run) runWithoutValidation(ctx context.Context, s *Section) error {
 // mango), where the server runs one, beside validation on and off. Not
 // judged: the targets are set for validation on and off.
 func (b *run) runWithMangoValidation(ctx context.Context, s *Section) error {
-	cfg := b.cfg
 	const metric = "validation mango: throughput"
-	if cfg.Validation == designdocs.ValidationMango {
+	if b.cfg.Validation == designdocs.ValidationMango {
 		return nil // the main run is this one
 	}
-	if b.noMango != nil {
+	var r *validatedRun
+	var err error
+	if b.noMango == nil {
+		r, err = b.runValidated(ctx, s, "mangovalidation", designdocs.ValidationMango)
+		if errors.Is(err, protocol.ErrNoMangoValidation) {
+			b.noMango, err = err, nil
+		}
+	}
+	switch {
+	case err != nil:
+		return err
+	case b.noMango != nil:
 		s.add(textRow(metric, "not measured: the server runs no Mango validate_doc_update"))
 		return nil
 	}
-	db, c, err := b.indexedBacklog(ctx, s, "mangovalidation", designdocs.ValidationMango)
-	if errors.Is(err, protocol.ErrNoMangoValidation) {
-		b.noMango = err
-		s.add(textRow(metric, "not measured: the server runs no Mango validate_doc_update"))
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	cpu0 := b.t.cpu()
-	_, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
-	if err != nil {
-		return err
-	}
-	cpu1 := b.t.cpu()
-	jt, err := readDone(ctx, c, cfg.Jobs)
-	if err != nil {
-		return err
-	}
-	tput := rate(int64(cfg.Jobs), jt.span())
-	s.add(numRow(fmt.Sprintf("%s, %d worker goroutines, first claim -> last done", metric, cfg.Workers), tput, "jobs/s", 0))
+	s.add(numRow(fmt.Sprintf("%s, %d worker goroutines, first claim -> last done", metric, b.cfg.Workers), r.tput, "jobs/s", 0))
 	if b.ceiling != nil {
 		if b.ceiling.bulkMango > 0 {
-			s.add(numRow("  share of bulk with couchq's design doc, validation mango / 3", 100*ratio(tput, b.ceiling.bulkMango/3), "%", 1))
+			s.add(numRow("  share of bulk with couchq's design doc, validation mango / 3", 100*ratio(r.tput, b.ceiling.bulkMango/3), "%", 1))
 		}
-		s.add(numRow("  share of bulk with couchq's design doc, validation on / 3", 100*ratio(tput, b.ceiling.designLimit()), "%", 1))
-		s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(tput, b.ceiling.jobsLimit()), "%", 1))
+		s.add(numRow("  share of bulk with couchq's design doc, validation on / 3", 100*ratio(r.tput, b.ceiling.designLimit()), "%", 1))
+		s.add(numRow("  share of the physical limit (bulk, bare / 3)", 100*ratio(r.tput, b.ceiling.jobsLimit()), "%", 1))
 	}
-	s.add(numRow("  validation mango: jobs run more than once", float64(jt.reruns), "", 0))
-	cpuRows(s, "  validation mango: ", cpu0, cpu1, cfg.Jobs)
+	r.rows(s, "  validation mango: ", b.cfg.Jobs)
 	return nil
+}
+
+// validatedRun is section 2's backlog worked again in a database of its
+// own, validated another way than the main run's.
+type validatedRun struct {
+	tput         float64
+	jt           jobTimes
+	cpu0, cpu1   cpuUse
+	compacting   float64
+	compactingOK bool
+}
+
+// runValidated enqueues and indexes section 2's backlog in a database
+// validated as given and works it in process as the main run does.
+func (b *run) runValidated(ctx context.Context, s *Section, what string, validation designdocs.Validation) (*validatedRun, error) {
+	cfg := b.cfg
+	db, c, err := b.indexedBacklog(ctx, s, what, validation)
+	if err != nil {
+		return nil, err
+	}
+	r := &validatedRun{cpu0: b.t.cpu()}
+	watch := b.t.watchCompaction(ctx, db)
+	_, err = b.workInProcess(ctx, db, splitConcurrency(cfg.Workers, cfg.Instances), cfg.Jobs)
+	r.compacting, r.compactingOK = watch.stopWatch()
+	if err != nil {
+		return nil, err
+	}
+	r.cpu1 = b.t.cpu()
+	if r.jt, err = readDone(ctx, c, cfg.Jobs); err != nil {
+		return nil, err
+	}
+	r.tput = rate(int64(cfg.Jobs), r.jt.span())
+	return r, nil
+}
+
+// rows adds what every validated run reports: reruns, compaction and CPU
+// per job, each metric led by prefix.
+func (r *validatedRun) rows(s *Section, prefix string, jobs int) {
+	s.add(numRow(prefix+"jobs run more than once", float64(r.jt.reruns), "", 0))
+	compactionRow(s, prefix, r.compacting, r.compactingOK)
+	cpuRows(s, prefix, r.cpu0, r.cpu1, jobs)
 }
 
 // compactionRow gives the share of a run's time in which the server was
