@@ -110,8 +110,10 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		return err
 	}
 	defer client.Close()
-	if !opts.Roles && (opts.Validation == designdocs.ValidationKept || opts.Validation == designdocs.ValidationAuto) {
-		// Validation may be chosen (auto): roles set earlier need it on.
+	if !opts.Roles && opts.Validation == designdocs.ValidationAuto {
+		// Roles set earlier need validation on. (Without the flag, auto
+		// applies only to a database without couchq's design documents,
+		// which init has not given roles.)
 		opts.Roles = m.hasRoles(ctx, conn, log)
 	}
 	res, err := cli.InitDB(ctx, client, &conn.Conn, opts, log)
