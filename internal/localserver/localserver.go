@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,6 +64,9 @@ type process struct {
 	out  *Tail
 	done chan struct{} // closed once cmd.Wait returned; err is set before
 	err  error
+	// stopping is set before the server is stopped or killed on purpose,
+	// so that an exit without it is reported as a crash.
+	stopping atomic.Bool
 }
 
 // Start installs PouchDB Server if needed (see EnsureInstalled) and starts it on opts.DataDir.
@@ -196,9 +200,15 @@ func (p *PouchDB) spawn() (*process, error) {
 		return nil, fmt.Errorf("starting PouchDB Server (%s %s): %w", p.node, p.script, err)
 	}
 	proc := &process{cmd: cmd, out: out, done: make(chan struct{})}
+	port := p.port
 	go func() {
 		proc.err = cmd.Wait()
 		close(proc.done)
+		if !proc.stopping.Load() {
+			// Every request to it fails from now on: say why once, with
+			// what it printed last.
+			p.logger.Error().Err(proc.err).Int("port", port).Msg("PouchDB Server exited on its own" + p.outputTail(proc))
+		}
 	}()
 	return proc, nil
 }
@@ -249,6 +259,7 @@ func (p *PouchDB) stopLocked(ctx context.Context) error {
 		return nil
 	}
 	p.proc = nil
+	proc.stopping.Store(true)
 	pid := proc.cmd.Process.Pid
 	_ = syscall.Kill(-pid, syscall.SIGTERM) // negative pid: the whole process group (Setpgid)
 	grace := time.NewTimer(stopGrace)
@@ -267,6 +278,7 @@ func (p *PouchDB) stopLocked(ctx context.Context) error {
 
 // kill SIGKILLs the process group and waits for the process to be reaped.
 func (p *PouchDB) kill(proc *process) {
+	proc.stopping.Store(true)
 	_ = syscall.Kill(-proc.cmd.Process.Pid, syscall.SIGKILL)
 	<-proc.done
 }
