@@ -170,7 +170,8 @@ func LanguageFor(vendor, version string) Language {
 // JavaScript, on servers that have such validation (Apache CouchDB after
 // 3.5): malformed WorkItems are refused with CouchDB's "document is not
 // valid", but roles are not enforced (a selector does not see who writes)
-// and the few rules that compare two fields are left to the workers. With
+// and the few rules that compare two fields are not checked (workers
+// still quarantine a job that waits for itself). With
 // it off, malformed WorkItems are stored and workers quarantine them as
 // they meet them (marked failed with the reason), and any member of the
 // database may write anything.

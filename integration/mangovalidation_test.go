@@ -19,8 +19,8 @@ import (
 
 // mangoLaxer are the documents the JavaScript validation refuses and the
 // Mango selector stores, each with why: a selector cannot compare one
-// field with another, nor bound an array's length. Workers quarantine
-// what they cannot run among them.
+// field with another, nor bound an array's length. Workers quarantine the
+// job that waits for itself and run the others as they are.
 var mangoLaxer = map[string]string{
 	"control-id-mismatch":      "the id must be control:<worker>: compares _id with worker",
 	"slot-id-mismatch":         "the id must be slot:<sequence>:<slot>: compares _id with two fields",
