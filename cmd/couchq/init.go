@@ -15,7 +15,8 @@ const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--val
 
 Creates the database when it does not exist and installs the design
 documents (_design/couchq: claim views, changes filter, validation;
-_design/couchq-ops: the views of stats, ls and serve), upgrading older ones.
+_design/couchq-ops: the views of stats, ls and serve; _design/couchq-validate
+with validation mango), upgrading older ones.
 Safe to run again and from many processes at once. Run it as a server or
 database admin: only admins may write design documents and _security.
 
