@@ -192,7 +192,7 @@ func runChaos(t *testing.T, bin string, target chaosTarget) {
 			}
 		}
 		if !blamed {
-			t.Errorf("job %s delivered %d times but no killed worker's expired claim explains it: %s", id, n, events(it))
+			t.Errorf("job %s delivered %d times but no killed worker's expired claim explains it: %+v", id, n, it.History)
 		}
 	}
 	t.Logf("chaos: %d jobs, %d workers, %d kills, %s restarted %v: %d duplicate deliveries (every one a killed worker's), %d deliveries in all",

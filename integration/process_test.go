@@ -441,11 +441,18 @@ func retriesOf(it *protocol.WorkItem) (n int, why []string) {
 }
 
 // claimedThenExpired reports whether the job's history has a claim by
-// claimant followed by a lease-expired entry that names it.
+// claimant followed by a lease-expired entry that names it, or, on a
+// cluster, a branch claimed by claimant that settling withdrew: settling
+// withdraws only leaves whose lease has run out, and may keep a conceded
+// claim of the same job over it (see settleRank), so the claimant's run is
+// then traced in the claim-withdrawn entry rather than by lease-expired.
 func claimedThenExpired(it *protocol.WorkItem, claimant string) bool {
 	claimed := false
 	for _, e := range it.History {
 		switch {
+		case e.Event == protocol.EventClaimWithdrawn && e.By == claimant &&
+			strings.Contains(e.Error, "(claimed by "+claimant+",") && strings.Contains(e.Error, "when the job was settled"):
+			return true
 		case e.Event == protocol.EventClaimed && e.By == claimant:
 			claimed = true
 		case claimed && e.Event == protocol.EventLeaseExpired && strings.Contains(e.Error, "claimant "+claimant+" presumed dead"):
