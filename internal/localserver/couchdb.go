@@ -405,6 +405,20 @@ func CompactionSettings() map[string]map[string]string {
 	}
 }
 
+// ClusterSettings are the ini sections and keys a cluster's nodes need for
+// couchq (docs/clusters.md, "CouchDB after 3.5"). CouchDB's main branch
+// (since March 2026, in no release yet) writes a document's copies one
+// after another and takes a conflict from any copy as final; a copy that
+// internal replication reached first then answers conflict for a write
+// the first copy stored, and the client is told 409 for a write that
+// happened. Off, copies are written at once, as in 3.5. Releases without
+// the setting ignore it.
+func ClusterSettings() map[string]map[string]string {
+	return map[string]map[string]string{
+		"fabric": {"serialize_worker_startup": "false"},
+	}
+}
+
 // writeNodeConfig writes node n's vm.args and local.ini: the release's own vm.args with this
 // node's name, cookie and distribution port, and an ini that puts data and log under n.dir.
 func (c *CouchDB) writeNodeConfig(n *couchNode) error {
@@ -475,6 +489,9 @@ level = warning
 `, data, c.uuid, single, n.httpPort, c.secret, c.opts.Q, min(c.opts.Nodes, 3),
 		filepath.Join(n.dir, "couchdb.log"), c.user, c.password, n.ip)
 	settings := CompactionSettings()
+	if c.opts.Nodes > 1 {
+		maps.Copy(settings, ClusterSettings())
+	}
 	for _, section := range slices.Sorted(maps.Keys(settings)) {
 		ini += "\n[" + section + "]\n"
 		for _, key := range slices.Sorted(maps.Keys(settings[section])) {
