@@ -405,7 +405,7 @@ func CompactionSettings() map[string]map[string]string {
 	}
 }
 
-// ClusterSettings are the ini sections and keys a cluster's nodes need for
+// clusterSettings are the ini sections and keys a cluster's nodes need for
 // couchq (docs/clusters.md, "CouchDB after 3.5"). CouchDB's main branch
 // (since March 2026, in no release yet) writes a document's copies one
 // after another and takes a conflict from any copy as final; a copy that
@@ -413,7 +413,7 @@ func CompactionSettings() map[string]map[string]string {
 // the first copy stored, and the client is told 409 for a write that
 // happened. Off, copies are written at once, as in 3.5. Releases without
 // the setting ignore it.
-func ClusterSettings() map[string]map[string]string {
+func clusterSettings() map[string]map[string]string {
 	return map[string]map[string]string{
 		"fabric": {"serialize_worker_startup": "false"},
 	}
@@ -490,7 +490,7 @@ level = warning
 		filepath.Join(n.dir, "couchdb.log"), c.user, c.password, n.ip)
 	settings := CompactionSettings()
 	if c.opts.Nodes > 1 {
-		maps.Copy(settings, ClusterSettings())
+		maps.Copy(settings, clusterSettings())
 	}
 	for _, section := range slices.Sorted(maps.Keys(settings)) {
 		ini += "\n[" + section + "]\n"
