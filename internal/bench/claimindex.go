@@ -323,13 +323,19 @@ func installMangoDue(ctx context.Context, w *docWriter) error {
 
 // mangoDue reads due jobs through the Mango index.
 func mangoDue(ctx context.Context, w *docWriter, now float64) ([]dueJob, error) {
+	return mangoDueOf(ctx, w, claimIndexWorker, now, claimIndexLimit)
+}
+
+// mangoDueOf reads up to limit due jobs of type worker, oldest first,
+// through the Mango index installMangoDue creates.
+func mangoDueOf(ctx context.Context, w *docWriter, worker string, now float64, limit int) ([]dueJob, error) {
 	sel := mangoDueSelector()
-	sel["worker"] = claimIndexWorker
+	sel["worker"] = worker
 	sel["date"] = map[string]any{"$lte": now}
 	body, err := json.Marshal(map[string]any{
 		"selector":  sel,
 		"sort":      []map[string]string{{"worker": "asc"}, {"date": "asc"}},
-		"limit":     claimIndexLimit,
+		"limit":     limit,
 		"use_index": []string{"claimindex", "due"},
 		"fields":    []string{"_id", "_rev"},
 	})

@@ -19,14 +19,15 @@ import (
 // couchq: the least any queue on this server can ask of it per job. Plain
 // HTTP, no leases, confirmations, history beyond the document's, feed or
 // retries: claimers each take a batch, claim it with one _bulk_docs and
-// finish it with another. Run five times: finding the jobs by id (no
+// finish it with another. Run six times: finding the jobs by id (no
 // index at all: the cost of reading and writing alone), in a bare database
 // and in one with couchq's design documents (what keeping their views up
 // to date, and validation if on, costs a queue that reads no index),
 // through couchq's claim view (what finding due work by a view adds, which
 // every view-claimed queue pays), and in the changes feed, filtered to
 // queued jobs and unfiltered (the ways to find new work without reading an
-// index). The issue's 80 % of bulk/3 is about what the first reaches in a
+// index), and in a partial Mango index (an index CouchDB builds without
+// JavaScript). The issue's 80 % of bulk/3 is about what the first reaches in a
 // bare database here (73-88 % on 2026-11-25) and above what any of them
 // reaches in a database with couchq's design documents once their views'
 // catch-up is counted (about 55 % on the node without validation, 22-24 %
@@ -76,6 +77,12 @@ const (
 	// It is the cheapest way for a queue to learn of new jobs without an
 	// index, if it could tell them from the id and revision alone.
 	findInPlainFeed
+	// findInMango reads a partial Mango (JSON) index on [worker, date]
+	// over the queued jobs, which CouchDB builds in Erlang without the
+	// JavaScript server: what a claim path reading such an index instead
+	// of the claim view could reach, couchq's design documents and their
+	// self-updating views kept as they are.
+	findInMango
 )
 
 // minimalRun is what a minimal queue's run measured.
@@ -117,6 +124,8 @@ func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, 
 					batch, err = q.dueInView(ctx, g)
 				case findInFeed, findInPlainFeed:
 					batch, err = q.dueInFeed(ctx, g, &since[g])
+				case findInMango:
+					batch, err = q.dueInMango(ctx, g)
 				default:
 					batch, err = q.byID(ctx, &next)
 				}
@@ -132,7 +141,7 @@ func (q *minimalQueue) run(ctx context.Context, cpu func() cpuUse) (minimalRun, 
 					switch q.find {
 					case findByID:
 						return // every id handed out
-					case findInView:
+					case findInView, findInMango:
 						// Others' claims not yet finished: look again.
 						time.Sleep(5 * time.Millisecond)
 					}
@@ -183,6 +192,11 @@ func (q *minimalQueue) byID(ctx context.Context, next *atomic.Int64) ([]minimalJ
 	for i := first; i <= min(last, int64(q.n)); i++ {
 		keys = append(keys, bulkID(i))
 	}
+	return q.revsOf(ctx, keys)
+}
+
+// revsOf reads the current revisions of the jobs keys from _all_docs.
+func (q *minimalQueue) revsOf(ctx context.Context, keys []string) ([]minimalJob, error) {
 	body, err := json.Marshal(map[string]any{"keys": keys})
 	if err != nil {
 		return nil, err
@@ -285,6 +299,42 @@ func (q *minimalQueue) dueInView(ctx context.Context, g int) ([]minimalJob, erro
 	return jobs, nil
 }
 
+// dueInMango reads the ids of the jobs the Mango index lists as due and
+// takes claimer g's share, as dueInView does, then reads their revisions
+// from _all_docs. The query asks for nothing the index does not hold (the
+// partial index keeps only queued jobs, so the selector need not say so):
+// CouchDB answers it from the index alone, reading no document.
+func (q *minimalQueue) dueInMango(ctx context.Context, g int) ([]minimalJob, error) {
+	body, err := json.Marshal(map[string]any{
+		"selector":  map[string]any{"worker": "ceiling", "date": map[string]any{"$lte": float64(time.Now().Unix())}},
+		"sort":      []map[string]string{{"worker": "asc"}, {"date": "asc"}},
+		"limit":     minimalClaimers * minimalBatch,
+		"use_index": []string{"claimindex", "due"},
+		"fields":    []string{"_id"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Docs []struct {
+			ID string `json:"_id"`
+		} `json:"docs"`
+	}
+	if err := q.w.do(ctx, http.MethodPost, q.dbURL()+"/_find", body, &res); err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, d := range res.Docs {
+		if claimerOf(d.ID) == g && len(keys) < minimalBatch {
+			keys = append(keys, d.ID)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	return q.revsOf(ctx, keys)
+}
+
 // claimAndFinish claims the batch with one _bulk_docs and finishes the
 // claims that stood with another; it returns the jobs finished.
 func (q *minimalQueue) claimAndFinish(ctx context.Context, jobs []minimalJob) (int, error) {
@@ -327,7 +377,7 @@ func minimalNote() string {
 	return fmt.Sprintf("Section 2's minimal queue is a yardstick, not a queue: %d claimers over plain HTTP, each reading a batch of %d jobs "+
 		"(by id from _all_docs, in a bare database and in one with couchq's design documents; from the claim view due_priority brought up to date, "+
 		"with the documents; or, ids and revisions, from the _changes feed filtered by a Mango selector to queued jobs, or unfiltered, "+
-		"taking first revisions; each claimer taking its share by a hash of the id), "+
+		"taking first revisions, or from a partial Mango index on [worker, date] over the queued jobs; each claimer taking its share by a hash of the id), "+
 		"claiming it with one _bulk_docs and finishing it with another; no leases, confirming reads or retries. "+
 		"The job documents are the ceiling's (section 1); the databases with couchq's design documents have them as section 2 installs them, "+
 		"their self-updating views (claim and sweep) built before the run, and are given again with the time and server CPU "+
@@ -358,12 +408,14 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 	var viewRate float64
 	var fastest float64 // of the queues in a database with couchq's design documents, catch-up counted
 	var viewWithCatchUp float64
+	var mangoWithCatchUp float64
 	for _, q := range []*minimalQueue{
 		{n: n},
 		{n: n, designDocs: true},
 		{n: n, designDocs: true, find: findInView},
 		{n: n, designDocs: true, find: findInFeed},
 		{n: n, designDocs: true, find: findInPlainFeed},
+		{n: n, designDocs: true, find: findInMango},
 	} {
 		newDB := b.newDB
 		if !q.designDocs {
@@ -383,6 +435,16 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 		if q.designDocs {
 			if _, err := b.bringIndexesUpToDate(ctx, db, autoIndexed()...); err != nil {
 				return fmt.Errorf("minimal queue: %w", err)
+			}
+		}
+		if q.find == findInMango {
+			// Built over the stored jobs before the run, as the views are
+			// (the first query builds it).
+			if err := installMangoDue(ctx, q.w); err != nil {
+				return fmt.Errorf("minimal queue: creating the Mango index: %w", err)
+			}
+			if _, err := mangoDueOf(ctx, q.w, "ceiling", 0, 1); err != nil {
+				return fmt.Errorf("minimal queue: building the Mango index: %w", err)
 			}
 		}
 		counters0 := b.t.counters(ctx)
@@ -411,8 +473,11 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 			s.add(durRow("  views' catch-up after the last job", catchUp))
 			s.add(numRow("  counting the views' catch-up", withCatchUp, "jobs/s", 0))
 			fastest = max(fastest, withCatchUp)
-			if q.find == findInView {
+			switch q.find {
+			case findInView:
 				viewWithCatchUp = withCatchUp
+			case findInMango:
+				mangoWithCatchUp = withCatchUp
 			}
 			b.minimalShareRow(s, withCatchUp)
 			if r.cpu0.serverOK && cpu2.serverOK {
@@ -445,6 +510,10 @@ func (b *run) runMinimalQueues(ctx context.Context, s *Section, n int, tput floa
 		// runtime around it.
 		r := s.add(reachRow(viewWithCatchUp, limit, target, what))
 		r.Metric, r.Key = reachViewRowMetric, keyReachView
+		// And for one that finds them in a Mango index: what a claim
+		// path moved off the JavaScript views could reach.
+		r = s.add(reachRow(mangoWithCatchUp, limit, target, what))
+		r.Metric, r.Key = reachMangoRowMetric, ""
 	}
 	return nil
 }
@@ -456,6 +525,10 @@ const reachRowMetric = "end-to-end target within reach of a queue keeping couchq
 // reachViewRowMetric names the row that says the same of the minimal
 // queue that reads the claim view.
 const reachViewRowMetric = "… within reach of a queue that finds its jobs in the claim view? (the minimal one, catch-up counted)"
+
+// reachMangoRowMetric names the row that says the same of the minimal
+// queue that reads a partial Mango index.
+const reachMangoRowMetric = "… within reach of a queue that finds its jobs in a Mango index? (the minimal one, catch-up counted)"
 
 // reachRow says whether fastest, the rate of the fastest minimal queue in a
 // database with couchq's design documents with its views' catch-up counted
@@ -493,6 +566,8 @@ func (q *minimalQueue) what() string {
 		return "minimal queue: jobs found in the changes feed, database with couchq's design documents"
 	case findInPlainFeed:
 		return "minimal queue: first revisions found in the unfiltered changes feed, database with couchq's design documents"
+	case findInMango:
+		return "minimal queue: jobs found in a partial Mango index on [worker, date], database with couchq's design documents"
 	}
 	if q.designDocs {
 		return "minimal queue: jobs found by id, database with couchq's design documents"

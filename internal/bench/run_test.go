@@ -370,7 +370,7 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 	queues := map[string]float64{}
 	var order []string
 	var catchUps []float64
-	var share, skipped, reach *Row
+	var share, skipped, reach, reachMango *Row
 	counters := map[string]string{} // by queue: couchq's before the first minimal queue
 	for i, r := range rows {
 		switch {
@@ -397,6 +397,8 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 			share = &rows[i]
 		case r.Metric == reachRowMetric:
 			reach = &rows[i]
+		case r.Metric == reachMangoRowMetric:
+			reachMango = &rows[i]
 		}
 	}
 	if rep.Server.Vendor != "couchdb" {
@@ -418,6 +420,7 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 		"minimal queue: jobs found in the claim view",
 		"minimal queue: jobs found in the changes feed, database with couchq's design documents",
 		"minimal queue: first revisions found in the unfiltered changes feed, database with couchq's design documents",
+		"minimal queue: jobs found in a partial Mango index on [worker, date], database with couchq's design documents",
 	}
 	if !slices.Equal(order, want) || share == nil || len(catchUps) != len(want)-1 {
 		t.Fatalf("%s: minimal queue rows %q, %d with the catch-up, share %v; want %q", rep.Server.Kind, order, len(catchUps), share, want)
@@ -436,6 +439,10 @@ func checkMinimalQueueRows(t *testing.T, rep *Report, tput, limit float64) {
 	// catch-up: the first is the one finding its jobs by id).
 	if view, ok := rep.headline(keyReachView); !ok || view.Metric != reachViewRowMetric || !near(view.Value, 100*catchUps[1]/limit) {
 		t.Errorf("%s: claim-view reach row %+v, want %g%% (%.0f jobs/s of %.0f)", rep.Server.Kind, view, 100*catchUps[1]/limit, catchUps[1], limit)
+	}
+	// And of the one in the Mango index (the last).
+	if reachMango == nil || !near(reachMango.Value, 100*catchUps[len(catchUps)-1]/limit) {
+		t.Errorf("%s: Mango-index reach row %+v, want %g%%", rep.Server.Kind, reachMango, 100*catchUps[len(catchUps)-1]/limit)
 	}
 }
 
@@ -470,8 +477,8 @@ func checkReachRow(t *testing.T, kind string, reach *Row, fastest, limit float64
 // test's databases keep validation on), twice at least: claimed, finished.
 func checkCounterRows(t *testing.T, kind string, counters map[string]string, bare string) {
 	t.Helper()
-	if len(counters) != 6 {
-		t.Errorf("%s: server counter rows for %d queues, want couchq and the five minimal ones: %v", kind, len(counters), counters)
+	if len(counters) != 7 {
+		t.Errorf("%s: server counter rows for %d queues, want couchq and the six minimal ones: %v", kind, len(counters), counters)
 	}
 	for q, text := range counters {
 		var mapped, read, validated, commits float64
