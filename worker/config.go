@@ -77,8 +77,9 @@ type Config struct {
 	// claims), so that workers do not race for the same jobs (each race
 	// costs the loser a 409 and a round) even when few are due. Past StealAfter the job is
 	// its owner's and one other peer's (its thief, also by hash), past
-	// twice StealAfter anyone's: a busy or dead owner's jobs still run. It
-	// is what a new job may wait when its owner is busy and others idle.
+	// twice StealAfter a third peer's too (also by hash), past three times
+	// anyone's: a busy or dead owner's jobs still run. It is what a new job
+	// may wait when its owner is busy and others idle.
 	// When a worker's claim rounds are slow (a loaded server), it waits
 	// three of its rounds instead, up to 8 times StealAfter: an owner
 	// takes its jobs in its next round, and a thief that does not wait

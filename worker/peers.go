@@ -158,14 +158,16 @@ func peerSlots(infos []*protocol.WorkerInfo, self string, concurrency int, types
 // how many of the first items the worker may claim now.
 //
 // Each job has an order of preference among the n live peers: first its
-// owner, then one thief (choices), then anyone. The worker's own jobs come
-// first, oldest first. Then the others' jobs it is the thief of, newest
-// first, but not those the owner takes in its next rounds (its oldest,
-// zoneRounds times as many as it runs at once: the zone) until they were
-// left there for stealAfter (waited says how long; see runner.leftSince),
-// for the owner is busy or gone. Last (stealOrder) the jobs left in a zone
-// for twice stealAfter, when the thief did not take them either. The rest go after the
-// claimable ones. Workers that agree on who is live thus never race for a
+// owner, then one thief (choices), then a third choice, then anyone. The
+// worker's own jobs come first, oldest first. Then the others' jobs it is
+// the thief of, newest first, but not those the owner takes in its next
+// rounds (its oldest, zoneRounds times as many as it runs at once: the
+// zone) until they were left there for stealAfter (waited says how long;
+// see runner.leftSince), for the owner is busy or gone; with them the
+// jobs it is the third choice of that were left in a zone for twice
+// stealAfter, when the thief did not take them either. Last (stealOrder)
+// the jobs left in a zone for anyoneAfter times stealAfter. The rest go
+// after the claimable ones. Workers that agree on who is live thus never race for a
 // job while every owner keeps up, even when few are due, and a busy or dead
 // owner's jobs still run. With n = 1 every job is the worker's own, oldest
 // first, or in random order (the pick among K) when it lost claims lately
@@ -231,9 +233,9 @@ func ownFirst(items []protocol.DueCandidate, s peerSlot, waited func(id string) 
 				continue
 			}
 			switch w := waited(it.ID); {
-			case w >= 2*stealAfter:
+			case w >= anyoneAfter*stealAfter:
 				anyone[o] = append(anyone[o], it)
-			case w >= stealAfter && mine:
+			case w >= stealAfter && mine, w >= 2*stealAfter && s.third(it.ID) == s.rank:
 				thief = append(thief, it)
 			default:
 				rest = append(rest, it) // its owner's next round takes it
@@ -287,6 +289,31 @@ func stealOrder(byOwner [][]protocol.DueCandidate) []protocol.DueCandidate {
 		}
 	}
 	return out
+}
+
+// anyoneAfter is how many times stealAfter a job waits before any worker
+// may take it: after twice that its third choice may (a third tier
+// between thief and anyone, so that the jobs of a busy owner and thief
+// are not raced for by every idle peer at once).
+const anyoneAfter = 3
+
+// third is the rank of a job's third choice: the peer with the third
+// highest rendezvous score (-1 with fewer than three peers).
+func (s peerSlot) third(id string) int {
+	if s.size() < 3 {
+		return -1
+	}
+	o, t := s.choices(id)
+	best, third := uint64(0), -1
+	for i, name := range s.names {
+		if i == o || i == t {
+			continue
+		}
+		if w := rendezvous(name, id); third < 0 || w > best {
+			best, third = w, i
+		}
+	}
+	return third
 }
 
 // choices are the ranks of a job's owner and of its thief: the peers with

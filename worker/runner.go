@@ -81,7 +81,8 @@ type runner struct {
 	// leftSince holds the jobs of peers this runner leaves to them (those
 	// its last round found among what a peer takes next, see ownFirst) and
 	// since when: a job left for StealAfter is its thief's too, for twice
-	// that anyone's, since its owner is busy or gone. stealAt is when the
+	// that its third choice's, for three times that anyone's, since its
+	// owner is busy or gone. stealAt is when the
 	// next of them may be taken. Touched only by the runner's own loop.
 	leftSince map[string]time.Time
 	stealAt   time.Time
@@ -417,7 +418,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// worker as its thief, or by anyone).
 	r.leftSince = left
 	for _, since := range left {
-		for _, at := range []time.Time{since.Add(stealAfter), since.Add(2 * stealAfter)} {
+		for _, at := range []time.Time{since.Add(stealAfter), since.Add(2 * stealAfter), since.Add(anyoneAfter * stealAfter)} {
 			if at.After(now) && (r.stealAt.IsZero() || at.Before(r.stealAt)) {
 				r.stealAt = at
 			}

@@ -83,7 +83,8 @@ func TestOwnFirstSplitsJobsAmongPeers(t *testing.T) {
 // no two race for a job. An owner's next rounds (its oldest jobs,
 // zoneRounds times as many as it runs at once) are its own; its later jobs
 // are its thief's too. A job left to a busy owner for StealAfter becomes
-// its thief's too, and for twice that anyone's.
+// its thief's too, for twice that its third choice's, and for three times
+// that anyone's.
 func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 	const stealAfter = time.Second
 	for _, rows := range []int{1, 3, 10, 40, 200} {
@@ -96,7 +97,7 @@ func TestOwnFirstNeverRacesPeersThatAgree(t *testing.T) {
 				waited  time.Duration
 				takers  int // how many peers may claim a job in an owner's next round
 				zoneLen int // the jobs of each owner in its next round
-			}{{0, 1, 4}, {stealAfter, 2, 4}, {2 * stealAfter, peers, 4}} {
+			}{{0, 1, 4}, {stealAfter, 2, 4}, {2 * stealAfter, min(3, peers), 4}, {3 * stealAfter, peers, 4}} {
 				claimers := map[string]int{} // may claim it
 				claimed := map[string]int{}  // claim it in a round with every slot free
 				for rank := range peers {
