@@ -39,11 +39,22 @@
   }
 
   // The reads need the login too when the server says so (couchq serve
-  // --read-auth): a 401 asks for it in the form.
+  // --read-auth): a 401 asks for it in the form. A 401 to a request sent
+  // before the user logged in (or in again) says nothing of the new login:
+  // it must not drop it, or a refresh under way while the user logged in
+  // logs them out. Such a request fails quietly (stale); the refresh the
+  // login started reads with it.
+  function staleAnswer() {
+    var e = new Error('answered for an earlier login');
+    e.stale = true;
+    return e;
+  }
   function getJSON(path) {
+    var sent = creds;
     return fetch(path, {headers: headers()}).then(function (r) {
       return r.json().then(function (body) {
         if (r.status === 401) {
+          if (creds !== sent) throw staleAnswer();
           creds = null;
           showWho(null, true);
           $('user').focus();
@@ -57,10 +68,11 @@
 
   function act(path, label) {
     if (!creds) { setStatus('log in to ' + label, true); $('user').focus(); return Promise.resolve(); }
+    var sent = creds;
     return fetch(path, {method: 'POST', headers: headers()})
       .then(function (r) {
         return r.json().then(function (body) {
-          if (r.status === 401) { creds = null; showWho(null); }
+          if (r.status === 401 && creds === sent) { creds = null; showWho(null); }
           if (!r.ok) throw new Error(label + ': ' + (body.error || r.status));
           notice = label + ' ' + decodeURIComponent(path.split('/')[2]) + ': done';
           document.body.dataset.done = path;
@@ -315,7 +327,7 @@
       getJSON('api/sites').then(renderSites)
     ]).then(function () {
       setStatus((notice ? notice + ' · ' : '') + 'updated ' + new Date().toLocaleTimeString());
-    }).catch(function (e) { setStatus(e.message, true); })
+    }).catch(function (e) { if (!e.stale) setStatus(e.message, true); })
       .then(function () { fastTimer = setTimeout(refreshFast, FAST); });
   }
 
@@ -325,7 +337,7 @@
     return getJSON(q).then(function (s) {
       renderSeries(s);
       document.body.dataset.loaded = '1';
-    }).catch(function (e) { setStatus(e.message, true); })
+    }).catch(function (e) { if (!e.stale) setStatus(e.message, true); })
       .then(function () { slowTimer = setTimeout(refreshSlow, SLOW); });
   }
 
