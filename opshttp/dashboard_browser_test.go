@@ -31,6 +31,23 @@ func findBrowser() string {
 	return ""
 }
 
+// openBrowser starts the browser at path (findBrowser) for the test, with
+// extra options, and returns its context; it is closed when the test ends.
+func openBrowser(ctx context.Context, t *testing.T, path string, extra ...chromedp.ExecAllocatorOption) context.Context {
+	opts := append(append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox, // tests run as root in containers
+		chromedp.Flag("disable-dev-shm-usage", true),
+	), extra...)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(func() {
+		cancelBrowser()
+		cancelAlloc()
+	})
+	return bctx
+}
+
 // The dashboard in a real browser, against a real server with jobs in
 // every state and an hour of activity behind them: the page loads, the
 // plots have points, the per-type table and the failed job show, and a
@@ -57,17 +74,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	failedID := seedEveryState(ctx, t, q, now)
 	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), CacheTTL: -1})
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser),
-		chromedp.NoSandbox, // tests run as root in containers
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.WindowSize(1400, 1000),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-	bctx, cancel := context.WithTimeout(bctx, 3*time.Minute)
+	bctx, cancel := context.WithTimeout(openBrowser(ctx, t, browser, chromedp.WindowSize(1400, 1000)), 3*time.Minute)
 	defer cancel()
 
 	plotted := `document.body.dataset.loaded === '1' && document.querySelectorAll('.chart canvas').length >= 4 &&

@@ -242,17 +242,8 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 	}
 	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), ReadAuth: true, HidePayload: []string{"billing"}})
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser),
-		chromedp.NoSandbox, // tests run as root in containers
-		chromedp.Flag("disable-dev-shm-usage", true),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
 	// Generous: on a loaded machine a browser starts slowly.
-	bctx, cancel := context.WithTimeout(bctx, 4*time.Minute)
+	bctx, cancel := context.WithTimeout(openBrowser(ctx, t, browser), 4*time.Minute)
 	defer cancel()
 	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
 	text := func(sel string) string {
@@ -347,15 +338,7 @@ func TestDashboardLoginSurvivesAnswersToEarlierReads(t *testing.T) {
 	}))
 	t.Cleanup(hs.Close)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser),
-		chromedp.NoSandbox, // tests run as root in containers
-		chromedp.Flag("disable-dev-shm-usage", true),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
+	bctx := openBrowser(ctx, t, browser)
 	who := func() string {
 		v, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`#who`)))
 		if err != nil {
