@@ -31,6 +31,16 @@ func findBrowser() string {
 	return ""
 }
 
+// needBrowser is findBrowser's browser; the test is skipped without one.
+func needBrowser(t *testing.T) string {
+	t.Helper()
+	browser := findBrowser()
+	if browser == "" {
+		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
+	}
+	return browser
+}
+
 // openBrowser starts the browser at path (findBrowser) for the test, with
 // extra options, and returns its context; it is closed when the test ends.
 func openBrowser(ctx context.Context, t *testing.T, path string, extra ...chromedp.ExecAllocatorOption) context.Context {
@@ -56,10 +66,7 @@ func openBrowser(ctx context.Context, t *testing.T, path string, extra ...chrome
 // $COUCHQ_SCREENSHOT when set).
 func TestDashboardInABrowser(t *testing.T) {
 	t.Parallel()
-	browser := findBrowser()
-	if browser == "" {
-		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
-	}
+	browser := needBrowser(t)
 	admin, password := srv.Credentials()
 	if admin == "" {
 		t.Skip("the test server authenticates no users: the page's actions cannot log in")

@@ -226,10 +226,7 @@ func TestDashboardReadsOpenByDefault(t *testing.T) {
 // hidden payload says "hidden".
 func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 	t.Parallel()
-	browser := findBrowser()
-	if browser == "" {
-		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
-	}
+	browser := needBrowser(t)
 	ctx, q := newQueue(t)
 	member, _ := readers(ctx, t, q)
 	for _, j := range []protocol.NewJob{
@@ -293,10 +290,7 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 // that the login comes between its sending and its answer.
 func TestDashboardLoginSurvivesAnswersToEarlierReads(t *testing.T) {
 	t.Parallel()
-	browser := findBrowser()
-	if browser == "" {
-		t.Skip("no chromium, chromium-browser or google-chrome on PATH: the browser test needs one (make setup installs Debian's chromium when it can)")
-	}
+	browser := needBrowser(t)
 	ctx, q := newQueue(t)
 	member, _ := readers(ctx, t, q)
 	if _, err := q.Enqueue(ctx, protocol.NewJob{Worker: "mail"}); err != nil {
