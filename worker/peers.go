@@ -292,9 +292,9 @@ func stealOrder(byOwner [][]protocol.DueCandidate) []protocol.DueCandidate {
 }
 
 // anyoneAfter is how many times stealAfter a job waits before any worker
-// may take it: after twice that its third choice may (a third tier
-// between thief and anyone, so that the jobs of a busy owner and thief
-// are not raced for by every idle peer at once).
+// may take it. From twice stealAfter its third choice may (a tier between
+// thief and anyone, so that the jobs of a busy owner and thief are not
+// raced for by every idle peer at once).
 const anyoneAfter = 3
 
 // third is the rank of a job's third choice: the peer with the third
