@@ -98,8 +98,10 @@ func TestDashboardInABrowser(t *testing.T) {
 	err = chromedp.Do(bctx,
 		chromedp.Navigate(hs.URL+"/"),
 		chromedp.Poll[chromedp.Void](plotted, chromedp.WithPollingTimeout(time.Minute)),
-		chromedp.WaitVisible(css(`#failed tr[data-job="`+failedID+`"]`)),
-		chromedp.WaitVisible(css(`#workers tbody tr:nth-child(2)`)),
+		// Polled, not waited for as visible: the page replaces its rows on
+		// every refresh, and a row found before one never shows.
+		chromedp.Poll[chromedp.Void](`document.querySelector('#failed tr[data-job=`+jsString(failedID)+`]') !== null &&
+			document.querySelector('#workers tbody tr:nth-child(2)') !== null`, chromedp.WithPollingTimeout(time.Minute)),
 	)
 	if err != nil {
 		t.Fatalf("loading the dashboard: %v", err)
@@ -165,7 +167,8 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Errorf("the sites section of a single database: hidden %v, %v", hidden, err)
 	}
 	opstest.SitesAB(ctx, t, db, nil)
-	if err := chromedp.Do(bctx, chromedp.WaitVisible(css(`#sites tr[data-site="B"]`))); err != nil {
+	if err := chromedp.Do(bctx, chromedp.Poll[chromedp.Void](`!document.getElementById('sites-section').hidden &&
+		document.querySelector('#sites tr[data-site="B"]') !== null`, chromedp.WithPollingTimeout(time.Minute))); err != nil {
 		t.Fatalf("the sites section does not show: %v", err)
 	}
 	if summary := text(`#sites-summary`); summary != "2 sites, 1 without a recent heartbeat" {
