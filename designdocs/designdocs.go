@@ -382,10 +382,6 @@ func (d *Doc) WithLanguage(lang Language) *Doc {
 	return &c
 }
 
-// Validating reports whether a stored design document validates writes:
-// every one but those couchq init --validation off wrote.
-func (d *Doc) Validating() bool { return d.Couchq.Validation != ValidationOff }
-
 // ValidationOf is how the database whose stored claim document is d
 // validates: on, off or mango.
 func (d *Doc) ValidationOf() Validation {

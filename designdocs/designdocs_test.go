@@ -84,7 +84,7 @@ func TestWithValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := doc.WithValidation(ValidationOff)
-	if off.ValidateDocUpdate != "" || off.Validating() || off.Couchq.Hash == doc.Couchq.Hash || off.Couchq.Hash != off.contentHash() {
+	if off.ValidateDocUpdate != "" || off.ValidationOf() != ValidationOff || off.Couchq.Hash == doc.Couchq.Hash || off.Couchq.Hash != off.contentHash() {
 		t.Errorf("validation off: %+v", off.Couchq)
 	}
 	if doc.ValidateDocUpdate == "" || doc.WithValidation(ValidationKept) != doc || doc.WithValidation(ValidationOn) != doc {
@@ -241,7 +241,7 @@ func TestValidateDocRoundTrips(t *testing.T) {
 	}
 	mango := doc.WithValidation(ValidationMango)
 	off := doc.WithValidation(ValidationOff)
-	if mango.ValidateDocUpdate != "" || mango.ValidationOf() != ValidationMango || !mango.Validating() ||
+	if mango.ValidateDocUpdate != "" || mango.ValidationOf() != ValidationMango || mango.ValidationOf() == ValidationOff ||
 		mango.Couchq.Hash == doc.Couchq.Hash || mango.Couchq.Hash == off.Couchq.Hash || mango.Couchq.Hash != mango.contentHash() {
 		t.Errorf("claim document with validation mango: %+v", mango.Couchq)
 	}

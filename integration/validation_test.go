@@ -97,7 +97,7 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 	if o := initWith(designdocs.ValidationOff); o != designdocs.Upgraded && o != designdocs.Created {
 		t.Fatalf("init --validation off: %s", o)
 	}
-	if d := stored(); d.ValidateDocUpdate != "" || d.Validating() || d.Couchq.Validation != designdocs.ValidationOff {
+	if d := stored(); d.ValidateDocUpdate != "" || d.ValidationOf() != designdocs.ValidationOff || d.Couchq.Validation != designdocs.ValidationOff {
 		t.Fatalf("design document still validates: %+v", d.Couchq)
 	}
 	bad, _ := putByHand(http.StatusCreated)
@@ -105,7 +105,7 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 	if o := initWith(designdocs.ValidationKept); o != designdocs.Unchanged {
 		t.Fatalf("install keeping the choice: %s, want unchanged", o)
 	}
-	if stored().Validating() {
+	if stored().ValidationOf() != designdocs.ValidationOff {
 		t.Fatal("an install keeping the choice turned validation back on")
 	}
 
@@ -141,7 +141,7 @@ func testValidationSwitch(t *testing.T, vt validationTarget) {
 	if o := initWith(designdocs.ValidationOn); o != designdocs.Upgraded {
 		t.Fatalf("init --validation on: %s, want upgraded", o)
 	}
-	if d := stored(); !d.Validating() || d.ValidateDocUpdate == "" {
+	if d := stored(); d.ValidationOf() == designdocs.ValidationOff || d.ValidateDocUpdate == "" {
 		t.Fatalf("validation not back on: %+v", d.Couchq)
 	}
 	if _, body := putByHand(http.StatusForbidden); !strings.Contains(body, "date must be a number") {
@@ -200,7 +200,7 @@ func TestUpgradeSplitsTheDesignDocument(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(claim.Views) != len(docs[0].Views) || claim.Couchq.Schema != designdocs.SchemaVersion || !claim.Validating() {
+			if len(claim.Views) != len(docs[0].Views) || claim.Couchq.Schema != designdocs.SchemaVersion || claim.ValidationOf() == designdocs.ValidationOff {
 				t.Errorf("claim document after the upgrade: %d views, meta %+v", len(claim.Views), claim.Couchq)
 			}
 			for id, view := range map[string]string{designdocs.OpsID: "status", designdocs.SweepID: "leases"} {
