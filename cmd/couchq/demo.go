@@ -13,8 +13,10 @@ import (
 const demoUsage = `Usage: couchq demo [--keep] [flags]
 
 Shows couchq end to end in a few seconds. Without --url or $COUCHDB_URL it
-starts a throwaway PouchDB Server (installing it with npm the first time);
-otherwise it uses that server. It then creates a fresh database, enqueues
+starts a throwaway server: a single Apache CouchDB node from the local
+release at $COUCHQ_COUCHDB_HOME (else /opt/couchdb) when there is one, else
+PouchDB Server (installing it with npm the first time), and says which and
+why; otherwise it uses that server. It then creates a fresh database, enqueues
 a few jobs, lists them, starts two workers in-process that run them all
 (one fails once and is retried), lists them again, shows the retried one
 with its history, and tells you where to look.
@@ -59,5 +61,5 @@ func (m *Main) runDemo(ctx context.Context, log zerolog.Logger, args []string) e
 	if err := conn.resolveLevel(); err != nil {
 		return err
 	}
-	return demo.Run(ctx, demo.Options{Conn: &conn.Conn, Local: useLocal, Keep: keep, Out: m.output(conn), Now: m.Now, Log: log.Level(conn.level)})
+	return demo.Run(ctx, demo.Options{Conn: &conn.Conn, Local: useLocal, Getenv: m.Getenv, Keep: keep, Out: m.output(conn), Now: m.Now, Log: log.Level(conn.level)})
 }

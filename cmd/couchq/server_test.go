@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/internal/cli"
+	"github.com/couchq/couchq/internal/localserver"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -396,15 +397,36 @@ func TestDemoWithServer(t *testing.T) {
 }
 
 // The README's first command: no COUCHDB_URL, so the demo starts its own
-// PouchDB Server and stops it again.
+// server, a single Apache CouchDB node where there is a local release,
+// else PouchDB Server, says which, and stops it again.
 func TestDemoLocalServer(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("node is not installed: the demo cannot start PouchDB Server")
-	}
-	r := cmdline{env: map[string]string{}}.run(t, "demo")
+	t.Run("pouchdb", func(t *testing.T) {
+		t.Parallel()
+		if _, err := exec.LookPath("node"); err != nil {
+			t.Skip("node is not installed: the demo cannot start PouchDB Server")
+		}
+		env := map[string]string{localserver.CouchDBHomeEnv: filepath.Join(t.TempDir(), "no-release")}
+		r := cmdline{env: env}.run(t, "demo")
+		expectDemo(t, r, "==> Starting PouchDB Server", "(no Apache CouchDB release at", "Stopped PouchDB Server")
+	})
+	t.Run("couchdb", func(t *testing.T) {
+		t.Parallel()
+		home, err := localserver.FindCouchDB(os.Getenv)
+		if err != nil {
+			t.Skip(err)
+		}
+		r := cmdline{env: map[string]string{localserver.CouchDBHomeEnv: home}}.run(t, "demo")
+		expectDemo(t, r, "==> Starting Apache CouchDB from "+home, "Stopped Apache CouchDB")
+	})
+}
+
+// expectDemo checks that a run of the demo with a server of its own
+// succeeded, printed what it should, and left no data behind.
+func expectDemo(t *testing.T, r result, wants ...string) {
+	t.Helper()
 	expect(t, r, exitOK)
-	for _, want := range []string{"==> Starting PouchDB Server", "listening on http://127.0.0.1:", "==> couchq ls", "Stopped PouchDB Server"} {
+	for _, want := range append(wants, "listening on http://127.0.0.1:", "==> couchq ls") {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q", want)
 		}

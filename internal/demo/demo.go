@@ -1,6 +1,7 @@
 // Package demo is couchq demo: a few seconds of couchq end to end, against
-// a throwaway PouchDB Server or the caller's CouchDB, printed as the
-// commands it stands for would print.
+// the caller's CouchDB or a throwaway local server (an Apache CouchDB node
+// from a local release, else PouchDB Server), printed as the commands it
+// stands for would print.
 package demo
 
 import (
@@ -33,8 +34,11 @@ const demoStopTimeout = 15 * time.Second
 type Options struct {
 	// Conn is the server to use, resolved but for a local server (Local).
 	Conn *cli.Conn
-	// Local starts a throwaway PouchDB Server, whose URL Conn takes.
-	Local bool
+	// Local starts a throwaway local server, whose URL Conn takes: a
+	// single Apache CouchDB node from the release FindCouchDB finds
+	// through Getenv, else PouchDB Server.
+	Local  bool
+	Getenv func(string) string
 	// Keep leaves the local server running until ctx ends.
 	Keep bool
 	// Out is where the steps print, as the commands they stand for would.
@@ -72,12 +76,13 @@ type demo struct {
 	conn *cli.Conn      // opts.Conn
 	out  io.Writer      // step output, indented under the step's header
 
-	local   *localserver.PouchDB // nil when using the caller's server
-	dataDir string
-	client  *kivik.Client
-	q       *protocol.Client
-	showID  string // the job the show step displays
-	retryID string // the job that fails once, shown after the work
+	local      localServer // nil when using the caller's server
+	serverName string      // what local is, for messages
+	dataDir    string
+	client     *kivik.Client
+	q          *protocol.Client
+	showID     string // the job the show step displays
+	retryID    string // the job that fails once, shown after the work
 }
 
 type demoStep struct {
@@ -104,23 +109,49 @@ func (d *demo) header(format string, args ...any) {
 	fmt.Fprintf(d.opts.Out.Stdout, "==> "+format+"\n", args...)
 }
 
+// localServer is the throwaway server the demo started.
+type localServer interface {
+	URL() string
+	Stop(ctx context.Context) error
+}
+
+// startServer uses the caller's server, or starts one as the tests do: a
+// single Apache CouchDB node from a local release (the reference server),
+// else PouchDB Server, and says which and why.
 func (d *demo) startServer(ctx context.Context) error {
 	if !d.opts.Local {
 		d.header("Using CouchDB at %s", d.conn.URL)
 	} else {
-		note := ""
-		if !pouchDBInstalled() {
-			note = " (installing it with npm first: this takes a minute, once)"
-		}
-		d.header("Starting PouchDB Server, a CouchDB-compatible server, as COUCHDB_URL is not set%s", note)
 		dir, err := os.MkdirTemp("", "couchq-demo-")
 		if err != nil {
 			return fmt.Errorf("creating a data directory: %w", err)
 		}
 		d.dataDir = dir
-		d.local, err = localserver.Start(ctx, localserver.Options{DataDir: dir, Logger: d.log})
-		if err != nil {
-			return err
+		getenv := d.opts.Getenv
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		home, noRelease := localserver.FindCouchDB(getenv)
+		if noRelease == nil {
+			d.header("Starting Apache CouchDB from %s, as COUCHDB_URL is not set", home)
+			c, err := localserver.StartCouchDB(ctx, localserver.CouchDBOptions{Home: home, Nodes: 1, DataDir: dir, Logger: d.log})
+			if err != nil {
+				return err
+			}
+			d.local, d.serverName = c, "Apache CouchDB"
+			d.conn.User, d.conn.Password = c.Credentials()
+		} else {
+			note := ""
+			if !pouchDBInstalled() {
+				note = " (installing it with npm first: this takes a minute, once)"
+			}
+			d.header("Starting PouchDB Server, a CouchDB-compatible server, as COUCHDB_URL is not set%s", note)
+			fmt.Fprintf(d.out, "(%v)\n", noRelease)
+			p, err := localserver.Start(ctx, localserver.Options{DataDir: dir, Logger: d.log})
+			if err != nil {
+				return err
+			}
+			d.local, d.serverName = p, "PouchDB Server"
 		}
 		d.conn.RawURL = d.local.URL()
 		d.conn.URL = d.local.URL()
@@ -230,8 +261,15 @@ func (d *demo) explore(context.Context) error {
 	case d.local == nil:
 		fmt.Fprintf(d.out, "the CLI:                   couchq ls --db %s\n", d.conn.DB)
 	case d.opts.Keep:
-		fmt.Fprintf(d.out, "the CLI:                   COUCHDB_URL=%s couchq ls --db %s\n", base, d.conn.DB)
-		fmt.Fprintln(d.out, "PouchDB Server keeps running: press Ctrl-C to stop it.")
+		env := "COUCHDB_URL=" + base
+		if d.conn.User != "" {
+			// This server's own admin, made up for this run: the way in
+			// to Fauxton and the CLI while it runs.
+			env += " COUCHDB_USER=" + d.conn.User + " COUCHDB_PASSWORD=" + d.conn.Password
+			fmt.Fprintf(d.out, "Fauxton's login:           %s, password %s\n", d.conn.User, d.conn.Password)
+		}
+		fmt.Fprintf(d.out, "the CLI:                   %s couchq ls --db %s\n", env, d.conn.DB)
+		fmt.Fprintf(d.out, "%s keeps running: press Ctrl-C to stop it.\n", d.serverName)
 	default:
 		fmt.Fprintln(d.out, "(run 'couchq demo --keep' to keep the server running while you look)")
 	}
@@ -253,11 +291,11 @@ func (d *demo) cleanup(ctx context.Context) {
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoStopTimeout)
 	defer cancel()
 	if err := d.local.Stop(stopCtx); err != nil {
-		d.log.Warn().Err(err).Str("data_dir", d.dataDir).Msg("stopping PouchDB Server")
+		d.log.Warn().Err(err).Str("data_dir", d.dataDir).Msg("stopping " + d.serverName)
 		return
 	}
 	_ = os.RemoveAll(d.dataDir)
-	d.header("Stopped PouchDB Server")
+	d.header("Stopped %s", d.serverName)
 }
 
 // pouchDBInstalled guesses whether starting PouchDB Server will run npm
