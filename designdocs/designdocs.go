@@ -28,6 +28,12 @@
 //	couchq/filters/NAME.js        a _changes filter function
 //	couchq/validate_doc_update.js the validation function
 //
+// What several functions share (when a job waits, for one) is written once,
+// in lib/: a line "// include: lib/NAME.js" in a function stands for that
+// file, indented as the line is. The functions CouchDB stores are whole,
+// as if written out: CouchDB's require() has no counterpart in PouchDB
+// Server's views.
+//
 // A fourth, _design/couchq-validate (tree couchq-validate/), holds the
 // validation written as a Mango selector (validate_doc_update.json, in a
 // design document of language "query"), which CouchDB runs without
@@ -48,8 +54,12 @@ import (
 	"strings"
 )
 
-//go:embed couchq couchq-sweep couchq-ops couchq-validate
+//go:embed couchq couchq-sweep couchq-ops couchq-validate lib
 var embedded embed.FS
+
+// includeMarker, alone on a line of a function's source, stands for a file
+// of lib/: one copy of what several functions need.
+const includeMarker = "// include: "
 
 // ID is the claim design document's id in every couchq database.
 const ID = "_design/couchq"
@@ -235,6 +245,39 @@ func subtree(dir string) fs.FS {
 	return sub
 }
 
+// expandIncludes replaces each include line of src by the lib file it
+// names, each of its lines indented as the include line is.
+func expandIncludes(src string) (string, error) {
+	if !strings.Contains(src, includeMarker) {
+		return src, nil
+	}
+	lines := strings.Split(src, "\n")
+	var out []string
+	for _, line := range lines {
+		body := strings.TrimLeft(line, " ")
+		name, ok := strings.CutPrefix(body, includeMarker)
+		if !ok {
+			out = append(out, line)
+			continue
+		}
+		if !strings.HasPrefix(name, "lib/") || path.Ext(name) != ".js" || path.Clean(name) != name {
+			return "", fmt.Errorf("include of %q: only files of lib/ (lib/NAME.js) can be included", name)
+		}
+		b, err := fs.ReadFile(embedded, name)
+		if err != nil {
+			return "", fmt.Errorf("include of %s: %w", name, err)
+		}
+		indent := line[:len(line)-len(body)]
+		for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+			if l != "" {
+				l = indent + l
+			}
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n"), nil
+}
+
 // View is one view of the design document.
 type View struct {
 	Map    string `json:"map"`
@@ -302,7 +345,10 @@ func build(fsys fs.FS, id string, schema int) (*Doc, error) {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", p, err)
 		}
-		src := strings.TrimSpace(string(b))
+		src, err := expandIncludes(strings.TrimSpace(string(b)))
+		if err != nil {
+			return fmt.Errorf("design document tree: %s: %w", p, err)
+		}
 		parts := strings.Split(p, "/")
 		switch {
 		case p == "validate_doc_update.js":

@@ -3,6 +3,7 @@ package designdocs
 import (
 	"encoding/json"
 	"io/fs"
+	"strings"
 	"testing"
 	"testing/fstest"
 )
@@ -133,6 +134,49 @@ func TestBuildRejectsStrayFiles(t *testing.T) {
 	} {
 		if _, err := Build(tree, 1); err == nil {
 			t.Errorf("tree %v accepted", tree)
+		}
+	}
+}
+
+// A function includes a file of lib/ indented as its include line, and
+// CouchDB stores it whole; only lib/ files can be included.
+func TestBuildIncludesLibFiles(t *testing.T) {
+	lib, err := fs.ReadFile(embedded, "lib/waiting.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := Build(fstest.MapFS{"views/w/map.js": {Data: []byte("function (doc) {\n  // include: lib/waiting.js\n  emit(waiting(doc), null);\n}\n")}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := doc.Views["w"].Map
+	if strings.Contains(m, includeMarker) || !strings.Contains(m, "\n  function waiting(d) {\n    if (d.status === 'waiting') {") ||
+		!strings.HasSuffix(m, "  }\n  emit(waiting(doc), null);\n}") || strings.Count(m, "\n") != strings.Count(string(lib), "\n")+2 {
+		t.Errorf("expanded function:\n%s", m)
+	}
+	for _, inc := range []string{"lib/missing.js", "../couchq/filters/work.js", "lib/../couchq/filters/work.js", "couchq/filters/work.js", "lib/waiting.txt"} {
+		tree := fstest.MapFS{"views/w/map.js": {Data: []byte("function (doc) {\n  // include: " + inc + "\n}")}}
+		if _, err := Build(tree, 1); err == nil || !strings.Contains(err.Error(), "views/w/map.js") {
+			t.Errorf("include of %s: %v, want an error naming the file", inc, err)
+		}
+	}
+	// Every embedded function is whole: no include line is left.
+	for _, f := range []func() (*Doc, error){Default, DefaultSweep, DefaultOps} {
+		d, err := f()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fns := []string{d.ValidateDocUpdate}
+		for _, v := range d.Views {
+			fns = append(fns, v.Map, v.Reduce)
+		}
+		for _, f := range d.Filters {
+			fns = append(fns, f)
+		}
+		for _, fn := range fns {
+			if strings.Contains(fn, includeMarker) {
+				t.Errorf("%s: a function still has an include line:\n%s", d.ID, fn)
+			}
 		}
 	}
 }
