@@ -35,9 +35,11 @@ type Options struct {
 	// Conn is the server to use, resolved but for a local server (Local).
 	Conn *cli.Conn
 	// Local starts a throwaway local server, whose URL Conn takes: a
-	// single Apache CouchDB node from the release FindCouchDB finds
-	// through Getenv, else PouchDB Server.
-	Local  bool
+	// single Apache CouchDB node from the local release, else PouchDB
+	// Server.
+	Local bool
+	// Getenv reads the environment that names the local release
+	// (localserver.FindCouchDB); nil is os.Getenv.
 	Getenv func(string) string
 	// Keep leaves the local server running until ctx ends.
 	Keep bool
