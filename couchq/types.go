@@ -182,7 +182,9 @@ type Reservation = protocol.Reservation
 // the database has couchq's roles, which only validation on enforces
 // (Roles, for auto), and the JavaScript engine of the design documents'
 // functions (Language; the zero value keeps the stored choice, else the
-// fastest the server has). Validation mango on a server without it fails
+// fastest the server has), and the number of shards of a database it
+// creates (Shards; the zero value is one on a cluster, the server's own
+// default on a single node). Validation mango on a server without it fails
 // with designdocs.ErrNoMangoValidation and changes nothing.
 type InitOptions = protocol.InitOptions
 

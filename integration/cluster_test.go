@@ -48,6 +48,16 @@ type clusterBundle struct {
 
 func setupCluster(t *testing.T, cfg protocol.Config) *clusterBundle {
 	t.Helper()
+	// Two shards, not couchq's one for a cluster: the tier proves the
+	// claim protocol where a view read and an _all_docs merge shard
+	// ranges, as in databases created before, or with --shards.
+	return setupClusterShards(t, cfg, 2)
+}
+
+// setupClusterShards is setupCluster with a database of shards shards (0:
+// couchq's choice).
+func setupClusterShards(t *testing.T, cfg protocol.Config, shards int) *clusterBundle {
+	t.Helper()
 	cl := server.Cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
@@ -55,7 +65,7 @@ func setupCluster(t *testing.T, cfg protocol.Config) *clusterBundle {
 		ctx: ctx, cl: cl, dbName: cl.UniqueDBName(t),
 		log: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel).With().Timestamp().Logger(),
 	}
-	if _, err := protocol.Init(ctx, cl.Client(t), cb.dbName, cb.log); err != nil {
+	if _, err := protocol.InitWith(ctx, cl.Client(t), cb.dbName, protocol.InitOptions{Shards: shards}, cb.log); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Logger = cb.log

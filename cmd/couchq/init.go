@@ -11,7 +11,7 @@ import (
 	"github.com/couchq/couchq/internal/protocol"
 )
 
-const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation MODE] [--language LANG] [flags]
+const initUsage = `Usage: couchq init [--workers LIST] [--producers LIST] [--validation MODE] [--language LANG] [--shards N] [flags]
 
 Creates the database when it does not exist and installs the design
 documents (_design/couchq: claim views, changes filter, validation;
@@ -41,6 +41,12 @@ database admin: only admins may write design documents and _security.
 	                   later), which ran couchq 67-112 % faster
 	                   (default: keep the database's choice; for a new
 	                   database, QuickJS where the server has it)
+	--shards N         the number of shards (CouchDB's q) of the database
+	                   when init creates it; CouchDB fixes it then
+	                   (default: 1 on a cluster, where every request pays
+	                   for each shard's copy on every node; the server's
+	                   own on a single node, where two shards validate a
+	                   bulk enqueue on two cores)
 
 A LIST is comma-separated user names and role:NAME roles, e.g.
 --workers role:couchq-workers,ci-bot. Either flag sets the database's
@@ -69,6 +75,8 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	fs.StringVar(&producers, "producers", "", "users and roles that enqueue")
 	fs.StringVar(&validation, "validation", "", "on, mango, off or auto")
 	fs.StringVar(&language, "language", "", "javascript or javascript_quickjs")
+	var shards int
+	fs.IntVar(&shards, "shards", 0, "shards of a new database (0: couchq's choice)")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -76,7 +84,10 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	if len(rest) > 0 {
 		return cli.Usagef("unexpected argument %q", rest[0])
 	}
-	var opts protocol.InitOptions
+	if shards < 0 {
+		return cli.Usagef("invalid --shards %d: the number of shards must be positive", shards)
+	}
+	opts := protocol.InitOptions{Shards: shards}
 	if validation != "" {
 		if opts.Validation, err = designdocs.ParseValidation(validation); err != nil {
 			return cli.Usagef("invalid --validation: %v", err)

@@ -43,6 +43,35 @@ func TestInitIsIdempotent(t *testing.T) {
 	}
 }
 
+// couchq init --shards creates the database with that many shards and
+// says so where the server has shards; a bad number changes nothing.
+func TestInitShards(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	r := c.run(t, "init", "--shards", "-2")
+	expect(t, r, exitUsage)
+	if !strings.Contains(r.stderr, "invalid --shards -2") {
+		t.Errorf("init --shards -2: %q", r.stderr)
+	}
+	r = c.run(t, "init", "--shards", "3", "--json")
+	expect(t, r, exitOK)
+	var res cli.InitResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || !res.DBCreated {
+		t.Fatalf("init --shards 3 --json: %v: %q", err, r.stdout)
+	}
+	if res.Shards == 0 {
+		t.Skipf("%s reports no shards", srv.Caps().Vendor)
+	}
+	if res.Shards != 3 || res.Copies != 1 {
+		t.Errorf("init --shards 3 on one node: %d shards, %d copies, want 3 and 1", res.Shards, res.Copies)
+	}
+	// Printed when init created the database.
+	var out strings.Builder
+	if err := cli.PrintInit(&out, &res, false); err != nil || !strings.Contains(out.String(), "created database "+res.Database+" (3 shards, 1 copy) on ") {
+		t.Errorf("init's line for the database it created: %q %v", out.String(), err)
+	}
+}
+
 // couchq init --validation off installs the design document without
 // validate_doc_update and says what that means; init without the flag
 // keeps the choice; roles refuse to go with it.

@@ -251,6 +251,10 @@ func (b *run) standardNotes(rep *Report) []string {
 		n = append(n, "Queue clients are instrumented: couchq.ConnectHTTP over a counting wrapper of couchq's own transport, with "+
 			idle+". --instrument=false uses couchq.Connect's client as is.")
 	}
+	if b.t.queueShards != "" {
+		n = append(n, "The databases with couchq's design documents are made by couchq's init, with the shards it chooses: "+
+			b.t.queueShards+" (one shard on a cluster); bare databases have the server's own.")
+	}
 	if slices.Contains(b.cfg.Sections, SectionThroughput) {
 		n = append(n, minimalNote())
 	}

@@ -49,6 +49,10 @@ type target struct {
 	// language is the queue databases' design document language
 	// (Config.Language).
 	language designdocs.Language
+	// queueShards is the shards and copies of the queue databases, as
+	// couchq's init created the first ("q=1, n=3"); empty until then, or
+	// where the server has none.
+	queueShards string
 }
 
 // connect starts the planned local server, or reaches the configured one.
@@ -190,6 +194,11 @@ func (t *target) newDB(ctx context.Context, section string, validation designdoc
 	name := "couchq_bench_" + section + "_" + randomHex(4)
 	if _, err := protocol.InitWith(ctx, t.srv.Client, name, protocol.InitOptions{Validation: validation, Language: t.language}, log); err != nil {
 		return "", fmt.Errorf("creating database %s: %w", name, err)
+	}
+	if t.queueShards == "" {
+		if info, err := t.srv.Client.DB(name).Stats(ctx); err == nil && info.Cluster != nil {
+			t.queueShards = fmt.Sprintf("q=%d, n=%d", info.Cluster.Shards, info.Cluster.Replicas)
+		}
 	}
 	return name, nil
 }

@@ -24,6 +24,10 @@ type InitResult struct {
 	// Language is the design documents' language (the engine of their
 	// functions): javascript or javascript_quickjs.
 	Language string `json:"language"`
+	// Shards and Copies are CouchDB's q and n for the database, where the
+	// server says (not PouchDB Server).
+	Shards int `json:"shards,omitempty"`
+	Copies int `json:"copies,omitempty"`
 	// Security is the database's _security after --workers/--producers.
 	Security *protocol.SecurityObject `json:"security,omitempty"`
 }
@@ -64,6 +68,13 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 	}
 	res.Language = stored.Language
 	res.Validation = stored.ValidationOf()
+	info, err := client.DB(conn.DB).Stats(ctx)
+	if err != nil {
+		return nil, ServerError(conn.URL, fmt.Errorf("reading database %s: %w", conn.DB, err))
+	}
+	if info.Cluster != nil {
+		res.Shards, res.Copies = info.Cluster.Shards, info.Cluster.Replicas
+	}
 	return res, nil
 }
 
@@ -75,6 +86,9 @@ func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
 	db := "using database " + res.Database
 	if res.DBCreated {
 		db = "created database " + res.Database
+		if res.Shards > 0 {
+			db += fmt.Sprintf(" (%s, %s)", count(res.Shards, "shard", "shards"), count(res.Copies, "copy", "copies"))
+		}
 	}
 	var dd string
 	all := fmt.Sprintf("%s, %s and %s", designdocs.ID, designdocs.SweepID, designdocs.OpsID)
@@ -111,6 +125,14 @@ func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
 		return err
 	}
 	return nil
+}
+
+// count is n with the noun for n.
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 // orNobody is an access list as init's flags take it, or "nobody".

@@ -216,6 +216,45 @@ type InitOptions struct {
 	// new database (or one from before the choice existed) takes the
 	// fastest the server has: QuickJS on Apache CouchDB 3.4 and later.
 	Language designdocs.Language
+	// Shards is the number of shards (CouchDB's q) of a database Init
+	// creates; a database that exists keeps its own, which CouchDB fixes
+	// when it creates one. The zero value is couchq's choice: one shard
+	// on a cluster, the server's own default (two on Apache CouchDB 3) on
+	// a single node. On a cluster every shard has a copy on each of n
+	// nodes and a request pays for every copy of every shard it touches:
+	// with one shard a job cost a 3-node cluster a fifth less server CPU,
+	// and bulk enqueues went faster too. On a single node two shards let
+	// a bulk enqueue be validated on two cores at once, about 1.6 times
+	// as fast as one.
+	Shards int
+}
+
+// createDB creates the queue database with shards shards, or couchq's
+// choice for zero (see InitOptions.Shards). Another process creating it
+// at the same time is no error.
+func createDB(ctx context.Context, client *kivik.Client, dbName string, shards int) error {
+	if shards < 0 {
+		return fmt.Errorf("creating database %s: %d shards: the number of shards must be positive", dbName, shards)
+	}
+	if shards == 0 && onCluster(ctx, client) {
+		shards = 1
+	}
+	var opts []kivik.Option
+	if shards > 0 {
+		opts = append(opts, kivik.Param("q", shards))
+	}
+	if err := client.CreateDB(ctx, dbName, opts...); err != nil && kivik.HTTPStatus(err) != http.StatusPreconditionFailed {
+		return fmt.Errorf("creating database %s: %w", dbName, err)
+	}
+	return nil
+}
+
+// onCluster reports whether the server is a cluster of several nodes
+// (GET /_membership). A server that does not say, as PouchDB Server does
+// not, is one node.
+func onCluster(ctx context.Context, client *kivik.Client) bool {
+	m, err := client.Membership(ctx)
+	return err == nil && len(m.ClusterNodes) > 1
 }
 
 // InitWith is Init with options.
@@ -225,8 +264,8 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 		return "", fmt.Errorf("checking database %s: %w", dbName, err)
 	}
 	if !exists {
-		if err := client.CreateDB(ctx, dbName); err != nil && kivik.HTTPStatus(err) != http.StatusPreconditionFailed {
-			return "", fmt.Errorf("creating database %s: %w", dbName, err)
+		if err := createDB(ctx, client, dbName, opts.Shards); err != nil {
+			return "", err
 		}
 	}
 	docs, err := designdocs.Defaults()
