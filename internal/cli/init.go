@@ -24,8 +24,8 @@ type InitResult struct {
 	// Language is the design documents' language (the engine of their
 	// functions): javascript or javascript_quickjs.
 	Language string `json:"language"`
-	// Shards and Copies are CouchDB's q and n for the database, where the
-	// server says (not PouchDB Server).
+	// Shards and Copies are CouchDB's q and n for a database init created,
+	// where the server says (not PouchDB Server).
 	Shards int `json:"shards,omitempty"`
 	Copies int `json:"copies,omitempty"`
 	// Security is the database's _security after --workers/--producers.
@@ -68,12 +68,11 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 	}
 	res.Language = stored.Language
 	res.Validation = stored.ValidationOf()
-	info, err := client.DB(conn.DB).Stats(ctx)
-	if err != nil {
-		return nil, ServerError(conn.URL, fmt.Errorf("reading database %s: %w", conn.DB, err))
-	}
-	if info.Cluster != nil {
-		res.Shards, res.Copies = info.Cluster.Shards, info.Cluster.Replicas
+	if res.DBCreated {
+		// Only said, so a failed read is no failed init.
+		if info, err := client.DB(conn.DB).Stats(ctx); err == nil && info.Cluster != nil {
+			res.Shards, res.Copies = info.Cluster.Shards, info.Cluster.Replicas
+		}
 	}
 	return res, nil
 }
