@@ -532,18 +532,33 @@ func (w *Worker) concedeLater(claims []*protocol.UnrunClaim) {
 	for _, u := range claims {
 		wait = max(wait, u.Wait)
 	}
-	w.loops.Add(1) // from a runner, itself one of the loops: Stop waits for it
+	concede := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), concedeTimeout)
+		defer cancel()
+		w.stats.conceded.Add(int64(w.client.Concede(ctx, w.by, claims)))
+	}
+	// Called from a runner's loop and from a job's goroutine alike (a
+	// released job claimed at once), so the goroutine is counted in a group
+	// of its own that Stop closes before it waits: a WaitGroup's Add must
+	// not race a Wait that may find it at zero. Once the group is closed,
+	// the claims are conceded at once, on the caller's goroutine.
+	w.concedeMu.Lock()
+	if w.concedesClosed {
+		w.concedeMu.Unlock()
+		concede()
+		return
+	}
+	w.concedes.Add(1)
+	w.concedeMu.Unlock()
 	go func() {
-		defer w.loops.Done()
+		defer w.concedes.Done()
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
 		case <-t.C:
 		case <-w.stopClaiming:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), concedeTimeout)
-		defer cancel()
-		w.stats.conceded.Add(int64(w.client.Concede(ctx, w.by, claims)))
+		concede()
 	}()
 }
 

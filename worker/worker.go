@@ -60,9 +60,15 @@ type Worker struct {
 	jobsCtx    context.Context
 	cancelJobs context.CancelCauseFunc
 
-	loops   sync.WaitGroup // feed, sweeper, registry, runners
-	jobs    sync.WaitGroup // running jobs
-	drained chan struct{}  // closed when every runner drained (Drain mode)
+	loops sync.WaitGroup // feed, sweeper, registry, runners
+	jobs  sync.WaitGroup // running jobs
+	// concedes counts the goroutines conceding unrun claims
+	// (concedeLater); once concedesClosed is set (under concedeMu) none is
+	// added, so that Stop may wait for them.
+	concedes       sync.WaitGroup
+	concedeMu      sync.Mutex
+	concedesClosed bool
+	drained        chan struct{} // closed when every runner drained (Drain mode)
 
 	pauseMu sync.Mutex // serialises refreshPaused
 
@@ -236,6 +242,10 @@ func (w *Worker) Start(ctx context.Context) error {
 func (w *Worker) Stop(ctx context.Context) error {
 	w.stopOnce.Do(func() { close(w.stopClaiming) })
 	w.loops.Wait()
+	w.concedeMu.Lock()
+	w.concedesClosed = true
+	w.concedeMu.Unlock()
+	w.concedes.Wait()
 
 	grace, cancel := context.WithTimeout(ctx, w.cfg.ShutdownTimeout)
 	defer cancel()
