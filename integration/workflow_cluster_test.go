@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,4 +158,40 @@ func TestClusterDependentsOfParentsFinishingThroughDifferentNodes(t *testing.T) 
 func TestClusterDependentOfAFinishingJobIsReleasedByItsEnqueue(t *testing.T) {
 	cb := setupCluster(t, protocol.Config{})
 	checkDependentOfAFinishingJob(t, cb.ctx, cb.clients[0])
+}
+
+// On the cluster, a big batch run by workers through two nodes, with no
+// sweeper anywhere: the callback is released by the workers, although
+// the copy a finisher's count reads may not have the last outcomes yet.
+func TestClusterBatchCallbackWithoutSweepers(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	const n = 400
+	jobs := make([]protocol.NewJob, n)
+	for i := range jobs {
+		jobs[i] = protocol.NewJob{Worker: "part"}
+	}
+	id, err := cb.clients[0].EnqueueBatch(cb.ctx, jobs, protocol.NewJob{Worker: "collect"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan string, 2)
+	for k, node := range []int{1, 2} {
+		cfg := clusterWorker(cb.log, map[string]worker.Handler{
+			"part":    worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
+			"collect": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran <- string(job.Payload); return nil }),
+		})
+		cfg.ID = fmt.Sprintf("batch-w%d", k+1)
+		cfg.Concurrency = 8
+		cfg.SweepInterval = -1
+		runWorker(t, cb.ctx, cb.clients[node-1], cfg)
+	}
+	select {
+	case p := <-ran:
+		if !strings.Contains(p, fmt.Sprintf(`"done":%d`, n)) {
+			t.Fatalf("callback payload: %s", p)
+		}
+	case <-time.After(90 * time.Second):
+		b, err := cb.clients[0].Batch(cb.ctx, id)
+		t.Fatalf("the callback did not run; the batch: %+v (%v)", b, err)
+	}
 }

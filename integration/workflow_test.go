@@ -394,6 +394,57 @@ func TestBatchCallbackRunsOnceWithSummary(t *testing.T) {
 	}
 }
 
+// A worker that finished a batch's job while others were unfinished
+// counts the batch again once its jobs stop finishing there, so the
+// callback does not wait for the sweeper when the batch's last outcome was
+// written by a process that never counted it (it died between the two, or
+// the index it read lagged behind the outcome).
+func TestBatchCountedAgainWhenQuiet(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	id, err := tb.client.EnqueueBatch(tb.ctx, []protocol.NewJob{{Worker: "part"}, {Worker: "part"}}, protocol.NewJob{Worker: "collect"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claimed []*protocol.WorkItem
+	for _, it := range allJobs(t, tb, "part") {
+		c, err := tb.client.Claim(tb.ctx, it, "test/1/w", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed = append(claimed, c)
+	}
+	if len(claimed) != 2 {
+		t.Fatalf("%d jobs in the batch, want 2", len(claimed))
+	}
+	first, last := claimed[0], claimed[1]
+	if err := tb.client.Complete(tb.ctx, first, nil); err != nil {
+		t.Fatal(err)
+	}
+	released, err := tb.client.FinishedReleasing(tb.ctx, first, "test/1/w", nil)
+	if err != nil || len(released) != 0 {
+		t.Fatalf("the first job's finish released %d (%v)", len(released), err)
+	}
+	// Nothing to count yet: the batch has had a job finish just now.
+	if released, err := tb.client.SettleQuietBatches(tb.ctx, "test/1/w", time.Hour); err != nil || len(released) != 0 {
+		t.Fatalf("settled before quiet: %d (%v)", len(released), err)
+	}
+	// The last outcome, written by a process that stops there.
+	if err := tb.client.Complete(tb.ctx, last, nil); err != nil {
+		t.Fatal(err)
+	}
+	released, err = tb.client.SettleQuietBatches(tb.ctx, "test/1/w", 0)
+	if err != nil || len(released) != 1 || released[0].ID != protocol.BatchCallbackID(id) || released[0].Status != protocol.StatusQueued {
+		t.Fatalf("settled: %v (%v)", released, err)
+	}
+	if again, err := tb.client.SettleQuietBatches(tb.ctx, "test/1/w", 0); err != nil || len(again) != 0 {
+		t.Fatalf("settled twice: %d (%v)", len(again), err)
+	}
+	cb, err := tb.client.Get(tb.ctx, protocol.BatchCallbackID(id))
+	if err != nil || cb.Status != protocol.StatusQueued || !strings.Contains(string(cb.Payload), `"done":2`) {
+		t.Fatalf("callback: %+v (%v)", cb, err)
+	}
+}
+
 // Cancelling a batch cancels its unfinished jobs; the callback then runs
 // with them counted cancelled.
 func TestBatchCancel(t *testing.T) {

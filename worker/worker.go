@@ -231,6 +231,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		defer w.loops.Done()
 		w.heartbeatRegistry(loopCtx)
 	}()
+	w.loops.Add(1)
+	go func() {
+		defer w.loops.Done()
+		w.settleBatchesLoop(loopCtx)
+	}()
 	w.log.Info().Strs("types", w.Types()).Int("concurrency", w.cfg.Concurrency).
 		Dur("lease", w.cfg.LeaseDuration).Str("claimant", w.by).Bool("drain", w.cfg.Drain).Msg("worker started")
 	return nil
@@ -282,6 +287,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 			w.cfg.Metrics.addSlots(r.typ, -w.cfg.Concurrency)
 		}
 	}
+	// The batches whose last jobs finished here within batchQuiet are
+	// counted now, not left to the sweeper.
+	w.settleBatches(context.WithoutCancel(ctx), 0)
 	w.unregister(context.WithoutCancel(ctx))
 	w.log.Info().Msg("worker stopped")
 	return nil
@@ -395,6 +403,27 @@ func (w *Worker) sleep(ctx context.Context, d time.Duration) bool {
 // jitter spreads d by ±20% so that many workers do not act in lockstep.
 func jitter(d time.Duration) time.Duration {
 	return d - d/5 + time.Duration(rand.Int64N(int64(d/5)*2+1))
+}
+
+// batchQuiet is how long a batch must have had no job finished here before
+// this worker counts it afresh (protocol.Client.SettleQuietBatches): while
+// its jobs keep finishing, the index is read as it stands, which is cheap.
+const batchQuiet = 250 * time.Millisecond
+
+// settleBatchesLoop releases the callbacks of batches whose last jobs
+// finished here while the index lagged behind them, every half batchQuiet.
+func (w *Worker) settleBatchesLoop(ctx context.Context) {
+	for w.sleep(ctx, batchQuiet/2) {
+		w.settleBatches(ctx, batchQuiet)
+	}
+}
+
+func (w *Worker) settleBatches(ctx context.Context, quiet time.Duration) {
+	released, err := w.client.SettleQuietBatches(ctx, w.by, quiet)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("could not count the batches whose jobs finished here; the sweeper will release their callbacks")
+	}
+	w.claimReleased(ctx, released)
 }
 
 // sweepLoop returns expired claims to the queue every SweepInterval.

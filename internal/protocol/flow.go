@@ -102,6 +102,11 @@ type flowState struct {
 	batches sync.Map
 	// batchReading holds the batches whose read is on its way.
 	batchReading sync.Map
+	// batchTails holds, by batch, when a worker here last finished one of
+	// its jobs without counting the batch afresh (Unix ns): the index said
+	// it was far from done, or another count was on its way. Settled by
+	// SettleQuietBatches.
+	batchTails sync.Map
 }
 
 // DependencyError is an enqueue refused because of the jobs it names in
@@ -403,14 +408,24 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 		}
 	}
 	var ids []string
-	if item.Batch != "" && c.batchMayBeDone(ctx, item.Batch) {
-		// The callback is read only when none of the batch's jobs is left.
-		b, err := c.batchCounts(ctx, item.Batch)
-		if err != nil {
-			return nil, err
-		}
-		if b.Pending == 0 {
-			ids = append(ids, BatchCallbackID(item.Batch))
+	if item.Batch != "" {
+		if c.batchMayBeDone(ctx, item.Batch) {
+			// The callback is read only when none of the batch's jobs is left.
+			b, err := c.batchCounts(ctx, item.Batch)
+			if err != nil {
+				return nil, err
+			}
+			if b.Pending == 0 {
+				ids = append(ids, BatchCallbackID(item.Batch))
+			} else {
+				// The index may lag behind jobs just finished (on a
+				// cluster, the copy read may not have their outcomes
+				// yet): the batch is counted again, checked against the
+				// jobs themselves, once its jobs stop finishing here.
+				c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
+			}
+		} else {
+			c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
 		}
 	}
 	if look != nil {
@@ -503,6 +518,47 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 		c.flow.batches.Delete(batch)
 	}
 	return pending <= batchFreshBelow
+}
+
+// SettleQuietBatches counts afresh each batch that a job finished here
+// left uncounted (FinishedReleasing) and that has had no job finished here
+// for quiet, and releases its callback when none of its jobs is left. A
+// worker calls it every so often: the index that said a batch was far
+// from done may have lagged behind its last jobs, and then nobody else
+// would count the batch again until the sweeper's next pass. A batch whose
+// jobs keep finishing here is counted once they stop, so a big batch
+// costs one fresh count per worker process at its end.
+//
+// It returns the callbacks it released, as stored. A batch whose count
+// failed is kept for the next call.
+func (c *Client) SettleQuietBatches(ctx context.Context, by string, quiet time.Duration) ([]*WorkItem, error) {
+	now := time.Now().UnixNano()
+	var batches []string
+	var touched []int64
+	c.flow.batchTails.Range(func(k, v any) bool {
+		if at := v.(int64); now-at >= int64(quiet) && c.flow.batchTails.CompareAndDelete(k, v) {
+			batches = append(batches, k.(string))
+			touched = append(touched, at)
+		}
+		return true
+	})
+	if len(batches) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(batches))
+	for k, b := range batches {
+		ids[k] = BatchCallbackID(b)
+	}
+	// The callback's own release reads the batch's counts afresh and
+	// releases it only when every job has finished.
+	_, released, _, err := c.releaseRead(ctx, ids, nil, by)
+	if err != nil {
+		for k, b := range batches {
+			c.flow.batchTails.LoadOrStore(b, touched[k])
+		}
+		return released, fmt.Errorf("counting %d batches whose jobs stopped finishing here: %w", len(batches), err)
+	}
+	return released, nil
 }
 
 // batchDrainRate is more jobs a second than any couchq queue finishes
@@ -702,7 +758,7 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			return written, released, onRunning, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
 		}
 		for b := range batches {
-			if batches[b], err = c.batchCounts(ctx, b); err != nil {
+			if batches[b], err = c.batchCountsChecked(ctx, b); err != nil {
 				return written, released, onRunning, err
 			}
 		}
@@ -896,16 +952,97 @@ func (b *BatchStatus) Complete(size int) bool {
 	return b.Pending == 0 && b.Finished() >= int64(size)
 }
 
+// batchCountsChecked is batchCounts with the jobs the view counts as
+// unfinished read themselves when they are few (batchCheckBelow), so that
+// the callback's release does not wait on an index that lags behind its
+// batch's last outcomes. A view reads one copy of each shard, and on a
+// cluster that copy may not have a write the majority has; a document is
+// read from a majority of copies.
+//
+// The count and the list of unfinished jobs are two queries of one copy
+// (stable); when a job finished there between them, so that they disagree,
+// they are asked again, and after batchCheckRounds the count stands
+// unchecked (the sweeper counts the batch again later).
+func (c *Client) batchCountsChecked(ctx context.Context, batch string) (*BatchStatus, error) {
+	stable := kivik.Param("stable", true)
+	b, err := c.batchCounts(ctx, batch, stable)
+	for round := 0; err == nil && b.Pending > 0 && b.Pending <= batchCheckBelow && round < batchCheckRounds; round++ {
+		var ids []string
+		if round > 0 {
+			if b, err = c.batchCounts(ctx, batch, stable); err != nil {
+				break
+			}
+		}
+		if ids, err = c.batchPendingIDs(ctx, batch); err != nil || int64(len(ids)) != b.Pending {
+			continue
+		}
+		jobs, err := c.readJobs(ctx, ids, true)
+		if err != nil {
+			return nil, fmt.Errorf("reading the unfinished jobs of batch %s: %w", batch, err)
+		}
+		b.recount(ids, jobs)
+		return b, nil
+	}
+	return b, err
+}
+
+// recount moves the jobs of ids that the batches view counted as
+// unfinished, and that have finished as read in jobs, to their final
+// state's count.
+func (b *BatchStatus) recount(ids []string, jobs map[string]jobState) {
+	for _, id := range ids {
+		it := jobs[id].item
+		if it == nil || it.Batch != b.ID || !it.Status.Terminal() {
+			continue
+		}
+		b.Pending--
+		b.count(string(it.Status), 1)
+		if it.Status == StatusFailed && len(b.FailedIDs) < maxFailedIDs {
+			b.FailedIDs = append(b.FailedIDs, id)
+			sort.Strings(b.FailedIDs)
+		}
+	}
+}
+
+// batchCheckBelow is how many unfinished jobs a batch may have, as the
+// batches view counts them, for batchCountsChecked to read them;
+// batchCheckRounds is how often it asks when the count and the list
+// disagree.
+const (
+	batchCheckBelow  = 64
+	batchCheckRounds = 3
+)
+
+// batchPendingIDs lists the jobs of batch that the batches view counts as
+// unfinished, from the copy batchCounts reads with stable.
+func (c *Client) batchPendingIDs(ctx context.Context, batch string) ([]string, error) {
+	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
+		"reduce": false, "key": []any{batch, "pending"}, "limit": batchCheckBelow + 1, "stable": true,
+	}))
+	var ids []string
+	for rows.Next() {
+		if id, err := rows.ID(); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("listing the unfinished jobs of batch %s: %w", batch, err)
+	}
+	return ids, nil
+}
+
 // maxFailedIDs bounds the failed ids a batch summary lists.
 const maxFailedIDs = 1000
 
 // batchCounts reads a batch's counts (one grouped query of the batches
 // view) and, when some failed, their ids.
-func (c *Client) batchCounts(ctx context.Context, batch string) (*BatchStatus, error) {
+func (c *Client) batchCounts(ctx context.Context, batch string, opts ...kivik.Option) (*BatchStatus, error) {
 	b := &BatchStatus{ID: batch}
-	rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+	rows := c.view(ctx, "batches", append([]kivik.Option{kivik.Params(map[string]any{
 		"group_level": 2, "startkey": []any{batch}, "endkey": []any{batch, map[string]any{}},
-	}))
+	})}, opts...)...)
 	for rows.Next() {
 		var key []any
 		var n int64
