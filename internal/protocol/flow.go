@@ -1016,17 +1016,9 @@ const (
 // batchPendingIDs lists the jobs of batch that the batches view counts as
 // unfinished, from the copy batchCounts reads with stable.
 func (c *Client) batchPendingIDs(ctx context.Context, batch string) ([]string, error) {
-	rows := c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
+	ids, err := rowIDs(c.db.Query(ctx, designdocs.DocFor("batches"), "_view/batches", kivik.Params(map[string]any{
 		"reduce": false, "key": []any{batch, "pending"}, "limit": batchCheckBelow + 1, "stable": true,
-	}))
-	var ids []string
-	for rows.Next() {
-		if id, err := rows.ID(); err == nil {
-			ids = append(ids, id)
-		}
-	}
-	err := rows.Err()
-	_ = rows.Close()
+	})))
 	if err != nil {
 		return nil, fmt.Errorf("listing the unfinished jobs of batch %s: %w", batch, err)
 	}
@@ -1060,16 +1052,10 @@ func (c *Client) batchCounts(ctx context.Context, batch string, opts ...kivik.Op
 		return nil, fmt.Errorf("counting the jobs of batch %s: %w", batch, err)
 	}
 	if b.Failed > 0 {
-		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+		ids, err := rowIDs(c.view(ctx, "batches", kivik.Params(map[string]any{
 			"reduce": false, "key": []any{batch, string(StatusFailed)}, "limit": maxFailedIDs,
-		}))
-		for rows.Next() {
-			if id, err := rows.ID(); err == nil {
-				b.FailedIDs = append(b.FailedIDs, id)
-			}
-		}
-		err := rows.Err()
-		_ = rows.Close()
+		})))
+		b.FailedIDs = append(b.FailedIDs, ids...)
 		if err != nil {
 			return nil, fmt.Errorf("listing the failed jobs of batch %s: %w", batch, err)
 		}
@@ -1094,9 +1080,11 @@ func withBatchSummary(payload json.RawMessage, b *BatchStatus) json.RawMessage {
 	return mustJSON(obj)
 }
 
-// Batch reads a batch's progress and its callback.
+// Batch reads a batch's progress and its callback. Its last few
+// unfinished jobs are read themselves (batchCountsChecked), so that it
+// agrees with what releases the callback.
 func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
-	b, err := c.batchCounts(ctx, id)
+	b, err := c.batchCountsChecked(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1199,17 +1187,9 @@ func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, e
 	}
 	n := 0
 	for {
-		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+		ids, err := rowIDs(c.view(ctx, "batches", kivik.Params(map[string]any{
 			"reduce": false, "key": []any{id, "pending"}, "limit": 500,
-		}))
-		var ids []string
-		for rows.Next() {
-			if jid, err := rows.ID(); err == nil {
-				ids = append(ids, jid)
-			}
-		}
-		err := rows.Err()
-		_ = rows.Close()
+		})))
 		if err != nil {
 			return n, fmt.Errorf("listing the unfinished jobs of batch %s: %w", id, err)
 		}

@@ -247,15 +247,7 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 // plus one under its settled status. It reads at most maxConflictShifts
 // conflicted jobs.
 func (c *Client) conflictShifts(ctx context.Context) (map[string]map[Status]int64, error) {
-	rows := c.view(ctx, "conflicts", kivik.Param("limit", maxConflictShifts))
-	var ids []string
-	for rows.Next() {
-		if id, err := rows.ID(); err == nil {
-			ids = append(ids, id)
-		}
-	}
-	err := rows.Err()
-	_ = rows.Close()
+	ids, err := rowIDs(c.view(ctx, "conflicts", kivik.Param("limit", maxConflictShifts)))
 	if err != nil {
 		return nil, fmt.Errorf("listing conflicted jobs: %w", err)
 	}
@@ -344,6 +336,19 @@ func (c *Client) view(ctx context.Context, view string, opts ...kivik.Option) *k
 // freshViewInterval is the longest time between two view queries of a
 // client that ask every copy (see view).
 const freshViewInterval = 5 * time.Second
+
+// rowIDs reads the ids of rows and closes it: the ids of the rows read
+// before an error, and the error.
+func rowIDs(rows *kivik.ResultSet) ([]string, error) {
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		if id, err := rows.ID(); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids, rows.Err()
+}
 
 // scan decodes view rows that carry documents, setting aside (and logging)
 // the ones that are not well-formed WorkItems.
