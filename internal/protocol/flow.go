@@ -103,8 +103,9 @@ type flowState struct {
 	// batchReading holds the batches whose read is on its way.
 	batchReading sync.Map
 	// batchTails holds, by batch, when a worker here last finished one of
-	// its jobs without counting the batch afresh (Unix ns): the index said
-	// it was far from done, or another count was on its way. Settled by
+	// its jobs without finding the batch finished (Unix ns): the index said
+	// it was far from done, another count was on its way, or a count made
+	// afresh found some unfinished or failed. Settled by
 	// SettleQuietBatches.
 	batchTails sync.Map
 }
@@ -413,6 +414,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 			// The callback is read only when none of the batch's jobs is left.
 			b, err := c.batchCounts(ctx, item.Batch)
 			if err != nil {
+				c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
 				return nil, err
 			}
 			if b.Pending == 0 {
@@ -973,7 +975,10 @@ func (c *Client) batchCountsChecked(ctx context.Context, batch string) (*BatchSt
 				break
 			}
 		}
-		if ids, err = c.batchPendingIDs(ctx, batch); err != nil || int64(len(ids)) != b.Pending {
+		if ids, err = c.batchPendingIDs(ctx, batch); err != nil {
+			return nil, err
+		}
+		if int64(len(ids)) != b.Pending {
 			continue
 		}
 		jobs, err := c.readJobs(ctx, ids, true)
