@@ -411,19 +411,34 @@ func jitter(d time.Duration) time.Duration {
 const batchQuiet = 250 * time.Millisecond
 
 // settleBatchesLoop releases the callbacks of batches whose last jobs
-// finished here while the index lagged behind them, every half batchQuiet.
+// finished here while the index lagged behind them, every half batchQuiet,
+// and waits batchSettleRetry after a count that failed (the server down:
+// one warning then, not four a second).
 func (w *Worker) settleBatchesLoop(ctx context.Context) {
-	for w.sleep(ctx, batchQuiet/2) {
-		w.settleBatches(ctx, batchQuiet)
+	wait := batchQuiet / 2
+	for w.sleep(ctx, wait) {
+		wait = batchQuiet / 2
+		if !w.settleBatches(ctx, batchQuiet) {
+			wait = batchSettleRetry
+		}
 	}
 }
 
-func (w *Worker) settleBatches(ctx context.Context, quiet time.Duration) {
-	released, err := w.client.SettleQuietBatches(ctx, w.by, quiet)
-	if err != nil {
-		w.log.Warn().Err(err).Msg("could not count the batches whose jobs finished here; the sweeper will release their callbacks")
+// batchSettleRetry is how long settleBatchesLoop waits after a failure.
+const batchSettleRetry = 5 * time.Second
+
+// settleBatches counts the batches quiet for quiet here (each request
+// bounded by QueryTimeout) and claims the callbacks it released; it
+// reports false when a count failed.
+func (w *Worker) settleBatches(ctx context.Context, quiet time.Duration) bool {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	released, err := w.client.SettleQuietBatches(qctx, w.by, quiet)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn().Err(err).Msg("could not count the batches whose jobs finished here; will retry, and the sweeper releases their callbacks too")
 	}
 	w.claimReleased(ctx, released)
+	return err == nil
 }
 
 // sweepLoop returns expired claims to the queue every SweepInterval.
