@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -408,11 +410,17 @@ func TestDemoWithServer(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = srv.Client(t).DestroyDB(context.Background(), db) })
 	c := online(t)
+	// A link to Fauxton where the server serves it, and where it does not
+	// (a release built without it), a line that says so.
+	fauxton := "/_utils/#/database/" + db
+	if !servesFauxton(t) {
+		fauxton = "Fauxton, CouchDB's web UI: not served at "
+	}
 	for run := range 2 { // the second run starts from a fresh database again
 		r := c.run(t, "demo", "--db", db)
 		expect(t, r, exitOK)
 		for _, want := range []string{"==> couchq init", "==> couchq enqueue --type email", "==> couchq ls", "==> couchq show job:",
-			"in 2s", "6 enqueued", "/_utils/#/database/" + db,
+			"in 2s", "6 enqueued", fauxton,
 			"==> Starting 2 workers", "attempt 1 failed: image store busy", "all 10 of 10 jobs done",
 			"failed once and was retried", "retry-scheduled  by ", "done             by "} {
 			if !strings.Contains(r.stdout, want) {
@@ -423,6 +431,22 @@ func TestDemoWithServer(t *testing.T) {
 			t.Errorf("run %d: %d jobs in the demo database, want 10", run, n)
 		}
 	}
+}
+
+// servesFauxton asks the test server for Fauxton's page.
+func servesFauxton(t *testing.T) bool {
+	t.Helper()
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User, u.Path = nil, "/_utils/"
+	resp, err := http.Get(u.String())
+	if err != nil {
+		t.Fatalf("asking for Fauxton: %v", err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // The README's first command: no COUCHDB_URL, so the demo starts its own
@@ -446,7 +470,12 @@ func TestDemoLocalServer(t *testing.T) {
 			t.Skip(err)
 		}
 		r := cmdline{env: map[string]string{localserver.CouchDBHomeEnv: home}}.run(t, "demo")
-		expectDemo(t, r, "==> Starting Apache CouchDB from "+home, "Stopped Apache CouchDB")
+		// A release serves Fauxton from share/www, when it was built with it.
+		fauxton := "/_utils/#/database/"
+		if _, err := os.Stat(filepath.Join(home, "share", "www", "index.html")); err != nil {
+			fauxton = "Fauxton, CouchDB's web UI: not served at "
+		}
+		expectDemo(t, r, "==> Starting Apache CouchDB from "+home, "Stopped Apache CouchDB", fauxton)
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -255,10 +256,14 @@ func (d *demo) show(ctx context.Context) error {
 	return cli.ShowJob(ctx, d.out, d.q, d.showID, d.opts.Now(), d.opts.Out.JSON)
 }
 
-func (d *demo) explore(context.Context) error {
+func (d *demo) explore(ctx context.Context) error {
 	base := withoutUser(protocol.SplitNodeURLs(d.conn.RawURL)[0])
 	d.header("Look around")
-	fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: %s/_utils/#/database/%s/_all_docs\n", base, url.PathEscape(d.conn.DB))
+	if fauxtonServed(ctx, base) {
+		fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: %s/_utils/#/database/%s/_all_docs\n", base, url.PathEscape(d.conn.DB))
+	} else {
+		fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: not served at %s/_utils/ (a server built without it)\n", base)
+	}
 	switch {
 	case d.local == nil:
 		fmt.Fprintf(d.out, "the CLI:                   couchq ls --db %s\n", d.conn.DB)
@@ -277,6 +282,28 @@ func (d *demo) explore(context.Context) error {
 	}
 	return nil
 }
+
+// fauxtonServed says whether the server at base serves Fauxton: a CouchDB
+// release can be built without it, and then a link to it is a 404.
+func fauxtonServed(ctx context.Context, base string) bool {
+	ctx, cancel := context.WithTimeout(ctx, fauxtonCheckTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/_utils/", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// fauxtonCheckTimeout bounds fauxtonServed: the demo's last lines must not
+// wait on a slow answer.
+const fauxtonCheckTimeout = 2 * time.Second
 
 // cleanup stops the local server, even after an interrupt, and removes its
 // data directory.
