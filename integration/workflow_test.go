@@ -394,6 +394,60 @@ func TestBatchCallbackRunsOnceWithSummary(t *testing.T) {
 	}
 }
 
+// A job enqueued while its dependency's outcome is being written can be
+// missed by both sides: the finishing worker's look for dependents comes
+// before the job is written, and the job's own check comes before the
+// outcome is stored (and its later checks end with its enqueuer, a CLI
+// that exits at once, or come before a slow outcome write). The worker
+// that finished the dependency looks once more after a quarter of a
+// second, so the job does not wait for the sweeper.
+func TestDependentMissedByTheFirstLookIsFoundAgain(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	// A job that waits for another, so that the client knows waiting jobs
+	// exist and looks for dependents while outcomes are written.
+	other := mustEnqueue(t, tb, protocol.NewJob{Worker: "part"})
+	mustEnqueue(t, tb, protocol.NewJob{Worker: "step", After: []string{other.ID}})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "part"})
+	running, err := tb.client.Claim(tb.ctx, parent, "test/1/w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The handler has returned: the look starts while the outcome is
+	// written, and answers before the dependent exists.
+	look := tb.client.LookForDependents(tb.ctx, parent.ID)
+	if look == nil {
+		t.Fatal("no look for dependents although a job waits")
+	}
+	time.Sleep(300 * time.Millisecond)
+	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "step", After: []string{parent.ID}})
+	// The child's enqueue checks again for a second; the outcome is slower.
+	time.Sleep(1500 * time.Millisecond)
+	if err := tb.client.Complete(tb.ctx, running, nil); err != nil {
+		t.Fatal(err)
+	}
+	released, err := tb.client.FinishedReleasing(tb.ctx, running, "test/1/w", look)
+	if err != nil || len(released) != 0 {
+		t.Fatalf("the first look released %d (%v)", len(released), err)
+	}
+	if got, err := tb.client.Get(tb.ctx, child.ID); err != nil || got.Status != protocol.StatusWaiting {
+		t.Fatalf("child after the first look: %+v (%v), want it still waiting", got, err)
+	}
+	if released, err := tb.client.LookAgainForDependents(tb.ctx, "test/1/w", time.Hour); err != nil || len(released) != 0 {
+		t.Fatalf("looked again too soon: %d (%v)", len(released), err)
+	}
+	released, err = tb.client.LookAgainForDependents(tb.ctx, "test/1/w", 0)
+	if err != nil || len(released) != 1 || released[0].ID != child.ID || released[0].Status != protocol.StatusQueued {
+		t.Fatalf("looked again: %v (%v)", released, err)
+	}
+	if again, err := tb.client.LookAgainForDependents(tb.ctx, "test/1/w", 0); err != nil || len(again) != 0 {
+		t.Fatalf("looked again twice: %d (%v)", len(again), err)
+	}
+	got, err := tb.client.Get(tb.ctx, child.ID)
+	if err != nil || got.Status != protocol.StatusQueued || strings.Count(events(got), protocol.EventDependenciesDone) != 1 {
+		t.Fatalf("child: %+v (%v)", got, err)
+	}
+}
+
 // A worker that finished a batch's job while others were unfinished
 // counts the batch again once its jobs stop finishing there, so the
 // callback does not wait for the sweeper when the batch's last outcome was

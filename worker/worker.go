@@ -234,7 +234,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.loops.Add(1)
 	go func() {
 		defer w.loops.Done()
-		w.settleBatchesLoop(loopCtx)
+		w.settleLoop(loopCtx)
 	}()
 	w.log.Info().Strs("types", w.Types()).Int("concurrency", w.cfg.Concurrency).
 		Dur("lease", w.cfg.LeaseDuration).Str("claimant", w.by).Bool("drain", w.cfg.Drain).Msg("worker started")
@@ -287,9 +287,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 			w.cfg.Metrics.addSlots(r.typ, -w.cfg.Concurrency)
 		}
 	}
-	// The batches whose last jobs finished here within batchQuiet are
-	// counted now, not left to the sweeper.
-	w.settleBatches(context.WithoutCancel(ctx), 0)
+	// The batches whose last jobs finished here within settleQuiet are
+	// counted now, and the dependents of jobs finished then looked for
+	// again, not left to the sweeper.
+	w.settle(context.WithoutCancel(ctx), 0)
 	w.unregister(context.WithoutCancel(ctx))
 	w.log.Info().Msg("worker stopped")
 	return nil
@@ -405,32 +406,36 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/5 + time.Duration(rand.Int64N(int64(d/5)*2+1))
 }
 
-// batchQuiet is how long a batch must have had no job finished here before
+// settleQuiet is how long a batch must have had no job finished here before
 // this worker counts it afresh (protocol.Client.SettleQuietBatches): while
 // its jobs keep finishing, the index is read as it stands, which is cheap.
-const batchQuiet = 250 * time.Millisecond
+// It is also how long after a job finished here its dependents are looked
+// for again (protocol.Client.LookAgainForDependents).
+const settleQuiet = 250 * time.Millisecond
 
-// settleBatchesLoop releases the callbacks of batches whose last jobs
-// finished here while the index lagged behind them, every half batchQuiet,
-// and waits batchSettleRetry after a count that failed (the server down:
-// one warning then, not four a second).
-func (w *Worker) settleBatchesLoop(ctx context.Context) {
-	wait := batchQuiet / 2
+// settleLoop releases, every half settleQuiet, the callbacks of batches
+// whose last jobs finished here while the index lagged behind them, and
+// the jobs waiting for jobs finished here that the first look missed; it
+// waits settleRetry after a request that failed (the server down: one
+// warning then, not four a second).
+func (w *Worker) settleLoop(ctx context.Context) {
+	wait := settleQuiet / 2
 	for w.sleep(ctx, wait) {
-		wait = batchQuiet / 2
-		if !w.settleBatches(ctx, batchQuiet) {
-			wait = batchSettleRetry
+		wait = settleQuiet / 2
+		if !w.settle(ctx, settleQuiet) {
+			wait = settleRetry
 		}
 	}
 }
 
-// batchSettleRetry is how long settleBatchesLoop waits after a failure.
-const batchSettleRetry = 5 * time.Second
+// settleRetry is how long settleLoop waits after a failure.
+const settleRetry = 5 * time.Second
 
-// settleBatches counts the batches quiet for quiet here (each request
-// bounded by QueryTimeout) and claims the callbacks it released; it
-// reports false when a count failed.
-func (w *Worker) settleBatches(ctx context.Context, quiet time.Duration) bool {
+// settle counts the batches quiet for quiet here and looks again for the
+// dependents of the jobs finished here quiet ago (each bounded by
+// QueryTimeout), and claims what they released; it reports false when
+// either failed.
+func (w *Worker) settle(ctx context.Context, quiet time.Duration) bool {
 	qctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	released, err := w.client.SettleQuietBatches(qctx, w.by, quiet)
 	cancel()
@@ -438,7 +443,14 @@ func (w *Worker) settleBatches(ctx context.Context, quiet time.Duration) bool {
 		w.log.Warn().Err(err).Msg("could not count the batches whose jobs finished here; will retry, and the sweeper releases their callbacks too")
 	}
 	w.claimReleased(ctx, released)
-	return err == nil
+	qctx, cancel = context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	waiting, lerr := w.client.LookAgainForDependents(qctx, w.by, quiet)
+	cancel()
+	if lerr != nil && ctx.Err() == nil {
+		w.log.Warn().Err(lerr).Msg("could not look again for the jobs waiting for jobs finished here; will retry, and the sweeper releases them too")
+	}
+	w.claimReleased(ctx, waiting)
+	return err == nil && lerr == nil
 }
 
 // sweepLoop returns expired claims to the queue every SweepInterval.

@@ -97,6 +97,9 @@ type flowState struct {
 	// waited for another (dependentsToCheck).
 	mu        sync.Mutex
 	unchecked []string
+	// looked are jobs finished here whose dependents were looked for, in
+	// the order they finished (LookAgainForDependents).
+	looked []lookedJob
 	// batches holds, by batch id, the last batchRead of a batch far from
 	// done (batchMayBeDone); entries go when the batch nears its end.
 	batches sync.Map
@@ -374,7 +377,8 @@ type DependentsLook struct {
 // waiting jobs are known to exist (nil otherwise: FinishedReleasing looks
 // itself, as it would have). A dependent enqueued while the outcome is
 // being written, which the look may miss and whose enqueue may still see
-// the job unfinished, is released by the sweeper.
+// the job unfinished, is found by the worker's look a moment later
+// (LookAgainForDependents), or else by the sweeper.
 func (c *Client) LookForDependents(ctx context.Context, id string) *DependentsLook {
 	if time.Now().UnixNano()-c.flow.seen.Load() >= int64(waitingMemory) {
 		return nil
@@ -431,6 +435,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 		}
 	}
 	if look != nil {
+		c.flow.addLooked(item.ID)
 		if len(look.deps) > 0 {
 			c.flow.seen.Store(time.Now().UnixNano())
 		}
@@ -440,6 +445,7 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 		}
 		ids = append(ids, look.deps...)
 	} else if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
+		c.flow.addLooked(finished...)
 		deps, docs, err := c.dependents(ctx, finished)
 		if err != nil {
 			return nil, err
@@ -562,6 +568,91 @@ func (c *Client) SettleQuietBatches(ctx context.Context, by string, quiet time.D
 	}
 	return released, nil
 }
+
+// lookedJob is a job finished here whose dependents were looked for, and
+// when (Unix ns).
+type lookedJob struct {
+	id string
+	at int64
+}
+
+func (f *flowState) addLooked(ids ...string) {
+	now := time.Now().UnixNano()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		if len(f.looked) >= maxUnchecked {
+			f.looked = f.looked[1:]
+		}
+		f.looked = append(f.looked, lookedJob{id: id, at: now})
+	}
+}
+
+// takeLooked takes the looked jobs finished at least quiet ago.
+func (f *flowState) takeLooked(quiet time.Duration) []lookedJob {
+	cut := time.Now().UnixNano() - int64(quiet)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for n < len(f.looked) && f.looked[n].at <= cut {
+		n++
+	}
+	out := slices.Clone(f.looked[:n])
+	f.looked = f.looked[n:]
+	return out
+}
+
+// putLooked gives back jobs takeLooked took, for the next look.
+func (f *flowState) putLooked(jobs []lookedJob) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.looked = append(jobs, f.looked...)
+	if over := len(f.looked) - maxUnchecked; over > 0 {
+		f.looked = f.looked[over:]
+	}
+}
+
+// LookAgainForDependents looks once more for the jobs waiting for the jobs
+// finished here at least quiet ago whose dependents FinishedReleasing
+// looked for, in one dependents query, and releases those ready. It
+// returns the jobs it released, as stored.
+//
+// The first look can miss a dependent: a worker looks while it writes the
+// outcome (LookForDependents), and a job enqueued in that moment is
+// written after the look but checks its dependency before the outcome is
+// stored, so neither side releases it; on a cluster the copy of the view
+// that answers may also lag a job just enqueued. The enqueuer checks such
+// a job again for a second (settleAgain), but only while its process
+// lives: a CLI enqueue ends at once. Looked for again here, once the
+// outcome has long been stored, such a job is found, and it no longer
+// waits for the sweeper. A job that was released meanwhile no longer
+// waits, and the view does not list it.
+func (c *Client) LookAgainForDependents(ctx context.Context, by string, quiet time.Duration) ([]*WorkItem, error) {
+	jobs := c.flow.takeLooked(quiet)
+	var released []*WorkItem
+	for start := 0; start < len(jobs); start += relookPage {
+		page := jobs[start:min(start+relookPage, len(jobs))]
+		ids := make([]string, len(page))
+		for k, j := range page {
+			ids[k] = j.id
+		}
+		deps, docs, err := c.dependents(ctx, ids)
+		if err == nil && len(deps) > 0 {
+			var more []*WorkItem
+			_, more, _, err = c.releaseRead(ctx, deps, docs, by)
+			released = append(released, more...)
+		}
+		if err != nil {
+			c.flow.putLooked(jobs[start:])
+			return released, fmt.Errorf("looking again for the jobs waiting for %d jobs finished here: %w", len(jobs)-start, err)
+		}
+	}
+	return released, nil
+}
+
+// relookPage is how many finished jobs one query of
+// LookAgainForDependents asks for.
+const relookPage = 500
 
 // batchDrainRate is more jobs a second than any couchq queue finishes
 // (the fastest measured are a tenth of it): a batch read with n jobs
