@@ -445,7 +445,6 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 		}
 		ids = append(ids, look.deps...)
 	} else if finished := c.dependentsToCheck(ctx, item.ID); len(finished) > 0 {
-		c.flow.addLooked(finished...)
 		deps, docs, err := c.dependents(ctx, finished)
 		if err != nil {
 			return nil, err
@@ -613,15 +612,18 @@ func (f *flowState) putLooked(jobs []lookedJob) {
 }
 
 // LookAgainForDependents looks once more for the jobs waiting for the jobs
-// finished here at least quiet ago whose dependents FinishedReleasing
-// looked for, in one dependents query, and releases those ready. It
-// returns the jobs it released, as stored.
+// finished here at least quiet ago whose dependents were looked for while
+// their outcomes were written (FinishedReleasing with a LookForDependents),
+// in one dependents query, and releases those ready. It returns the jobs
+// it released, as stored. Only a worker looks that way, and it calls this
+// every so often; a client that finishes jobs otherwise (the CLI, the
+// agents' API) keeps nothing for it.
 //
 // The first look can miss a dependent: a worker looks while it writes the
-// outcome (LookForDependents), and a job enqueued in that moment is
-// written after the look but checks its dependency before the outcome is
-// stored, so neither side releases it; on a cluster the copy of the view
-// that answers may also lag a job just enqueued. The enqueuer checks such
+// outcome, and a job enqueued in that moment is written after the look
+// but checks its dependency before the outcome is stored, so neither side
+// releases it; on a cluster the copy of the view that answers may also
+// lag a job just enqueued. The enqueuer checks such
 // a job again for a second (settleAgain), but only while its process
 // lives: a CLI enqueue ends at once. Looked for again here, once the
 // outcome has long been stored, such a job is found, and it no longer
