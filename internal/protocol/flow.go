@@ -414,9 +414,10 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 	}
 	var ids []string
 	if item.Batch != "" {
-		if c.batchMayBeDone(ctx, item.Batch) {
+		if c.batchMayBeDone(ctx, item.Batch) && c.startBatchRead(item.Batch) {
 			// The callback is read only when none of the batch's jobs is left.
 			left, err := c.batchJobsLeft(ctx, item.Batch)
+			c.flow.batchReading.Delete(item.Batch)
 			if err != nil {
 				c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
 				return nil, err
@@ -431,6 +432,8 @@ func (c *Client) FinishedReleasing(ctx context.Context, item *WorkItem, by strin
 				c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
 			}
 		} else {
+			// Far from done, or another finisher here is looking: counted
+			// again once its jobs stop finishing here.
 			c.flow.batchTails.Store(item.Batch, time.Now().UnixNano())
 		}
 	}
@@ -501,7 +504,7 @@ func (c *Client) batchMayBeDone(ctx context.Context, batch string) bool {
 		if now-read.at < int64(batchReuse(read.pending)) {
 			return false
 		}
-		if _, busy := c.flow.batchReading.LoadOrStore(batch, true); busy {
+		if !c.startBatchRead(batch) {
 			return false // far from done a moment ago, and being read again
 		}
 		defer c.flow.batchReading.Delete(batch)
@@ -1121,6 +1124,18 @@ func (c *Client) batchPendingIDs(ctx context.Context, batch string) ([]string, e
 		return nil, fmt.Errorf("listing the unfinished jobs of batch %s: %w", batch, err)
 	}
 	return ids, nil
+}
+
+// startBatchRead marks a read of batch as on its way and reports whether
+// none was. One finisher at a time looks at a batch afresh: the last few
+// hundred jobs of a big batch each asked at once, and PouchDB Server
+// brings the view up to date once for every query, one after another (a
+// 10,000-job batch's last looks timed out after 30 s). A finisher that
+// finds a look on its way leaves the batch to be counted once its jobs
+// stop finishing here (SettleQuietBatches).
+func (c *Client) startBatchRead(batch string) bool {
+	_, busy := c.flow.batchReading.LoadOrStore(batch, true)
+	return !busy
 }
 
 // batchJobsLeft says whether the batches view, brought up to date, lists
