@@ -259,7 +259,7 @@ func (d *demo) show(ctx context.Context) error {
 func (d *demo) explore(ctx context.Context) error {
 	base := withoutUser(protocol.SplitNodeURLs(d.conn.RawURL)[0])
 	d.header("Look around")
-	if fauxtonServed(ctx, base) {
+	if d.fauxtonServed(ctx, base) {
 		fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: %s/_utils/#/database/%s/_all_docs\n", base, url.PathEscape(d.conn.DB))
 	} else {
 		fmt.Fprintf(d.out, "Fauxton, CouchDB's web UI: not served at %s/_utils/ (a server built without it)\n", base)
@@ -284,15 +284,20 @@ func (d *demo) explore(ctx context.Context) error {
 }
 
 // fauxtonServed says whether the server at base serves Fauxton: a CouchDB
-// release can be built without it, and then a link to it is a 404.
-func fauxtonServed(ctx context.Context, base string) bool {
+// release can be built without it, and then a link to it is a 404. It asks
+// with the connection's own HTTP client (its CA file, its nodes).
+func (d *demo) fauxtonServed(ctx context.Context, base string) bool {
+	hc, err := d.conn.HTTPClient(d.log)
+	if err != nil {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(ctx, fauxtonCheckTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/_utils/", nil)
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return false
 	}
