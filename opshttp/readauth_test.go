@@ -264,6 +264,21 @@ func TestDashboardInABrowserReadsNeedALogin(t *testing.T) {
 	if status := text(`#status`); !strings.Contains(status, "log in") {
 		t.Errorf("status without a login: %q", status)
 	}
+	// A refresh answered 401 while the user types the password leaves the
+	// cursor where it is: moving it to the user field sent the rest of the
+	// password there.
+	err = chromedp.Do(bctx,
+		chromedp.Focus(css(`#password`)),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById('status').textContent = ''; document.getElementById('jobs-status').dispatchEvent(new Event('change'))`),
+		chromedp.Poll[chromedp.Void](`document.getElementById('status').textContent !== ''`, chromedp.WithPollingTimeout(time.Minute)),
+	)
+	focused := ""
+	if err == nil {
+		focused, err = chromedp.Run(bctx, chromedp.Evaluate[string](`document.activeElement.id`))
+	}
+	if err != nil || focused != "password" {
+		t.Fatalf("after a refresh answered 401, the cursor is in %q, want the password field (%v)", focused, err)
+	}
 	err = chromedp.Do(bctx,
 		chromedp.SetValue(css(`#jobs-status`), "queued"),
 		chromedp.SendKeys(css(`#user`), member),

@@ -57,7 +57,7 @@
           if (creds !== sent) throw staleAnswer();
           creds = null;
           showWho(null, true);
-          $('user').focus();
+          askLogin();
           throw new Error('log in with a CouchDB user to see the queue');
         }
         if (!r.ok) throw new Error(path + ': ' + (body.error || r.status));
@@ -66,8 +66,16 @@
     });
   }
 
+  // askLogin puts the cursor in the login form, unless it is there
+  // already: every refresh without a login is answered 401, and moving
+  // the cursor to the user field then sent the rest of a password being
+  // typed into it.
+  function askLogin() {
+    if (!$('login').contains(document.activeElement)) $('user').focus();
+  }
+
   function act(path, label) {
-    if (!creds) { setStatus('log in to ' + label, true); $('user').focus(); return Promise.resolve(); }
+    if (!creds) { setStatus('log in to ' + label, true); askLogin(); return Promise.resolve(); }
     var sent = creds;
     return fetch(path, {method: 'POST', headers: headers()})
       .then(function (r) {
