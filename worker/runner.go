@@ -209,11 +209,17 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			return
 		}
 		wait := r.w.cfg.FallbackPoll
-		// Raised before the slots are counted, so that a slot freed in
+		// Raised only with every slot taken: the loop then sets no timer
+		// (below) and the next freed slot wakes it to set them. Raised
+		// with a slot free, it had a job that ended meanwhile wake an idle
+		// runner for a round that read the due view for nothing. Raised
+		// before the slots are counted again, so that a slot freed in
 		// between still wakes the loop (at worst once for nothing).
-		r.slotWanted.Store(true)
-		if r.free() > 0 {
-			r.slotWanted.Store(false)
+		if r.free() == 0 {
+			r.slotWanted.Store(true)
+			if r.free() > 0 {
+				r.slotWanted.Store(false)
+			}
 		}
 		if r.w.cfg.Drain {
 			wait = 100 * time.Millisecond // drain: wait only for running jobs
