@@ -890,3 +890,63 @@ func TestSitesClusterSiteRunsEveryJobOnce(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	checkRanOnceAtOwner(t, &rc, owners)
 }
+
+// A job for a site the sites document does not list is refused at
+// enqueue, by Enqueue, EnqueueMany and EnqueueBatch alike, with nothing
+// written for it; a site added since the client last read the document
+// (here by another client) is found by reading it again.
+func TestEnqueueForAnUnlistedSiteIsRefused(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	ctx := tb.ctx
+	for _, s := range []string{"A", "B"} {
+		if _, err := tb.client.AddSite(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := protocol.New(ctx, tb.db, protocol.Config{Site: "A", Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.AddSite(ctx, "C"); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := c.Enqueue(ctx, protocol.NewJob{Worker: "w", Site: "C"}); err != nil || it.Site != "C" {
+		t.Fatalf("a job for the site added since: %+v, %v", it, err)
+	}
+	const unlisted = "site Z is not one of the database's sites (A, B, C)"
+	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "w", Site: "Z"}); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), unlisted) {
+		t.Errorf("Enqueue for Z: %v", err)
+	}
+	res, err := c.EnqueueMany(ctx, []protocol.NewJob{{Worker: "w", Site: "Z"}, {Worker: "w", Site: "B"}})
+	if err != nil || !errors.Is(res[0].Err, protocol.ErrInvalidJob) || !strings.Contains(fmt.Sprint(res[0].Err), unlisted) ||
+		res[1].Err != nil || res[1].Item.Site != "B" {
+		t.Errorf("EnqueueMany for Z and B: %+v, %v", res, err)
+	}
+	_, err = c.EnqueueBatch(ctx, []protocol.NewJob{{Worker: "w"}, {Worker: "w", Site: "Z"}}, protocol.NewJob{Worker: "done"})
+	if !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(fmt.Sprint(err), "job 1 of the batch: invalid job: "+unlisted) {
+		t.Errorf("EnqueueBatch with a job for Z: %v", err)
+	}
+	_, err = c.EnqueueBatch(ctx, []protocol.NewJob{{Worker: "w"}}, protocol.NewJob{Worker: "done", Site: "Z"})
+	if !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(fmt.Sprint(err), "the batch's callback: invalid job: "+unlisted) {
+		t.Errorf("EnqueueBatch with a callback for Z: %v", err)
+	}
+	// The jobs for C and B alone were written.
+	rows := tb.db.AllDocs(ctx, kivik.Param("include_docs", true))
+	defer rows.Close()
+	var sites []string
+	for rows.Next() {
+		var doc struct {
+			Type string `json:"type"`
+			Site string `json:"site"`
+		}
+		if err := rows.ScanDoc(&doc); err == nil && doc.Type == "WorkItem" {
+			sites = append(sites, doc.Site)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(sites, ",") != "C,B" {
+		t.Errorf("jobs written for sites %v, want C and B alone", sites)
+	}
+}

@@ -44,8 +44,10 @@ schedules it.
 	--file FILE         enqueue every line of a JSON Lines file ('-' for stdin):
 	                    {"type": "email", "payload": {...}, "at": "TIME" | "in": "10s",
 	                     "max_attempts": 5, "id": "...", "unique_key": "K", "unique_for": "1h",
-	                     "priority": 1, "after": ["ID"], "on_dependency_failure": "run"}
-	                    ("worker" may stand for "type")
+	                     "priority": 1, "after": ["ID"], "on_dependency_failure": "run",
+	                     "site": "tokyo"}
+	                    ("worker" may stand for "type"; "site" names the job's owner
+	                    in a queue of sites, else --site does)
 	                    The whole file is checked first: one bad line and nothing is
 	                    enqueued. --type, --at/--in and --max-attempts are defaults
 	                    for lines that do not set them. Jobs go in batches of 500.
@@ -141,6 +143,9 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 	it, dup, err := cli.EnqueueOne(ctx, q, job)
 	if err != nil {
 		return err
+	}
+	if !dup {
+		cli.NoteNoSites(ctx, q, m.Stderr, it.Site)
 	}
 	return cli.PrintEnqueued(m.Stdout, it, dup, conn.json)
 }

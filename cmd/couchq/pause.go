@@ -78,7 +78,7 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 	}
 	typ := rest[0]
 	if at != "" && !protocol.ValidSiteName(at) {
-		return cli.Usagef("invalid --at %q: a site name has 1 to 63 letters, digits, '.', '_' or '-'", at)
+		return cli.Usagef("invalid --at %q: want a site name, %s", at, protocol.SiteNameRule)
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {

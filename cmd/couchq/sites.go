@@ -92,7 +92,7 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	for _, name := range append(append([]string(nil), rest...), peerSite, to) {
 		if name != "" && !protocol.ValidSiteName(name) {
-			return cli.Usagef("invalid site name %q: 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+			return cli.Usagef("invalid site name %q: want %s", name, protocol.SiteNameRule)
 		}
 	}
 	if err := conn.resolve(m); err != nil {

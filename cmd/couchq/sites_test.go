@@ -50,6 +50,15 @@ func TestSitesCommands(t *testing.T) {
 	if r := a.run(t, "sites"); r.code != 0 || !strings.Contains(r.stdout, "no sites") {
 		t.Fatalf("sites before any: %+v", r)
 	}
+	// A database without sites stores a job for a site (it may be a
+	// producer not linked yet) and says that nothing there runs it.
+	single := a.withEnv("COUCHQ_DB", "single").mustInit(t)
+	if r := single.run(t, "enqueue", "--type", "x", "--site", "B"); r.code != 0 || !strings.Contains(r.stderr, "this database has no sites: jobs for site B run only once") {
+		t.Fatalf("enqueue for a site in a database without sites: %+v", r)
+	}
+	if r := single.withEnv("COUCHQ_SITE", "").run(t, "enqueue", "--type", "x"); r.code != 0 || r.stderr != "" {
+		t.Fatalf("enqueue for no site in a database without sites: %+v", r)
+	}
 	// A worker of a site the database does not know does not start.
 	r := a.run(t, "worker", "--type", "x", "--handler", "noop", "--drain")
 	if r.code == 0 || !strings.Contains(r.stderr, "couchq sites add A") {
@@ -94,6 +103,23 @@ func TestSitesCommands(t *testing.T) {
 		}
 	} else if !errors.Is(err, couchtest.ErrNoUsers) {
 		t.Fatal(err)
+	}
+
+	// A site the sites document does not list is refused, nothing written;
+	// a line of a --file names its own site, checked like the flag.
+	expect(t, a.run(t, "enqueue", "--type", "thumb", "--site", "Z"), exitUsage, "site Z is not one of the database's sites (A, B)")
+	expect(t, a.withStdin(`{"type":"thumb","site":"no way"}`+"\n").run(t, "enqueue", "--file", "-"), exitUsage, `stdin:1: invalid "site" "no way"`)
+	r = a.withStdin(`{"type":"filed","site":"Z"}`+"\n"+`{"type":"filed","site":"B","id":"job:line-for-B"}`+"\n").run(t, "enqueue", "--file", "-")
+	if r.code == 0 || !strings.Contains(r.stderr, "stdin:1: invalid job: site Z is not one of the database's sites (A, B)") ||
+		!strings.Contains(r.stdout, "1 enqueued, 1 failed") || strings.Contains(r.stderr, "no sites") {
+		t.Fatalf("enqueue --file with a line for Z and one for B: %+v", r)
+	}
+	r = a.run(t, "show", "job:line-for-B", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"site": "B"`) {
+		t.Fatalf("the line for B: %+v", r)
+	}
+	if r := a.run(t, "ls", "--type", "filed", "--json"); r.code != 0 || strings.Count(r.stdout, `"_id"`) != 1 {
+		t.Fatalf("jobs of type filed, want the line for B alone: %+v", r)
 	}
 
 	r = a.run(t, "enqueue", "--type", "thumb", "--payload", `{"n":1}`, "--site", "B")

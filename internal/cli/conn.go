@@ -157,7 +157,7 @@ func (c *Conn) ResolveDB(getenv func(string) string) error {
 		c.Site = getenv("COUCHQ_SITE")
 	}
 	if c.Site != "" && !protocol.ValidSiteName(c.Site) {
-		return Usagef("invalid --site %q: a site name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", c.Site)
+		return Usagef("invalid --site %q: want a site name, %s", c.Site, protocol.SiteNameRule)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,9 @@ type JobSpec struct {
 	// docs/workflows.md).
 	After               []string `json:"after"`
 	OnDependencyFailure string   `json:"on_dependency_failure"`
+	// Site names the job's owner in a queue of several sites; empty
+	// means the command's --site, else the default site.
+	Site string `json:"site"`
 }
 
 // FileJob is a validated job of a --file and the line it came from.
@@ -67,6 +71,22 @@ func EnqueueOne(ctx context.Context, q *protocol.Client, job protocol.NewJob) (i
 		return nil, false, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
 	}
 	return nil, false, err
+}
+
+// NoteNoSites says on w that jobs for sites were stored in a database
+// without a sites document. That is right for a producer not linked yet,
+// whose jobs run once its link carries them to their owner, but in a
+// database that is not a site nothing ever runs them.
+func NoteNoSites(ctx context.Context, q *protocol.Client, w io.Writer, sites ...string) {
+	sites = slices.DeleteFunc(sites, func(s string) bool { return s == "" })
+	if len(sites) == 0 {
+		return
+	}
+	if d, err := q.ReadSites(ctx); err != nil || d != nil {
+		return
+	}
+	fmt.Fprintf(w, "note: this database has no sites: jobs for site %s run only once a link carries them to a database of sites that lists it (couchq sites link); no worker here runs them\n",
+		strings.Join(sites, ", "))
 }
 
 // Enqueued is a new job as printed with --json.
@@ -156,6 +176,10 @@ func (s JobSpec) NewJob(now time.Time) (protocol.NewJob, error) {
 		return job, fmt.Errorf(`invalid "on_dependency_failure" %q: want %q or %q`, s.OnDependencyFailure, protocol.DependencyCancel, protocol.DependencyRun)
 	}
 	job.After, job.OnDependencyFailure = s.After, s.OnDependencyFailure
+	if s.Site != "" && !protocol.ValidSiteName(s.Site) {
+		return job, fmt.Errorf(`invalid "site" %q: want a site name, %s`, s.Site, protocol.SiteNameRule)
+	}
+	job.Site = s.Site
 	at, err := s.Schedule(now)
 	if err != nil {
 		return job, err
@@ -271,7 +295,7 @@ func parseJobLine(text []byte, defaults JobSpec, now time.Time) (protocol.NewJob
 			return protocol.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for, after, on_dependency_failure)", field)
+			return protocol.NewJob{}, fmt.Errorf("unknown field %s (want type, payload, at or in, max_attempts, priority, id, unique_key, unique_for, after, on_dependency_failure, site)", field)
 		}
 		if text[0] != '{' {
 			return protocol.NewJob{}, errors.New(`want a JSON object such as {"type": "email", "payload": {...}}`)
@@ -320,7 +344,7 @@ func EnqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []F
 		ID    string `json:"id,omitempty"`
 		Error string `json:"error"`
 	}
-	var ids, dups []string
+	var ids, dups, sites []string
 	var failed []failure
 	for start := 0; start < len(jobs); start += bulkBatch {
 		batch := jobs[start:min(start+bulkBatch, len(jobs))]
@@ -348,10 +372,14 @@ func EnqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []F
 				continue
 			}
 			ids = append(ids, r.Item.ID)
+			if site := r.Item.Site; site != "" && !slices.Contains(sites, site) {
+				sites = append(sites, site)
+			}
 		}
 		bar.set(start + len(batch))
 	}
 	bar.done()
+	NoteNoSites(ctx, q, out.Stderr, sites...)
 	for i, f := range failed {
 		if i == maxReported {
 			fmt.Fprintf(out.Stderr, "%s: ... and %d more failed jobs\n", label, len(failed)-maxReported)

@@ -162,7 +162,7 @@ func New(ctx context.Context, db *kivik.DB, cfg Config) (*Client, error) {
 		}
 	}
 	if cfg.Site != "" && !ValidSiteName(cfg.Site) {
-		return nil, fmt.Errorf("site name %q: want %s", cfg.Site, siteNameRule)
+		return nil, fmt.Errorf("site name %q: want %s", cfg.Site, SiteNameRule)
 	}
 	if cfg.Site != "" {
 		// Which jobs are the site's. A client without a site learns of

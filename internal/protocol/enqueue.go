@@ -108,7 +108,7 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	}
 	site := cmp.Or(j.Site, c.cfg.Site)
 	if site != "" && !ValidSiteName(site) {
-		return nil, fmt.Errorf("%w: site %q: want %s", ErrInvalidJob, site, siteNameRule)
+		return nil, fmt.Errorf("%w: site %q: want %s", ErrInvalidJob, site, SiteNameRule)
 	}
 	id := j.ID
 	switch {
@@ -213,6 +213,9 @@ func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
 	}
 	it, err := c.item(j)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.checkSites(ctx, []*WorkItem{it})[0]; err != nil {
 		return nil, err
 	}
 	if len(it.After) > 0 {

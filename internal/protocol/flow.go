@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -207,17 +208,22 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem) []err
 	return errs
 }
 
-// checkMany is EnqueueMany's dependency check: the refused jobs get their
-// error and are left out of docs.
+// checkMany is EnqueueMany's checks of sites and dependencies: the refused
+// jobs get their error and are left out of docs.
 func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []any, index []int) ([]any, []int) {
 	var items []*WorkItem
 	for _, i := range index {
 		items = append(items, results[i].Item)
 	}
-	if !slices.ContainsFunc(items, func(it *WorkItem) bool { return len(it.After) > 0 }) {
+	errs := c.checkSites(ctx, items)
+	if slices.ContainsFunc(items, func(it *WorkItem) bool { return len(it.After) > 0 }) {
+		for k, err := range c.checkDependencies(ctx, items) {
+			errs[k] = cmp.Or(errs[k], err)
+		}
+	}
+	if !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		return docs, index
 	}
-	errs := c.checkDependencies(ctx, items)
 	var keptDocs []any
 	var keptIndex []int
 	for k, i := range index {
@@ -1262,6 +1268,14 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 	cb, err := c.item(callback)
 	if err != nil {
 		return "", fmt.Errorf("the batch's callback: %w", err)
+	}
+	for i, err := range c.checkSites(ctx, append(slices.Clip(items), cb)) {
+		switch {
+		case err != nil && i == len(items):
+			return "", fmt.Errorf("the batch's callback: %w", err)
+		case err != nil:
+			return "", fmt.Errorf("job %d of the batch: %w", i, err)
+		}
 	}
 	if errs := c.checkDependencies(ctx, items); slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
 		return "", errors.Join(errs...)

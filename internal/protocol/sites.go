@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -32,8 +34,8 @@ const (
 	// carry to the other sites: how they see that it is alive, and how far
 	// behind their copy of it is.
 	SiteHeartbeatDocType = "SiteHeartbeat"
-	// siteNameRule says what a site name may be, for error messages.
-	siteNameRule = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+	// SiteNameRule says what a site name may be, for error messages.
+	SiteNameRule = "1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 )
 
 var siteNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -101,7 +103,7 @@ func (c *Client) ReadSites(ctx context.Context) (*SitesDoc, error) {
 // changes nothing.
 func (c *Client) AddSite(ctx context.Context, name string) (*SitesDoc, error) {
 	if !ValidSiteName(name) {
-		return nil, fmt.Errorf("invalid site name %q: want %s", name, siteNameRule)
+		return nil, fmt.Errorf("invalid site name %q: want %s", name, SiteNameRule)
 	}
 	return c.changeSites(ctx, func(d *SitesDoc) bool {
 		if _, ok := d.Sites[name]; ok {
@@ -165,6 +167,41 @@ func (c *Client) setSites(d *SitesDoc) {
 		}
 	}
 	c.sites.Store(&st)
+}
+
+// checkSites refuses, one error per item (nil for those that pass), the
+// jobs that name a site the database's sites document does not list: no
+// site would run them, and the default site's sweeper would fail them
+// later. A miss reads the sites document again first (a site may have
+// been added since the client last read it, here or at a linked site).
+// A database without a sites document takes jobs for any site: it may be
+// a producer that has not been linked yet (it learns the sites from its
+// link), and its jobs run once they reach their owner.
+func (c *Client) checkSites(ctx context.Context, items []*WorkItem) []error {
+	errs := make([]error, len(items))
+	unlisted := func(it *WorkItem) bool {
+		st := c.siteView()
+		return it != nil && it.Site != "" && st.multi && !st.names[it.Site]
+	}
+	if !slices.ContainsFunc(items, unlisted) {
+		return errs
+	}
+	if err := c.RefreshSites(ctx); err != nil {
+		for i, it := range items {
+			if unlisted(it) {
+				errs[i] = fmt.Errorf("enqueueing %s job for site %s: reading the sites document: %w", it.Worker, it.Site, err)
+			}
+		}
+		return errs
+	}
+	for i, it := range items {
+		if unlisted(it) {
+			names := slices.Sorted(maps.Keys(c.siteView().names))
+			errs[i] = fmt.Errorf("%w: site %s is not one of the database's sites (%s): add it (couchq sites add %s), or enqueue the job for a listed site",
+				ErrInvalidJob, it.Site, strings.Join(names, ", "), it.Site)
+		}
+	}
+	return errs
 }
 
 // siteView is what the client last read of the sites document.

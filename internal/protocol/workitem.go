@@ -359,7 +359,7 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	if v, ok := raw["site"]; ok && string(v) != "null" {
 		p.str("site", &w.Site)
 		if p.err == nil && !ValidSiteName(w.Site) {
-			p.fail("site", fmt.Sprintf("must be a site name (%s), got %q", siteNameRule, w.Site))
+			p.fail("site", fmt.Sprintf("must be a site name (%s), got %q", SiteNameRule, w.Site))
 		}
 	}
 	p.trace(&w.Trace)
