@@ -122,6 +122,13 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatalf("jobs of type filed, want the line for B alone: %+v", r)
 	}
 
+	// One written by hand for a site the queue does not have is failed by
+	// the default site's sweep, which says so.
+	a.put(t, "queue", "job:handwritten-for-Z", `{"type":"WorkItem","worker":"filed","site":"Z"}`)
+	if r := a.run(t, "sweep"); r.code != 0 || !strings.Contains(r.stdout, "1 job of unknown sites failed") {
+		t.Fatalf("the default site's sweep of a job for Z: %+v", r)
+	}
+
 	r = a.run(t, "enqueue", "--type", "thumb", "--payload", `{"n":1}`, "--site", "B")
 	if r.code != 0 {
 		t.Fatalf("enqueue for B: %+v", r)

@@ -23,7 +23,11 @@ Safe to run alongside workers: a claim renewed meanwhile is left alone.
 It prints how many jobs were requeued and failed, how many sweeps were
 lost to another writer (a worker's sweeper or the claimant itself), and
 how many conflicted jobs (two claims through different nodes of a
-cluster, or revisions from another site) it settled.
+cluster, or revisions from another site) it settled. When there are any,
+it also says how many other sites' requests it applied, how many jobs
+naming a site the queue does not have it failed (the default site's
+sweep does that), and how many waiting jobs whose dependencies had
+finished it released.
 `
 
 // sweepResult is what one sweep did, as printed with --json.
@@ -36,6 +40,11 @@ type sweepResult struct {
 	// cancels and retries applied (or refused) for this site's jobs.
 	Settled  int `json:"settled"`
 	Requests int `json:"requests"`
+	// UnknownSite counts jobs failed because the site they name is not
+	// one of the queue's; Released, waiting jobs whose dependencies had
+	// finished with no one releasing them.
+	UnknownSite int `json:"unknown_site"`
+	Released    int `json:"released"`
 	// More means the sweep handled --limit claims, so more may be waiting:
 	// run it again.
 	More bool `json:"more"`
@@ -67,6 +76,7 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	out := sweepResult{
 		Requeued: res.Requeued, Failed: res.Failed, Lost: res.Lost, Malformed: res.Malformed, Settled: res.Settled, Requests: res.Requests,
+		UnknownSite: res.UnknownSite, Released: res.Released,
 		More: res.Requeued+res.Failed+res.Lost+res.Malformed >= limit,
 	}
 	if conn.json {
@@ -75,6 +85,12 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	line := fmt.Sprintf("requeued %d, failed %d, lost %d, settled %d", out.Requeued, out.Failed, out.Lost, out.Settled)
 	if out.Requests > 0 {
 		line += fmt.Sprintf(", %d other sites' requests applied", out.Requests)
+	}
+	if out.UnknownSite > 0 {
+		line += fmt.Sprintf(", %d %s of unknown sites failed", out.UnknownSite, cli.Plural(out.UnknownSite, "job", "jobs"))
+	}
+	if out.Released > 0 {
+		line += fmt.Sprintf(", %d waiting %s released", out.Released, cli.Plural(out.Released, "job", "jobs"))
 	}
 	if out.Malformed > 0 {
 		line += fmt.Sprintf(", malformed %d (see the log)", out.Malformed)
