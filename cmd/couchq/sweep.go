@@ -84,7 +84,7 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	line := fmt.Sprintf("requeued %d, failed %d, lost %d, settled %d", out.Requeued, out.Failed, out.Lost, out.Settled)
 	if out.Requests > 0 {
-		line += fmt.Sprintf(", %d other sites' requests applied", out.Requests)
+		line += fmt.Sprintf(", %d %s applied or refused", out.Requests, cli.Plural(out.Requests, "other site's request", "other sites' requests"))
 	}
 	if out.UnknownSite > 0 {
 		line += fmt.Sprintf(", %d %s of unknown sites failed", out.UnknownSite, cli.Plural(out.UnknownSite, "job", "jobs"))
