@@ -895,7 +895,7 @@ func TestSitesClusterSiteRunsEveryJobOnce(t *testing.T) {
 // enqueue, by Enqueue, EnqueueMany and EnqueueBatch alike, with nothing
 // written for it; a site added since the client last read the document
 // (here by another client) is found by reading it again.
-func TestEnqueueForAnUnlistedSiteIsRefused(t *testing.T) {
+func TestSitesRefuseAJobForAnUnlistedSite(t *testing.T) {
 	tb := setup(t, protocol.Config{})
 	ctx := tb.ctx
 	for _, s := range []string{"A", "B"} {
