@@ -917,10 +917,13 @@ func TestSitesRefuseAJobForAnUnlistedSite(t *testing.T) {
 	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "w", Site: "Z"}); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), unlisted) {
 		t.Errorf("Enqueue for Z: %v", err)
 	}
-	res, err := c.EnqueueMany(ctx, []protocol.NewJob{{Worker: "w", Site: "Z"}, {Worker: "w", Site: "B"}})
+	// A job waiting for the refused one is refused too: its dependency is
+	// never written.
+	res, err := c.EnqueueMany(ctx, []protocol.NewJob{{Worker: "w", Site: "Z", ID: "job:for-Z"}, {Worker: "w", Site: "B"}, {Worker: "w", After: []string{"job:for-Z"}}})
+	var depErr *protocol.DependencyError
 	if err != nil || !errors.Is(res[0].Err, protocol.ErrInvalidJob) || !strings.Contains(fmt.Sprint(res[0].Err), unlisted) ||
-		res[1].Err != nil || res[1].Item.Site != "B" {
-		t.Errorf("EnqueueMany for Z and B: %+v, %v", res, err)
+		res[1].Err != nil || res[1].Item.Site != "B" || !errors.As(res[2].Err, &depErr) || depErr.Dependency != "job:for-Z" {
+		t.Errorf("EnqueueMany for Z, for B and one waiting for Z's: %+v, %v", res, err)
 	}
 	_, err = c.EnqueueBatch(ctx, []protocol.NewJob{{Worker: "w"}, {Worker: "w", Site: "Z"}}, protocol.NewJob{Worker: "done"})
 	if !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(fmt.Sprint(err), "job 1 of the batch: invalid job: "+unlisted) {

@@ -170,7 +170,9 @@ func (c *Client) dependencies(it *WorkItem, j NewJob) error {
 // one _all_docs request: a job named by an item may also be one of the
 // items before it (written in the same request). errs[i] is item i's
 // refusal. Since a dependency must exist first, no cycle can form.
-func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem) []error {
+// refused, when given, holds the items already refused for another
+// reason: they will not be written, so no later item may wait for them.
+func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refused ...error) []error {
 	errs := make([]error, len(items))
 	earlier := map[string]bool{}
 	var keys []string
@@ -197,6 +199,9 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem) []err
 	}
 	before := map[string]bool{}
 	for i, it := range items {
+		if i < len(refused) && refused[i] != nil {
+			continue // not written: not before any item
+		}
 		for _, d := range it.After {
 			if !before[d] && !exists[d] {
 				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "no such job (a dependency must be enqueued first)", Status: http.StatusUnprocessableEntity}
@@ -217,7 +222,7 @@ func (c *Client) checkMany(ctx context.Context, results []EnqueueResult, docs []
 	}
 	errs := c.checkSites(ctx, items)
 	if slices.ContainsFunc(items, func(it *WorkItem) bool { return len(it.After) > 0 }) {
-		for k, err := range c.checkDependencies(ctx, items) {
+		for k, err := range c.checkDependencies(ctx, items, errs...) {
 			errs[k] = cmp.Or(errs[k], err)
 		}
 	}
