@@ -917,6 +917,21 @@ func TestSitesRefuseAJobForAnUnlistedSite(t *testing.T) {
 	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "w", Site: "Z"}); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), unlisted) {
 		t.Errorf("Enqueue for Z: %v", err)
 	}
+	// A client of no site, which has not read the sites document, reads
+	// it to check. Its agents claim nothing, and are told why.
+	siteless, err := protocol.New(ctx, tb.db, protocol.Config{Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := siteless.Enqueue(ctx, protocol.NewJob{Worker: "w", Site: "Z"}); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), unlisted) {
+		t.Errorf("Enqueue for Z by a client of no site: %v", err)
+	}
+	if _, err := siteless.ClaimForAgent(ctx, "w", 1, "bob", time.Minute); !errors.Is(err, protocol.ErrNoSite) {
+		t.Errorf("an agent's claim by a client of no site: %v", err)
+	}
+	if claim, err := c.ClaimForAgent(ctx, "w", 1, "bob", time.Minute); err != nil || len(claim.Claimed) != 0 {
+		t.Errorf("an agent's claim at site A, which has no w job: %+v, %v", claim, err)
+	}
 	// A job waiting for the refused one is refused too: its dependency is
 	// never written.
 	res, err := c.EnqueueMany(ctx, []protocol.NewJob{{Worker: "w", Site: "Z", ID: "job:for-Z"}, {Worker: "w", Site: "B"}, {Worker: "w", After: []string{"job:for-Z"}}})

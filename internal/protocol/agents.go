@@ -52,6 +52,21 @@ func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, ag
 	case lease <= 0:
 		return nil, fmt.Errorf("%w: a claim needs a positive lease", ErrInvalidJob)
 	}
+	// An agent of no site in a database of sites, or of a site the
+	// database does not list, would find nothing it may claim: say so
+	// rather than answer that nothing is due. The sites document is read
+	// again first, since it may have changed since this client read it.
+	if err := c.loadSites(ctx); err != nil {
+		return nil, err
+	}
+	if c.CheckSite() != nil {
+		if err := c.RefreshSites(ctx); err != nil {
+			return nil, err
+		}
+		if err := c.CheckSite(); err != nil {
+			return nil, fmt.Errorf("claiming %s jobs for %s: %w", worker, agent, err)
+		}
+	}
 	held, err := c.HeldBy(ctx, agent, worker)
 	if err != nil {
 		return nil, err

@@ -48,9 +48,9 @@ func ValidSiteName(s string) bool { return siteNameRE.MatchString(s) }
 // on to other work.
 var ErrNotOwner = fmt.Errorf("%w: the job belongs to another site", ErrClaimConflict)
 
-// ErrNoSite means a worker without a site met a database that has sites:
-// it cannot tell which jobs are its own.
-var ErrNoSite = errors.New("the database has sites: a worker must name its own (--site, COUCHQ_SITE, or site in the worker config file)")
+// ErrNoSite means a worker or agent without a site met a database that
+// has sites: it cannot tell which jobs are its own.
+var ErrNoSite = errors.New("the database has sites: a worker or agent must name its own (--site, COUCHQ_SITE, or site in the worker config file)")
 
 // SiteInfo is one site's entry in the sites document.
 type SiteInfo struct {
@@ -183,7 +183,11 @@ func (c *Client) checkSites(ctx context.Context, items []*WorkItem) []error {
 		st := c.siteView()
 		return it != nil && it.Site != "" && st.multi && !st.names[it.Site]
 	}
-	if !slices.ContainsFunc(items, unlisted) {
+	sited := func(it *WorkItem) bool { return it != nil && it.Site != "" }
+	if !slices.ContainsFunc(items, sited) {
+		return errs
+	}
+	if err := c.loadSites(ctx); err == nil && !slices.ContainsFunc(items, unlisted) {
 		return errs
 	}
 	if err := c.RefreshSites(ctx); err != nil {
@@ -202,6 +206,15 @@ func (c *Client) checkSites(ctx context.Context, items []*WorkItem) []error {
 		}
 	}
 	return errs
+}
+
+// loadSites reads the sites document unless this client has read it: a
+// client without a site reads it only when it needs to know.
+func (c *Client) loadSites(ctx context.Context) error {
+	if c.sites.Load() != nil {
+		return nil
+	}
+	return c.RefreshSites(ctx)
 }
 
 // siteView is what the client last read of the sites document.
