@@ -49,8 +49,9 @@ schedules it.
 	                    ("worker" may stand for "type"; "site" names the job's owner
 	                    in a queue of sites, else --site does)
 	                    The whole file is checked first: one bad line and nothing is
-	                    enqueued. --type, --at/--in and --max-attempts are defaults
-	                    for lines that do not set them. Jobs go in batches of 500.
+	                    enqueued. --type, --at/--in, --max-attempts, --priority,
+	                    --after and --on-dependency-failure are defaults for lines
+	                    that do not set them. Jobs go in batches of 500.
 `
 
 func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string) error {
@@ -94,6 +95,13 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		spec.MaxAttempts = &maxAttempts
 	}
 	now := m.Now()
+	if after != "" {
+		for _, id := range strings.Split(after, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				spec.After = append(spec.After, id)
+			}
+		}
+	}
 
 	if file != "" {
 		if payload != "" || spec.ID != "" || spec.UniqueKey != "" || spec.UniqueFor != "" {
@@ -115,13 +123,6 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return cli.EnqueueFile(ctx, q, file, jobs, m.output(conn))
 	}
 
-	if after != "" {
-		for _, id := range strings.Split(after, ",") {
-			if id = strings.TrimSpace(id); id != "" {
-				spec.After = append(spec.After, id)
-			}
-		}
-	}
 	if payload != "" {
 		spec.Payload = json.RawMessage(payload)
 		if err := cli.CheckJSON(spec.Payload); err != nil {
@@ -154,7 +155,7 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 // they came from.
 var flagNames = strings.NewReplacer(`"at"`, "--at", `"in"`, "--in", "max_attempts", "--max-attempts", `"id"`, "--id",
 	`"unique_key"`, "--unique-key", `"unique_for"`, "--unique-for", `"priority"`, "--priority",
-	`"on_dependency_failure"`, "--on-dependency-failure")
+	`"on_dependency_failure"`, "--on-dependency-failure", `"after"`, "--after")
 
 // flagSet reports whether the flag name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

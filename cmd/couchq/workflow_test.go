@@ -26,6 +26,18 @@ func TestWorkflowCommands(t *testing.T) {
 	}
 	expect(t, c.run(t, "enqueue", "--type", "b", "--after", "job:nope"), exitUsage, "job:nope", "no such job")
 	expect(t, c.run(t, "enqueue", "--type", "b", "--after", "job:first", "--on-dependency-failure", "maybe"), exitUsage, "--on-dependency-failure")
+	expect(t, c.run(t, "enqueue", "--type", "b", "--on-dependency-failure", "run"), exitUsage, "--on-dependency-failure needs --after")
+	// --after and --on-dependency-failure are defaults for the lines of a
+	// --file that do not set them; a line's own "after" (even an empty
+	// one) wins, and its own policy needs an "after".
+	expect(t, c.withStdin(`{"type":"c","on_dependency_failure":"run","after":[]}`+"\n").run(t, "enqueue", "--file", "-"), exitUsage, `stdin:1: "on_dependency_failure" needs "after"`)
+	lines := `{"type":"c","id":"job:c1"}` + "\n" + `{"type":"c","id":"job:c2","after":[]}` + "\n" + `{"type":"c","id":"job:c3","after":["job:second"],"on_dependency_failure":"cancel"}` + "\n"
+	expect(t, c.withStdin(lines).run(t, "enqueue", "--file", "-", "--after", "job:first", "--on-dependency-failure", "run"), exitOK)
+	for id, want := range map[string]string{"job:c1": "job:first (if one fails: run)", "job:c2": "queued", "job:c3": "job:second (if one fails: cancel)"} {
+		if res := c.run(t, "show", id); !strings.Contains(res.stdout, want) {
+			t.Errorf("show %s lacks %q:\n%s", id, want, res.stdout)
+		}
+	}
 	expect(t, c.run(t, "batch", "show", "nope"), exitFailure, "no such batch")
 	expect(t, c.run(t, "batch", "frob", "nope"), exitUsage, "want show or cancel")
 	// Cancelling the dependency cancels nothing here: the policy is run,

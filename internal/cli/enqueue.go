@@ -175,6 +175,9 @@ func (s JobSpec) NewJob(now time.Time) (protocol.NewJob, error) {
 	if s.OnDependencyFailure != "" && s.OnDependencyFailure != protocol.DependencyCancel && s.OnDependencyFailure != protocol.DependencyRun {
 		return job, fmt.Errorf(`invalid "on_dependency_failure" %q: want %q or %q`, s.OnDependencyFailure, protocol.DependencyCancel, protocol.DependencyRun)
 	}
+	if s.OnDependencyFailure != "" && len(s.After) == 0 {
+		return job, errors.New(`"on_dependency_failure" needs "after": it applies only to a job that waits for others`)
+	}
 	job.After, job.OnDependencyFailure = s.After, s.OnDependencyFailure
 	if s.Site != "" && !protocol.ValidSiteName(s.Site) {
 		return job, fmt.Errorf(`invalid "site" %q: want a site name, %s`, s.Site, protocol.SiteNameRule)
@@ -316,6 +319,12 @@ func parseJobLine(text []byte, defaults JobSpec, now time.Time) (protocol.NewJob
 	}
 	if s.Priority == nil {
 		s.Priority = defaults.Priority
+	}
+	if s.After == nil {
+		s.After = defaults.After
+	}
+	if s.OnDependencyFailure == "" && len(s.After) > 0 {
+		s.OnDependencyFailure = defaults.OnDependencyFailure
 	}
 	return s.NewJob(now)
 }
