@@ -76,6 +76,16 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	buser, _ := b0.Credentials()
+	// A link that could only fail is refused before anything is written: a
+	// site no sites document lists (a misspelt name), a database that does
+	// not exist.
+	expect(t, a.run(t, "sites", "link", "--peer-url", b0.URL(), "--peer-site", "Bee", "--peer-user", buser, "--peer-password-file", pwFile),
+		exitFailure, "site Bee is not one of the sites (A, B) as site A's database has them")
+	expect(t, a.run(t, "sites", "link", "--peer-url", b0.URL(), "--peer-site", "B", "--peer-db", "nodb", "--peer-user", buser, "--peer-password-file", pwFile),
+		exitFailure, "site B's database nodb does not exist")
+	if r := a.withEnv("COUCHQ_SITE", "").run(t, "sites", "--json"); r.code != 0 || strings.Contains(r.stdout, `"links": [{`) || strings.Contains(r.stdout, `"doc_id"`) {
+		t.Fatalf("links after two refused: %+v", r)
+	}
 	r = a.run(t, "sites", "link", "--peer-url", b0.URL(), "--peer-site", "B", "--peer-user", buser, "--peer-password-file", pwFile)
 	if r.code != 0 || strings.Contains(r.stdout+r.stderr, bpw) {
 		t.Fatalf("sites link: %+v", r)

@@ -127,6 +127,9 @@ func LinkSites(ctx context.Context, a, b SiteEndpoint, holders map[string]*Serve
 	if !a.Replicator && !b.Replicator {
 		return fmt.Errorf("linking sites %s and %s: neither server runs CouchDB's replicator (Apache CouchDB does; PouchDB Server does not)", a.Site, b.Site)
 	}
+	if err := checkLinkEnds(ctx, a, b, holders); err != nil {
+		return err
+	}
 	if !a.Replicator || !b.Replicator {
 		producer, peer := a, b
 		if a.Replicator {
@@ -154,6 +157,57 @@ func LinkSites(ctx context.Context, a, b SiteEndpoint, holders map[string]*Serve
 		}
 		if err := srv.putReplication(ctx, linkDocID(l.from, l.to), linkDoc(l.from, l.to)); err != nil {
 			return fmt.Errorf("linking %s into %s: %w", l.from.Site, l.to.Site, err)
+		}
+	}
+	return nil
+}
+
+// checkLinkEnds refuses a link that could only fail, or that would
+// replace a working link with one that fails: a database that does not
+// exist (the replicator would retry it for ever, and the link of the
+// same sites it replaced stops), or a site that no sites document of the
+// two lists (a misspelt name makes a second link between the same
+// databases, which the replicator refuses as a duplicate of the first).
+// A database without a sites document is a site still to receive it
+// through the link, but one of the two must have it.
+func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*Server) error {
+	type listed struct {
+		at    string // the site whose database holds it
+		sites *SitesDoc
+	}
+	var listing []listed
+	for _, e := range []SiteEndpoint{a, b} {
+		srv := holders[e.Site]
+		if srv == nil {
+			return fmt.Errorf("linking sites %s and %s: no connection to site %s", a.Site, b.Site, e.Site)
+		}
+		var d SitesDoc
+		err := srv.Client.DB(e.DB).Get(ctx, SitesDocID).ScanDoc(&d)
+		switch {
+		case isStatus(err, http.StatusNotFound):
+			// No sites document, or no database: tell them apart.
+			exists, xerr := srv.Client.DBExists(ctx, e.DB)
+			if xerr != nil {
+				return fmt.Errorf("linking sites %s and %s: looking for site %s's database %s: %w", a.Site, b.Site, e.Site, e.DB, xerr)
+			}
+			if !exists {
+				return fmt.Errorf("linking sites %s and %s: site %s's database %s does not exist at %s (run couchq init there first)", a.Site, b.Site, e.Site, e.DB, e.URL)
+			}
+		case err != nil:
+			return fmt.Errorf("linking sites %s and %s: reading site %s's sites document: %w", a.Site, b.Site, e.Site, err)
+		default:
+			listing = append(listing, listed{e.Site, &d})
+		}
+	}
+	if len(listing) == 0 {
+		return fmt.Errorf("linking sites %s and %s: neither database has a sites document: add the sites at one of them first (couchq sites add %s, then %s)", a.Site, b.Site, a.Site, b.Site)
+	}
+	for _, l := range listing {
+		for _, name := range []string{a.Site, b.Site} {
+			if _, ok := l.sites.Sites[name]; !ok {
+				return fmt.Errorf("linking sites %s and %s: site %s is not one of the sites (%s) as site %s's database has them: add it first (couchq sites add %s), or check the name",
+					a.Site, b.Site, name, strings.Join(l.sites.Names(), ", "), l.at, name)
+			}
 		}
 	}
 	return nil
