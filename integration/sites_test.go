@@ -968,3 +968,59 @@ func TestSitesRefuseAJobForAnUnlistedSite(t *testing.T) {
 		t.Errorf("jobs written for sites %v, want C and B alone", sites)
 	}
 }
+
+// A link that could only fail is refused before anything is written:
+// neither database has the sites document, a site name no sites document
+// lists, a database that does not exist, and sites added at each database
+// apart (linking would keep one of the two documents). A database whose
+// sites document is an older revision of the other's links.
+func TestSitesLinkRefusesWhatCouldOnlyFail(t *testing.T) {
+	s0 := server.NewSite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a, b := newTestSiteDB(ctx, t, s0, "A", "qa"), newTestSiteDB(ctx, t, s0, "B", "qb")
+	holders := map[string]*protocol.Server{"A": a.conn, "B": b.conn, "Bee": b.conn}
+	refused := func(x, y protocol.SiteEndpoint, want string) {
+		t.Helper()
+		if err := protocol.LinkSites(ctx, x, y, holders); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("linking %s/%s and %s/%s: %v, want %q", x.Site, x.DB, y.Site, y.DB, err, want)
+		}
+	}
+	refused(a.end, b.end, "neither database has a sites document")
+	addSites(ctx, t, a, "A", "B")
+	bee := b.end
+	bee.Site = "Bee"
+	refused(a.end, bee, "site Bee is not one of the sites (A, B) as site A's database has them")
+	nodb := b.end
+	nodb.DB = "nodb"
+	refused(a.end, nodb, "site B's database nodb does not exist")
+	addSites(ctx, t, b, "B", "A")
+	refused(a.end, b.end, "each database has a sites document of its own (site A's: A, B, default A; site B's: A, B, default B)")
+	rows := s0.Client(t).DB("_replicator").AllDocs(ctx)
+	for rows.Next() {
+		if id, _ := rows.ID(); strings.HasPrefix(id, "couchq-") {
+			t.Errorf("a refused link was written: %s", id)
+		}
+	}
+	if err := rows.Err(); err != nil && kivik.HTTPStatus(err) != http.StatusNotFound {
+		t.Fatal(err)
+	}
+
+	// B's own document gone, A's brought over, and a site added at A since:
+	// the same document, B's an older revision of it.
+	db := b.conn.Client.DB("qb")
+	rev, err := db.GetRev(ctx, protocol.SitesDocID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Delete(ctx, protocol.SitesDocID, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := protocol.ReplicateOnce(ctx, a.conn, a.end, b.end); err != nil {
+		t.Fatal(err)
+	}
+	addSites(ctx, t, a, "C")
+	if err := protocol.LinkSites(ctx, a.end, b.end, holders); err != nil {
+		t.Errorf("linking A and B, B's sites document an older revision of A's: %v", err)
+	}
+}

@@ -354,10 +354,7 @@ func parseLeaf(raw json.RawMessage) (Leaf, error) {
 		return Leaf{}, err
 	}
 	l := Leaf{Doc: raw}
-	var revs struct {
-		Start int      `json:"start"`
-		IDs   []string `json:"ids"`
-	}
+	var revs revisions
 	_ = json.Unmarshal(fields["_rev"], &l.Rev)
 	_ = json.Unmarshal(fields["_deleted"], &l.Deleted)
 	_ = json.Unmarshal(fields["withdrawn"], &l.Withdrawn)

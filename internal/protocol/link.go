@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -174,6 +176,7 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 	type listed struct {
 		at    string // the site whose database holds it
 		sites *SitesDoc
+		revs  revisions
 	}
 	var listing []listed
 	for _, e := range []SiteEndpoint{a, b} {
@@ -181,8 +184,11 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		if srv == nil {
 			return fmt.Errorf("linking sites %s and %s: no connection to site %s", a.Site, b.Site, e.Site)
 		}
-		var d SitesDoc
-		err := srv.Client.DB(e.DB).Get(ctx, SitesDocID).ScanDoc(&d)
+		var d struct {
+			SitesDoc
+			Revisions revisions `json:"_revisions"`
+		}
+		err := srv.Client.DB(e.DB).Get(ctx, SitesDocID, kivik.Param("revs", true)).ScanDoc(&d)
 		switch {
 		case isStatus(err, http.StatusNotFound):
 			// No sites document, or no database: tell them apart.
@@ -196,11 +202,22 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		case err != nil:
 			return fmt.Errorf("linking sites %s and %s: reading site %s's sites document: %w", a.Site, b.Site, e.Site, err)
 		default:
-			listing = append(listing, listed{e.Site, &d})
+			listing = append(listing, listed{e.Site, &d.SitesDoc, d.Revisions})
 		}
 	}
 	if len(listing) == 0 {
 		return fmt.Errorf("linking sites %s and %s: neither database has a sites document: add the sites at one of them first (couchq sites add %s, then %s)", a.Site, b.Site, a.Site, b.Site)
+	}
+	if len(listing) == 2 {
+		// Sites added at each database before they were linked: the link
+		// would make the two documents conflict, and CouchDB would keep
+		// one of them, the other's sites and default lost.
+		x, y := listing[0], listing[1]
+		same := x.sites.Default == y.sites.Default && slices.Equal(x.sites.Names(), y.sites.Names())
+		if !same && !x.revs.has(y.sites.Rev) && !y.revs.has(x.sites.Rev) {
+			return fmt.Errorf("linking sites %s and %s: each database has a sites document of its own (site %s's: %s, default %s; site %s's: %s, default %s), and linking would keep only one: add the sites at one database only, delete the other's %s, then link",
+				a.Site, b.Site, x.at, strings.Join(x.sites.Names(), ", "), x.sites.Default, y.at, strings.Join(y.sites.Names(), ", "), y.sites.Default, SitesDocID)
+		}
 	}
 	for _, l := range listing {
 		for _, name := range []string{a.Site, b.Site} {
@@ -211,6 +228,27 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		}
 	}
 	return nil
+}
+
+// revisions is a document's _revisions: its revision history, newest
+// first.
+type revisions struct {
+	Start int      `json:"start"`
+	IDs   []string `json:"ids"`
+}
+
+// has reports whether rev is in the history.
+func (r revisions) has(rev string) bool {
+	gen, hash, ok := strings.Cut(rev, "-")
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(gen)
+	if err != nil {
+		return false
+	}
+	i := r.Start - n
+	return i >= 0 && i < len(r.IDs) && r.IDs[i] == hash
 }
 
 // ReplicateOnce copies from's queue database into to's once, through the

@@ -32,3 +32,16 @@ func TestLinkDoc(t *testing.T) {
 		t.Error("a selector on a link out of a server without a replicator")
 	}
 }
+
+// A revision is in a history when its generation's entry is its hash.
+func TestRevisionsHas(t *testing.T) {
+	h := revisions{Start: 3, IDs: []string{"c", "b", "a"}}
+	for rev, want := range map[string]bool{
+		"3-c": true, "2-b": true, "1-a": true,
+		"3-b": false, "4-d": false, "0-x": false, "2": false, "x-b": false, "": false,
+	} {
+		if got := h.has(rev); got != want {
+			t.Errorf("has(%q) = %v, want %v", rev, got, want)
+		}
+	}
+}
