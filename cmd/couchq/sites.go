@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -124,10 +125,13 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 		return line("sites %s; default %s", strings.Join(d.Names(), ", "), d.Default)
 	case "takeover":
 		moved, err := q.TakeOver(ctx, rest[0], to)
+		if errors.Is(err, protocol.ErrInvalidJob) || errors.Is(err, protocol.ErrNotFound) {
+			return &cli.UsageError{Err: err}
+		}
 		if err != nil {
 			return cli.ServerError(conn.URL, err)
 		}
-		return line("moved %d unfinished jobs of site %s to site %s", moved, rest[0], to)
+		return line("moved %d unfinished %s of site %s to site %s", moved, cli.Plural(moved, "job", "jobs"), rest[0], to)
 	case "unlink":
 		srv, err := conn.Connect(ctx, log)
 		if err != nil {

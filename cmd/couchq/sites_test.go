@@ -42,6 +42,7 @@ func TestSitesCommands(t *testing.T) {
 	// Bad input first: each a clear usage error.
 	expect(t, a.run(t, "sites", "add", "no way"), exitUsage, "invalid site name")
 	expect(t, a.run(t, "sites", "takeover", "A"), exitUsage, "--to")
+	expect(t, a.run(t, "sites", "takeover", "A", "--to", "A"), exitUsage, "a site cannot take itself over")
 	expect(t, a.run(t, "sites", "link", "--peer-site", "B"), exitUsage, "--peer-url")
 	expect(t, a.run(t, "sites", "frobnicate"), exitUsage, "unknown subcommand")
 	expect(t, a.run(t, "enqueue", "--type", "x", "--site", "-bad"), exitUsage, "invalid --site")
@@ -213,8 +214,9 @@ func TestSitesCommands(t *testing.T) {
 	}
 	aJob := strings.TrimSpace(r.stdout)
 	waitFor(t, time.Minute, func() bool { return b.run(t, "show", aJob, "--json").code == 0 })
+	expect(t, b.run(t, "sites", "takeover", "Z", "--to", "B"), exitUsage, "taking site Z over by B: site Z is not one of the sites (A, B)")
 	r = b.run(t, "sites", "takeover", "A", "--to", "B")
-	if r.code != 0 || !strings.Contains(r.stdout, "moved 1 unfinished jobs of site A to site B") {
+	if r.code != 0 || !strings.Contains(r.stdout, "moved 1 unfinished job of site A to site B") {
 		t.Fatalf("takeover: %+v", r)
 	}
 	r = b.run(t, "sites", "--json")

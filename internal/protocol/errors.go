@@ -23,6 +23,17 @@ var ErrNotFound = errors.New("job not found")
 // says which field and why.
 var ErrInvalidJob = errors.New("invalid job")
 
+// describedError is an error of a kind (a sentinel above, for errors.Is)
+// whose message says all, without the sentinel's own words: "job not
+// found" would mislead about a site that is not found.
+type describedError struct {
+	msg  string
+	kind error
+}
+
+func (e *describedError) Error() string { return e.msg }
+func (e *describedError) Unwrap() error { return e.kind }
+
 // MalformedError describes a stored WorkItem that couchq cannot run,
 // typically one written before validate_doc_update existed.
 type MalformedError struct {

@@ -374,7 +374,7 @@ const EventSiteTakeover = "site-takeover"
 // takeover.
 func (c *Client) TakeOver(ctx context.Context, from, to string) (int, error) {
 	if from == to {
-		return 0, fmt.Errorf("%w: a site cannot take itself over", ErrInvalidJob)
+		return 0, &describedError{fmt.Sprintf("taking site %s over: a site cannot take itself over", from), ErrInvalidJob}
 	}
 	var known, wasDefault bool
 	_, err := c.changeSites(ctx, func(d *SitesDoc) bool {
@@ -402,7 +402,11 @@ func (c *Client) TakeOver(ctx context.Context, from, to string) (int, error) {
 		if d != nil {
 			names = d.Names()
 		}
-		return 0, fmt.Errorf("%w: taking %s over by %s: the sites are %v", ErrNotFound, from, to, names)
+		missing := from
+		if slices.Contains(names, from) {
+			missing = to
+		}
+		return 0, &describedError{fmt.Sprintf("taking site %s over by %s: site %s is not one of the sites (%s)", from, to, missing, strings.Join(names, ", ")), ErrNotFound}
 	}
 	// The jobs that were from's before the default moved: those naming it,
 	// and, when it was the default, those naming none.
