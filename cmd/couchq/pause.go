@@ -98,6 +98,9 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 			fwd.Request.Action, typ, fwd.Request.Site, fwd.Request.ID)
 		return err
 	}
+	if at != "" && errors.Is(err, protocol.ErrNotFound) {
+		return &cli.UsageError{Err: err} // a site the sites document does not list
+	}
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}

@@ -170,6 +170,7 @@ func TestSitesCommands(t *testing.T) {
 
 	// A pause of thumb at B, asked at A: B's workers apply it.
 	expect(t, a.run(t, "pause", "thumb", "--at", "no way"), exitUsage, "invalid --at")
+	expect(t, a.run(t, "pause", "thumb", "--at", "Z"), exitUsage, "pause of thumb at site Z: site Z is not one of the sites (A, B)")
 	r = a.run(t, "pause", "thumb", "--at", "B", "--reason", "disk full")
 	if r.code != 0 || !strings.Contains(r.stdout, "pause of thumb requested from site B") {
 		t.Fatalf("pause --at B: %+v", r)

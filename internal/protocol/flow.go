@@ -1231,7 +1231,7 @@ func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		if b.Finished()+b.Pending == 0 {
-			return nil, fmt.Errorf("reading batch %s: %w", id, ErrNotFound)
+			return nil, &describedError{fmt.Sprintf("reading batch %s: no such batch", id), ErrNotFound}
 		}
 	case err != nil:
 		return nil, fmt.Errorf("reading batch %s: %w", id, err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 
@@ -255,8 +257,9 @@ func (c *Client) typeAt(ctx context.Context, site, typ, action, by, reason strin
 	if err := c.RefreshSites(ctx); err != nil {
 		return err
 	}
-	if !c.siteView().names[site] {
-		return fmt.Errorf("%s of %s at site %s: %w: the sites document does not list it", action, typ, site, ErrNotFound)
+	if st := c.siteView(); !st.names[site] {
+		names := slices.Sorted(maps.Keys(st.names))
+		return &describedError{fmt.Sprintf("%s of %s at site %s: site %s is not one of the sites (%s)", action, typ, site, site, strings.Join(names, ", ")), ErrNotFound}
 	}
 	req := &SiteRequest{
 		ID: requestPrefix + strings.TrimPrefix(NewID(), "job:"), Type: SiteRequestDocType, Worker: typ, Action: action,

@@ -386,7 +386,7 @@ func (c *Client) GetReservation(ctx context.Context, seq, slot string) (*Reserva
 	err := c.db.Get(ctx, SlotReservationID(seq, slot), c.readOpts()...).ScanDoc(&r)
 	switch {
 	case kivik.HTTPStatus(err) == http.StatusNotFound:
-		return nil, fmt.Errorf("slot %s of %s: %w", slot, seq, ErrNotFound)
+		return nil, &describedError{fmt.Sprintf("slot %s of %s: never reserved", slot, seq), ErrNotFound}
 	case err != nil:
 		return nil, fmt.Errorf("reading slot %s of %s: %w", slot, seq, err)
 	case r.Type != SlotReservationDocType:
