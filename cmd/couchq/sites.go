@@ -163,7 +163,11 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 			if what == "" {
 				what = "type " + r.Worker // a pause or resume
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, what, r.Action, r.From, r.Site, r.State, cli.OneLine(r.Result, 60))
+			from := r.From
+			if from == "" {
+				from = "-" // asked by a client of no site
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, what, r.Action, from, r.Site, r.State, cli.OneLine(r.Result, 60))
 		}
 		return tw.Flush()
 	}
