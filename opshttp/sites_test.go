@@ -116,6 +116,9 @@ func TestHandlerSitesLinks(t *testing.T) {
 	if len(report.Sites) != 1 || string(raw["links"]) != "[]" {
 		t.Fatalf("/api/sites before any link: %+v %s", report, raw)
 	}
+	if _, err := q.AddSite(ctx, "B"); err != nil { // a link's sites must be listed
+		t.Fatal(err)
+	}
 
 	// Both databases on the one server: A's pulls from B's and B's from
 	// A's, both links held here.

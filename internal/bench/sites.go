@@ -356,7 +356,8 @@ const siteListedWithin = time.Minute
 // opens each site's client once its database names it. Linked, the
 // document is written at A alone, listing every site with A the default,
 // and the links carry it to the others, as `couchq sites add` at one
-// database does; not linked, each database has its own naming its site.
+// database does (the links between the others are made once it has
+// reached them); not linked, each database has its own naming its site.
 func setUpSites(ctx context.Context, sites []*benchSite, linked bool) error {
 	var names []string
 	for _, st := range sites {
@@ -380,22 +381,34 @@ func setUpSites(ctx context.Context, sites []*benchSite, linked bool) error {
 			}
 		}
 	}
-	if linked {
-		holders := map[string]*protocol.Server{}
-		for _, st := range sites {
-			holders[st.name] = st.t.srv
+	holders := map[string]*protocol.Server{}
+	for _, st := range sites {
+		holders[st.name] = st.t.srv
+	}
+	link := func(x, y *benchSite) error {
+		if !linked {
+			return nil
 		}
-		for i := range sites {
-			for _, other := range sites[i+1:] {
-				if err := protocol.LinkSites(ctx, sites[i].endpoint(), other.endpoint(), holders); err != nil {
-					return err
-				}
-			}
+		return protocol.LinkSites(ctx, x.endpoint(), y.endpoint(), holders)
+	}
+	// A with each of the others first: a link needs one of its two
+	// databases to have the sites document, and the others have it once
+	// A's link has brought it, which openWhenListed waits for.
+	for _, other := range sites[1:] {
+		if err := link(sites[0], other); err != nil {
+			return err
 		}
 	}
 	for _, st := range sites {
 		if err := st.openWhenListed(ctx); err != nil {
 			return err
+		}
+	}
+	for i := 1; i < len(sites); i++ {
+		for _, other := range sites[i+1:] {
+			if err := link(sites[i], other); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -206,7 +206,7 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		}
 	}
 	if len(listing) == 0 {
-		return fmt.Errorf("linking sites %s and %s: neither database has a sites document: add the sites at one of them first (couchq sites add %s, then %s)", a.Site, b.Site, a.Site, b.Site)
+		return fmt.Errorf("linking sites %s and %s: neither database has a sites document yet: add the sites at one of them (couchq sites add %s, then %s), or, when they were added at a third site, link them once its links have brought it (couchq sites lists them)", a.Site, b.Site, a.Site, b.Site)
 	}
 	if len(listing) == 2 {
 		// Sites added at each database before they were linked: the link
