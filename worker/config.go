@@ -143,7 +143,9 @@ type Config struct {
 	// database has it) is older than TakeOverAfter: their unfinished jobs
 	// become this site's, as couchq sites takeover does. Off unless both
 	// are set. Name one successor per site; a site only cut off may run a
-	// job this site then runs too (its history shows both).
+	// job this site then runs too (its history shows both). Start fails
+	// for a worker of no site, or when TakeOver names the worker's own site
+	// or one the sites document does not list.
 	TakeOver      []string
 	TakeOverAfter time.Duration
 	// ID names this worker process in claims (host/pid/ID); default random.

@@ -2,8 +2,10 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/couchq/couchq/internal/protocol"
@@ -42,6 +44,9 @@ func (w *Worker) register(ctx context.Context) error {
 		return err
 	}
 	if err := w.client.CheckSite(); err != nil {
+		return err
+	}
+	if err := w.checkTakeOver(ctx); err != nil {
 		return err
 	}
 	w.registry = &protocol.WorkerInfo{ID: protocol.WorkerDocID(hostname(), os.Getpid(), w.cfg.ID)}
@@ -96,6 +101,36 @@ func (w *Worker) unregister(ctx context.Context) {
 	if err := w.client.DeleteWorker(ctx, w.registry); err != nil {
 		w.log.Warn().Err(err).Msg("removing worker registry document failed")
 	}
+}
+
+// checkTakeOver refuses a Config.TakeOver that could never take a site
+// over, which would otherwise pass unnoticed until the site it was meant
+// for is gone: a worker of no site, its own site, or a site the sites
+// document does not list (a misspelt name).
+func (w *Worker) checkTakeOver(ctx context.Context) error {
+	if len(w.cfg.TakeOver) == 0 {
+		return nil
+	}
+	own := w.client.Site()
+	if own == "" {
+		return fmt.Errorf("worker config: TakeOver %s: a worker takes sites over for its own site, and this one has none", strings.Join(w.cfg.TakeOver, ", "))
+	}
+	sites, err := w.client.ReadSites(ctx)
+	if err != nil {
+		return err
+	}
+	for _, site := range w.cfg.TakeOver {
+		switch {
+		case site == own:
+			return fmt.Errorf("worker config: TakeOver %s: a site cannot take itself over", site)
+		case sites == nil:
+			return fmt.Errorf("worker config: TakeOver %s: the database has no sites document", site)
+		}
+		if _, ok := sites.Sites[site]; !ok {
+			return fmt.Errorf("worker config: TakeOver %s: site %s is not one of the sites (%s)", site, site, strings.Join(sites.Names(), ", "))
+		}
+	}
+	return nil
 }
 
 // takeOverSilentSites takes over the sites of Config.TakeOver whose

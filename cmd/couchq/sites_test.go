@@ -146,6 +146,12 @@ func TestSitesCommands(t *testing.T) {
 	}
 	id := strings.TrimSpace(r.stdout)
 	// A's worker drains without touching B's job; B's runs it.
+	// A takeover that could never happen is refused at start: its own
+	// site, a site the queue does not have.
+	expect(t, a.run(t, "worker", "--type", "thumb", "--handler", "noop", "--drain", "--take-over", "A", "--take-over-after", "1m"),
+		exitFailure, "TakeOver A: a site cannot take itself over")
+	expect(t, a.run(t, "worker", "--type", "thumb", "--handler", "noop", "--drain", "--take-over", "Z", "--take-over-after", "1m"),
+		exitFailure, "TakeOver Z: site Z is not one of the sites (A, B)")
 	if r := a.run(t, "worker", "--type", "thumb", "--handler", "noop", "--drain"); r.code != 0 {
 		t.Fatalf("A's worker: %+v", r)
 	}
