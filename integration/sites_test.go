@@ -1024,3 +1024,53 @@ func TestSitesLinkRefusesWhatCouldOnlyFail(t *testing.T) {
 		t.Errorf("linking A and B, B's sites document an older revision of A's: %v", err)
 	}
 }
+
+// A sites document changed on both sides of a cut (a site added at one
+// database, a site taken over at the other) is settled by a sweep into
+// one: every site either branch lists, the takeover, and the default it
+// moved. Two databases holding the same branches settle them into the
+// same revision, so that their links carry no new conflict.
+func TestSitesSweepSettlesAConflictedSitesDocument(t *testing.T) {
+	var revs []string
+	for range 2 {
+		tb := setup(t, protocol.Config{})
+		ctx := tb.ctx
+		base := map[string]any{"_id": protocol.SitesDocID, "_rev": "1-" + strings.Repeat("a", 32), "type": protocol.SitesDocType,
+			"default": "A", "sites": map[string]any{"A": map[string]any{"added_at": 1}, "B": map[string]any{"added_at": 2}}}
+		added := map[string]any{"_id": protocol.SitesDocID, "_rev": "2-" + strings.Repeat("b", 32), "type": protocol.SitesDocType,
+			"_revisions": map[string]any{"start": 2, "ids": []string{strings.Repeat("b", 32), strings.Repeat("a", 32)}},
+			"default": "A", "sites": map[string]any{"A": map[string]any{"added_at": 1}, "B": map[string]any{"added_at": 2}, "C": map[string]any{"added_at": 3}}}
+		takenOver := map[string]any{"_id": protocol.SitesDocID, "_rev": "2-" + strings.Repeat("c", 32), "type": protocol.SitesDocType,
+			"_revisions": map[string]any{"start": 2, "ids": []string{strings.Repeat("c", 32), strings.Repeat("a", 32)}},
+			"default": "B", "sites": map[string]any{"A": map[string]any{"added_at": 1, "taken_over_by": "B", "taken_over_at": 4}, "B": map[string]any{"added_at": 2}}}
+		base["_revisions"] = map[string]any{"start": 1, "ids": []string{strings.Repeat("a", 32)}}
+		for _, doc := range []map[string]any{base, added, takenOver} {
+			couchtest.InjectRevision(ctx, t, server, tb.db.Name(), doc)
+		}
+		c, err := protocol.New(ctx, tb.db, protocol.Config{Logger: tb.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Sweep(ctx, "test", 100)
+		if err != nil || res.Settled != 1 {
+			t.Fatalf("the sweep of the conflicted sites document: %+v, %v", res, err)
+		}
+		var got struct {
+			protocol.SitesDoc
+			Conflicts []string `json:"_conflicts"`
+		}
+		if err := tb.db.Get(ctx, protocol.SitesDocID, kivik.Param("conflicts", true)).ScanDoc(&got); err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Conflicts) != 0 || got.Default != "B" || strings.Join(got.Names(), ",") != "A,B,C" || got.Sites["A"].TakenOverBy != "B" {
+			t.Fatalf("the settled sites document: %+v", got)
+		}
+		if res, err := c.Sweep(ctx, "test", 100); err != nil || res.Settled != 0 {
+			t.Errorf("a second sweep: %+v, %v", res, err)
+		}
+		revs = append(revs, got.Rev)
+	}
+	if revs[0] != revs[1] {
+		t.Errorf("the same branches settled into %s and %s", revs[0], revs[1])
+	}
+}

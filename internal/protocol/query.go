@@ -285,6 +285,16 @@ const maxConflictShifts = 1000
 // a deleted one, then the longest revision path, then the greatest
 // revision id.
 func couchWinner(leaves []Leaf) *WorkItem {
+	best := winnerLeaf(leaves)
+	if best == nil || best.Deleted {
+		return nil
+	}
+	return best.Item
+}
+
+// winnerLeaf is the leaf CouchDB shows as the document (see couchWinner);
+// nil when there is none.
+func winnerLeaf(leaves []Leaf) *Leaf {
 	var best *Leaf
 	better := func(a, b *Leaf) bool {
 		if a.Deleted != b.Deleted {
@@ -302,10 +312,7 @@ func couchWinner(leaves []Leaf) *WorkItem {
 			best = &leaves[i]
 		}
 	}
-	if best == nil || best.Deleted {
-		return nil
-	}
-	return best.Item
+	return best
 }
 
 // view queries one of couchq's views, mostly from a stable set of shard

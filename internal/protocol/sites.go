@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -523,6 +524,117 @@ func (c *Client) SiteHeartbeats(ctx context.Context) (map[string]SiteHeartbeat, 
 		return nil, fmt.Errorf("reading the sites' heartbeats: %w", err)
 	}
 	return out, nil
+}
+
+// settleSites merges the branches of a conflicted sites document into
+// one, written over CouchDB's winner, and deletes the others. Sites
+// changed at two linked databases at once, or on both sides of a cut (a
+// site added at one, another taken over at the other), leave such a
+// conflict, and CouchDB alone would keep one branch: a site added on the
+// other would be lost, and the default site's sweeper would then fail its
+// jobs as a site the queue does not have. Every site's sweeper settles
+// it. Two that merge the same branches write the same revisions (CouchDB
+// derives a revision from its parent and its body, and the merge is
+// deterministic), so their writes meet without conflicting again. It
+// reports whether it settled one.
+func (c *Client) settleSites(ctx context.Context) (bool, error) {
+	if err := c.loadSites(ctx); err != nil || !c.siteView().multi {
+		return false, err
+	}
+	var head struct {
+		Conflicts []string `json:"_conflicts"`
+	}
+	err := c.db.Get(ctx, SitesDocID, kivik.Param("conflicts", true)).ScanDoc(&head)
+	switch {
+	case isStatus(err, http.StatusNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading the sites document's conflicts: %w", err)
+	case len(head.Conflicts) == 0:
+		return false, nil
+	}
+	leaves, err := c.Leaves(ctx, SitesDocID)
+	if err != nil {
+		return false, fmt.Errorf("reading the sites document's branches: %w", err)
+	}
+	var live []Leaf
+	var branches []*SitesDoc
+	for _, l := range leaves {
+		var d SitesDoc
+		if l.Deleted || json.Unmarshal(l.Doc, &d) != nil || d.Type != SitesDocType {
+			continue
+		}
+		live, branches = append(live, l), append(branches, &d)
+	}
+	winner := winnerLeaf(live)
+	if len(live) < 2 || winner == nil {
+		return false, nil
+	}
+	merged := mergeSites(branches)
+	merged.Rev = winner.Rev
+	docs := []any{merged}
+	for _, l := range live {
+		if l.Rev != winner.Rev {
+			docs = append(docs, map[string]any{"_id": SitesDocID, "_rev": l.Rev, "_deleted": true})
+		}
+	}
+	results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+	if err == nil {
+		for _, r := range results {
+			if r.Error != nil {
+				err = r.Error
+				break
+			}
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("settling the sites document's %d branches: %w", len(live), err)
+	}
+	_ = c.RefreshSites(ctx)
+	c.log.Info().Int("branches", len(live)).Strs("sites", merged.Names()).Str("default", merged.Default).
+		Msg("settled the sites document's conflicting branches into one")
+	return true, nil
+}
+
+// mergeSites is the settled sites document of conflicting branches: every
+// site any branch lists, added when the earliest says, with the latest
+// takeover any branch records (a takeover is never undone); and the
+// default, each branch's followed through the takeovers (a takeover of
+// the default site moves the default to its taker), the least name if
+// they still disagree. Its ID, Type and Sites are set; Rev is not.
+func mergeSites(branches []*SitesDoc) *SitesDoc {
+	out := &SitesDoc{ID: SitesDocID, Type: SitesDocType, Sites: map[string]SiteInfo{}}
+	for _, d := range branches {
+		for name, info := range d.Sites {
+			have, ok := out.Sites[name]
+			if !ok {
+				out.Sites[name] = info
+				continue
+			}
+			if info.AddedAt != 0 && (have.AddedAt == 0 || info.AddedAt < have.AddedAt) {
+				have.AddedAt = info.AddedAt
+			}
+			if info.TakenOverAt > have.TakenOverAt || (info.TakenOverAt == have.TakenOverAt && info.TakenOverBy > have.TakenOverBy) {
+				have.TakenOverBy, have.TakenOverAt = info.TakenOverBy, info.TakenOverAt
+			}
+			out.Sites[name] = have
+		}
+	}
+	var defaults []string
+	for _, d := range branches {
+		def := d.Default
+		for seen := map[string]bool{}; def != "" && !seen[def] && out.Sites[def].TakenOverBy != ""; {
+			seen[def] = true
+			def = out.Sites[def].TakenOverBy
+		}
+		if def != "" {
+			defaults = append(defaults, def)
+		}
+	}
+	if len(defaults) > 0 {
+		out.Default = slices.Min(defaults)
+	}
+	return out
 }
 
 // unknownSiteLimit bounds the jobs of unknown sites one sweep fails.

@@ -22,7 +22,9 @@ type SweepResult struct {
 	Lost int
 	// Malformed claimed documents that could not be quarantined (logged).
 	Malformed int
-	// Settled jobs had conflicting revisions (a cluster) and were made whole.
+	// Settled jobs had conflicting revisions (a cluster, or revisions
+	// from another site) and were made whole; the sites document counts
+	// as one when its branches were merged.
 	Settled int
 	// Requests counts the other sites' requests (a cancel, a retry) it
 	// applied or refused for jobs this site owns.
@@ -58,6 +60,11 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 	}
 	if err := c.settleConflicts(ctx, by, limit, &res); err != nil {
 		return res, err
+	}
+	if settled, err := c.settleSites(ctx); err != nil {
+		return res, err
+	} else if settled {
+		res.Settled++
 	}
 	if res.Requests, err = c.applyRequests(ctx, by); err != nil {
 		return res, err
