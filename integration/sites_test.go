@@ -1039,10 +1039,10 @@ func TestSitesSweepSettlesAConflictedSitesDocument(t *testing.T) {
 			"default": "A", "sites": map[string]any{"A": map[string]any{"added_at": 1}, "B": map[string]any{"added_at": 2}}}
 		added := map[string]any{"_id": protocol.SitesDocID, "_rev": "2-" + strings.Repeat("b", 32), "type": protocol.SitesDocType,
 			"_revisions": map[string]any{"start": 2, "ids": []string{strings.Repeat("b", 32), strings.Repeat("a", 32)}},
-			"default": "A", "sites": map[string]any{"A": map[string]any{"added_at": 1}, "B": map[string]any{"added_at": 2}, "C": map[string]any{"added_at": 3}}}
+			"default":    "A", "sites": map[string]any{"A": map[string]any{"added_at": 1}, "B": map[string]any{"added_at": 2}, "C": map[string]any{"added_at": 3}}}
 		takenOver := map[string]any{"_id": protocol.SitesDocID, "_rev": "2-" + strings.Repeat("c", 32), "type": protocol.SitesDocType,
 			"_revisions": map[string]any{"start": 2, "ids": []string{strings.Repeat("c", 32), strings.Repeat("a", 32)}},
-			"default": "B", "sites": map[string]any{"A": map[string]any{"added_at": 1, "taken_over_by": "B", "taken_over_at": 4}, "B": map[string]any{"added_at": 2}}}
+			"default":    "B", "sites": map[string]any{"A": map[string]any{"added_at": 1, "taken_over_by": "B", "taken_over_at": 4}, "B": map[string]any{"added_at": 2}}}
 		base["_revisions"] = map[string]any{"start": 1, "ids": []string{strings.Repeat("a", 32)}}
 		for _, doc := range []map[string]any{base, added, takenOver} {
 			couchtest.InjectRevision(ctx, t, server, tb.db.Name(), doc)
