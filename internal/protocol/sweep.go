@@ -61,8 +61,11 @@ func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, 
 	if err := c.settleConflicts(ctx, by, limit, &res); err != nil {
 		return res, err
 	}
+	// The sites document's conflict is tried again next sweep when this
+	// one cannot settle it (another site's merge came first, say): the
+	// sweep's other work goes on.
 	if settled, err := c.settleSites(ctx); err != nil {
-		return res, err
+		c.log.Warn().Err(err).Msg("settling the sites document; trying again next sweep")
 	} else if settled {
 		res.Settled++
 	}
