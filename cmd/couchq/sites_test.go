@@ -54,14 +54,18 @@ func TestSitesCommands(t *testing.T) {
 	// A database without sites stores a job for a site (it may be a
 	// producer not linked yet) and says that nothing there runs it.
 	single := a.withEnv("COUCHQ_DB", "single").mustInit(t)
-	if r := single.run(t, "enqueue", "--type", "x", "--site", "B"); r.code != 0 || !strings.Contains(r.stderr, "this database has no sites: jobs for site B run only once") {
+	r := single.run(t, "enqueue", "--type", "x", "--site", "B")
+	if r.code != 0 || !strings.Contains(r.stderr, "this database has no sites: jobs for site B run only once") {
 		t.Fatalf("enqueue for a site in a database without sites: %+v", r)
+	}
+	if r := single.run(t, "show", strings.TrimSpace(r.stdout)); !strings.Contains(r.stdout, "B (this database has no sites: no worker here runs it") {
+		t.Fatalf("show of a job for a site in a database without sites: %+v", r)
 	}
 	if r := single.withEnv("COUCHQ_SITE", "").run(t, "enqueue", "--type", "x"); r.code != 0 || r.stderr != "" {
 		t.Fatalf("enqueue for no site in a database without sites: %+v", r)
 	}
 	// A worker of a site the database does not know does not start.
-	r := a.run(t, "worker", "--type", "x", "--handler", "noop", "--drain")
+	r = a.run(t, "worker", "--type", "x", "--handler", "noop", "--drain")
 	if r.code == 0 || !strings.Contains(r.stderr, "couchq sites add A") {
 		t.Fatalf("worker of an unknown site: %+v", r)
 	}
@@ -136,6 +140,9 @@ func TestSitesCommands(t *testing.T) {
 	// One written by hand for a site the queue does not have is failed by
 	// the default site's sweep, which says so.
 	a.put(t, "queue", "job:handwritten-for-Z", `{"type":"WorkItem","worker":"filed","site":"Z"}`)
+	if r := a.run(t, "show", "job:handwritten-for-Z"); !strings.Contains(r.stdout, "Z (not one of the queue's sites: the default site's sweep fails it)") {
+		t.Fatalf("show of a job for Z: %+v", r)
+	}
 	if r := a.run(t, "sweep"); r.code != 0 || !strings.Contains(r.stdout, "1 job of unknown sites failed") {
 		t.Fatalf("the default site's sweep of a job for Z: %+v", r)
 	}

@@ -155,8 +155,15 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	field("type", it.Worker)
 	field("status", string(it.Status))
 	if owner := q.Owner(it); owner != "" {
-		if it.Site == "" {
+		listed, haveSites := q.SiteListed(owner)
+		switch {
+		case it.Site == "":
 			owner += " (default)" // the sites document's default owns it
+		case it.Status.Terminal():
+		case !haveSites:
+			owner += " (this database has no sites: no worker here runs it until a link carries it to its site)"
+		case !listed:
+			owner += " (not one of the queue's sites: the default site's sweep fails it)"
 		}
 		field("site", owner)
 	}

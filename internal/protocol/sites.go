@@ -237,6 +237,13 @@ func (c *Client) RefreshSites(ctx context.Context) error {
 	return nil
 }
 
+// SiteListed reports whether the sites document this client last read
+// lists site, and whether the database has one at all.
+func (c *Client) SiteListed(site string) (listed, haveSites bool) {
+	st := c.siteView()
+	return st.names[site], st.multi
+}
+
 // Site is the site this client works for; empty for none.
 func (c *Client) Site() string { return c.cfg.Site }
 
