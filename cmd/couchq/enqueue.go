@@ -146,7 +146,7 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	if !dup {
-		cli.NoteNoSites(ctx, q, m.Stderr, it.Site)
+		cli.NoteNoSites(q, m.Stderr, it.Site)
 	}
 	return cli.PrintEnqueued(m.Stdout, it, dup, conn.json)
 }

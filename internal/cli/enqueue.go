@@ -77,13 +77,13 @@ func EnqueueOne(ctx context.Context, q *protocol.Client, job protocol.NewJob) (i
 // without a sites document. That is right for a producer not linked yet,
 // whose jobs run once its link carries them to their owner, but in a
 // database that is not a site nothing ever runs them.
-func NoteNoSites(ctx context.Context, q *protocol.Client, w io.Writer, sites ...string) {
+func NoteNoSites(q *protocol.Client, w io.Writer, sites ...string) {
 	sites = slices.DeleteFunc(sites, func(s string) bool { return s == "" })
 	if len(sites) == 0 {
 		return
 	}
-	if d, err := q.ReadSites(ctx); err != nil || d != nil {
-		return
+	if _, haveSites := q.SiteListed(sites[0]); haveSites {
+		return // read by the enqueue's own check of the jobs' sites
 	}
 	fmt.Fprintf(w, "note: this database has no sites: jobs for site %s run only once a link carries them to a database of sites that lists it (couchq sites link); no worker here runs them\n",
 		strings.Join(sites, ", "))
@@ -388,7 +388,7 @@ func EnqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []F
 		bar.set(start + len(batch))
 	}
 	bar.done()
-	NoteNoSites(ctx, q, out.Stderr, sites...)
+	NoteNoSites(q, out.Stderr, sites...)
 	for i, f := range failed {
 		if i == maxReported {
 			fmt.Fprintf(out.Stderr, "%s: ... and %d more failed jobs\n", label, len(failed)-maxReported)
