@@ -120,6 +120,11 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 		case errors.Is(err, protocol.ErrNotHeld), errors.Is(err, protocol.ErrClaimLost):
 			writeAPIError(w, http.StatusConflict, err.Error())
 			return
+		case errors.Is(err, protocol.ErrNoSite):
+			// The request was fine and CouchDB answered: this server was
+			// started without the site it claims for.
+			writeAPIError(w, http.StatusConflict, "the database has sites and this server claims for none: start it with couchq serve --site NAME (or COUCHQ_SITE)")
+			return
 		case errors.Is(err, protocol.ErrInvalidJob), errors.As(err, new(*badRequest)):
 			writeAPIError(w, http.StatusBadRequest, err.Error())
 			return

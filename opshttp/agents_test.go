@@ -141,4 +141,13 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, body = post("/api/claim", alice, `{"type":"review"}`); code != http.StatusOK {
 		t.Errorf("a worker claiming: %d %s", code, body)
 	}
+
+	// Once the database has sites, a server started without one claims for
+	// no site: the agent is told why (409), not that CouchDB failed (502).
+	if _, err := q.AddSite(ctx, "A"); err != nil {
+		t.Fatal(err)
+	}
+	if code, body = post("/api/claim", alice, `{"type":"review"}`); code != http.StatusConflict || !strings.Contains(body, "couchq serve --site") {
+		t.Errorf("claiming through a server of no site in a database of sites: %d %s, want 409 naming --site", code, body)
+	}
 }

@@ -61,6 +61,9 @@ func TestSitesCommands(t *testing.T) {
 	if r := single.run(t, "show", strings.TrimSpace(r.stdout)); !strings.Contains(r.stdout, "B (this database has no sites: no worker here runs it") {
 		t.Fatalf("show of a job for a site in a database without sites: %+v", r)
 	}
+	if r := single.run(t, "ls"); !strings.Contains(r.stdout, "jobs of site B: this database has no sites: no worker here runs them") {
+		t.Fatalf("ls of a job for a site in a database without sites: %+v", r)
+	}
 	if r := single.withEnv("COUCHQ_SITE", "").run(t, "enqueue", "--type", "x"); r.code != 0 || r.stderr != "" {
 		t.Fatalf("enqueue for no site in a database without sites: %+v", r)
 	}
@@ -142,6 +145,9 @@ func TestSitesCommands(t *testing.T) {
 	a.put(t, "queue", "job:handwritten-for-Z", `{"type":"WorkItem","worker":"filed","site":"Z"}`)
 	if r := a.run(t, "show", "job:handwritten-for-Z"); !strings.Contains(r.stdout, "Z (not one of the queue's sites: the default site's sweep fails it)") {
 		t.Fatalf("show of a job for Z: %+v", r)
+	}
+	if r := a.run(t, "ls", "--type", "filed"); !strings.Contains(r.stdout, "jobs of site Z: not one of the queue's sites") {
+		t.Fatalf("ls of a job for Z: %+v", r)
 	}
 	if r := a.run(t, "sweep"); r.code != 0 || !strings.Contains(r.stdout, "1 job of unknown sites failed") {
 		t.Fatalf("the default site's sweep of a job for Z: %+v", r)

@@ -67,10 +67,39 @@ func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *prot
 		return err
 	}
 	if n >= limit {
-		_, err := fmt.Fprintf(w, "(first %d jobs; --limit shows more)\n", n)
-		return err
+		if _, err := fmt.Fprintf(w, "(first %d jobs; --limit shows more)\n", n); err != nil {
+			return err
+		}
 	}
-	return nil
+	return printUnrunSites(w, q, batch)
+}
+
+// printUnrunSites says why the listed unfinished jobs of a site no worker
+// here runs wait, as show does for one job: the database has no sites (a
+// producer's, not yet linked), or the site is not one of the queue's.
+func printUnrunSites(w io.Writer, q *protocol.Client, batch *protocol.Batch) error {
+	var unrun []string
+	haveSites := false
+	for _, it := range batch.Items {
+		if it.Site == "" || it.Status.Terminal() {
+			continue
+		}
+		listed, multi := q.SiteListed(it.Site)
+		haveSites = multi
+		if !listed && !slices.Contains(unrun, it.Site) {
+			unrun = append(unrun, it.Site)
+		}
+	}
+	if len(unrun) == 0 {
+		return nil
+	}
+	slices.Sort(unrun)
+	why := "this database has no sites: no worker here runs them until a link carries them to their site (couchq sites link)"
+	if haveSites {
+		why = "not one of the queue's sites (couchq sites): the default site's sweep fails them"
+	}
+	_, err := fmt.Fprintf(w, "jobs of site %s: %s\n", strings.Join(unrun, ", "), why)
+	return err
 }
 
 // statusCell is a job's status, with how far it got while it runs
