@@ -594,8 +594,17 @@ func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := b.client.CancelJob(ctx, toCancel[1], "ops@B", "not needed"); !errors.Is(err, protocol.ErrForwarded) {
+	_, err = b.client.CancelJob(ctx, toCancel[1], "ops@B", "not needed")
+	var first *protocol.ForwardedError
+	if !errors.As(err, &first) {
 		t.Fatal(err)
+	}
+	// Asked again while the first waits: the answer is the same request,
+	// not a second that the owner would refuse.
+	_, err = b.client.CancelJob(ctx, toCancel[1], "ops@B", "still not needed")
+	var again *protocol.ForwardedError
+	if !errors.As(err, &again) || again.Request.ID != first.Request.ID {
+		t.Fatalf("a second cancel while the first is pending: %v, want request %s again", err, first.Request.ID)
 	}
 	if _, err := b.client.Retry(ctx, failed[1], "ops@B"); !errors.Is(err, protocol.ErrForwarded) {
 		t.Fatal(err)
@@ -658,6 +667,37 @@ func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		if reqs, err = b.client.Requests(ctx, ""); err != nil {
 			t.Fatal(err)
+		}
+	}
+
+	// A week after they were applied, a sweep deletes them, and the
+	// deletion reaches the site that made them: what every sweep reads
+	// does not grow with the queue's age.
+	weekLater, err := a.conn.Open(ctx, a.end.DB, protocol.Config{Site: "A", Actor: "test@A",
+		Now: func() time.Time { return time.Now().Add(7*24*time.Hour + time.Minute) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := weekLater.RefreshSites(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := weekLater.Sweep(ctx, "test@A", 100); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*testSite{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			reqs, err := s.client.Requests(ctx, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(reqs) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("requests at %s a week after they were applied: %+v", s.name, reqs)
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
 	}
 }

@@ -91,7 +91,11 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 	case sub == "link" && (peer.URL == "" || peerSite == ""):
 		return cli.Usagef("couchq sites link needs --peer-url and --peer-site")
 	}
-	for _, name := range append(append([]string(nil), rest...), peerSite, to) {
+	names := []string{peerSite, to}
+	if sub != "requests" { // its argument is a job's id
+		names = append(names, rest...)
+	}
+	for _, name := range names {
 		if name != "" && !protocol.ValidSiteName(name) {
 			return cli.Usagef("invalid site name %q: want %s", name, protocol.SiteNameRule)
 		}

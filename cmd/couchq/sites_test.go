@@ -187,6 +187,20 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatalf("B's job after B's worker: %v %+v\n%s", err, job, r.stdout)
 	}
 
+	// A cancel at A of a job of B's waits for B: show says so, and sites
+	// requests takes the job's id (not a site's name).
+	r = a.run(t, "enqueue", "--type", "later", "--site", "B", "--in", "1h")
+	later := strings.TrimSpace(r.stdout)
+	if r := a.run(t, "cancel", later); r.code != 0 || !strings.Contains(r.stdout, "requested from site B") {
+		t.Fatalf("cancel at A of B's job: %+v", r)
+	}
+	if r := a.run(t, "show", later); !strings.Contains(r.stdout, "cancel by cli") || !strings.Contains(r.stdout, "pending: site B applies it when the request reaches it") {
+		t.Fatalf("show of a job whose cancel waits for its owner: %+v", r)
+	}
+	if r := a.run(t, "sites", "requests", later); r.code != 0 || !strings.Contains(r.stdout, later) || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("sites requests of a job: %+v", r)
+	}
+
 	// A pause of thumb at B, asked at A: B's workers apply it.
 	expect(t, a.run(t, "pause", "thumb", "--at", "no way"), exitUsage, "invalid --at")
 	expect(t, a.run(t, "pause", "thumb", "--at", "Z"), exitUsage, "pause of thumb at site Z: site Z is not one of the sites (A, B)")

@@ -153,7 +153,17 @@ func ShowJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, no
 	if err := q.RefreshSites(ctx); err != nil {
 		return err
 	}
-	return printJob(w, q, &it, now)
+	var open []protocol.SiteRequest
+	if _, haveSites := q.SiteListed(""); haveSites {
+		// A cancel or retry issued at another site waits for the owner to
+		// apply it: say so, or the job reads as if nobody had asked.
+		reqs, err := q.Requests(ctx, it.ID)
+		if err != nil {
+			return err
+		}
+		open = slices.DeleteFunc(reqs, func(r protocol.SiteRequest) bool { return r.State == protocol.RequestApplied })
+	}
+	return printJob(w, q, &it, open, now)
 }
 
 // ReadDoc reads a document, trying "job:"+id when id alone is missing so
@@ -176,8 +186,9 @@ func ReadDoc(ctx context.Context, db *kivik.DB, id string) (json.RawMessage, str
 	return nil, id, fmt.Errorf("reading job %s: %w", id, err)
 }
 
-// printJob writes it in readable form.
-func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.Time) error {
+// printJob writes it in readable form, with open, the requests other
+// sites made for it that its owner has not applied (pending or refused).
+func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []protocol.SiteRequest, now time.Time) error {
 	fmt.Fprintln(w, it.ID)
 	tw := NewTable(w)
 	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, value) }
@@ -257,6 +268,18 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, now time.T
 	}
 	if len(it.Conflicts) > 0 {
 		field("conflicts", strings.Join(it.Conflicts, ", "))
+	}
+	for _, r := range open {
+		from := ""
+		if r.From != "" {
+			from = " at site " + r.From
+		}
+		state := "pending: site " + r.Site + " applies it when the request reaches it"
+		if r.State == protocol.RequestRefused {
+			state = "refused by site " + r.Site + ": " + r.Result
+		}
+		field("requested", fmt.Sprintf("%s by %s%s, %s; %s (%s)", r.Action, r.By, from,
+			TimeAndAgo(protocol.FromUnix(r.CreatedAt), now), state, r.ID))
 	}
 	field("revision", it.Rev)
 	if err := tw.Flush(); err != nil {

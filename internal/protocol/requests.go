@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -34,6 +35,15 @@ const (
 	RequestPending = "pending"
 	RequestApplied = "applied"
 	RequestRefused = "refused"
+	// requestKeep is how long a request is kept once applied or refused:
+	// long enough for the site that made it to read the outcome after an
+	// outage; then the sweeps delete it, so that the requests every sweep
+	// reads do not grow with the queue's age. The job's history keeps the
+	// action.
+	requestKeep = 7 * 24 * time.Hour
+	// requestDeleteBatch is the most expired requests one _bulk_docs
+	// deletes.
+	requestDeleteBatch = 1000
 )
 
 // ErrForwarded means an action was not applied here: the job belongs to
@@ -94,8 +104,19 @@ func (c *Client) forward(ctx context.Context, it *WorkItem) (bool, error) {
 	return c.Owner(it) != c.cfg.Site, nil
 }
 
-// request writes a request for action on it for its owner.
+// request writes a request for action on it for its owner; when one is
+// pending already it is the answer, not a second one that the owner would
+// refuse.
 func (c *Client) request(ctx context.Context, it *WorkItem, action, by, reason string) error {
+	reqs, err := c.Requests(ctx, it.ID)
+	if err != nil {
+		return err
+	}
+	for i := range reqs {
+		if r := &reqs[i]; r.Action == action && r.State == RequestPending {
+			return &ForwardedError{Request: r}
+		}
+	}
 	req := &SiteRequest{
 		ID: requestPrefix + strings.TrimPrefix(NewID(), "job:"), Type: SiteRequestDocType, Job: it.ID, Action: action,
 		Reason: reason, By: by, From: c.cfg.Site, Site: c.Owner(it), CreatedAt: ToUnix(c.now()), State: RequestPending,
@@ -147,9 +168,16 @@ func (c *Client) applyRequests(ctx context.Context, by string) (int, error) {
 	// of one type the later wins.
 	sort.SliceStable(reqs, func(i, j int) bool { return reqs[i].CreatedAt < reqs[j].CreatedAt })
 	applied := 0
+	var expired []any
+	keptSince := ToUnix(c.now().Add(-requestKeep))
 	for i := range reqs {
 		r := &reqs[i]
 		if r.State != RequestPending {
+			// Any site may delete it: the same deletion of the same
+			// revision gets the same revision id everywhere.
+			if r.AppliedAt != 0 && r.AppliedAt < keptSince && len(expired) < requestDeleteBatch {
+				expired = append(expired, map[string]any{"_id": r.ID, "_rev": r.Rev, "_deleted": true})
+			}
 			continue
 		}
 		if r.Job == "" {
@@ -167,6 +195,12 @@ func (c *Client) applyRequests(ctx context.Context, by string) (int, error) {
 			return applied, fmt.Errorf("recording request %s: %w", r.ID, err)
 		}
 		applied++
+	}
+	if len(expired) > 0 {
+		// Best effort: a request deleted at the next sweep costs nothing.
+		if _, err := c.db.BulkDocs(ctx, expired, c.bulkOpts()...); err != nil {
+			c.log.Warn().Err(err).Int("requests", len(expired)).Msg("deleting requests applied or refused over a week ago; trying again at the next sweep")
+		}
 	}
 	return applied, nil
 }
