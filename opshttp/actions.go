@@ -110,7 +110,17 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 			return
 		}
 		out, err := do(ctx, r, u)
+		var forwarded *protocol.ForwardedError
 		switch {
+		case errors.As(err, &forwarded):
+			// Another site's job: the request waits for its owner, which
+			// applies it when the links bring it.
+			s.cfg.Logger.Info().Str("user", user).Str("action", r.URL.Path).Str("request", forwarded.Request.ID).Msg("action forwarded to the owner site")
+			s.invalidate()
+			s.writeJSONStatus(w, http.StatusAccepted, map[string]any{
+				"forwarded": forwarded.Request, "message": err.Error() + ": the owner applies it when the request reaches it",
+			})
+			return
 		case errors.Is(err, protocol.ErrWrongState):
 			writeAPIError(w, http.StatusConflict, err.Error())
 			return

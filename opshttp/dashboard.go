@@ -219,10 +219,14 @@ func (s *server) invalidate() {
 
 // writeJSON answers 200 with v.
 func (s *server) writeJSON(w http.ResponseWriter, v any) {
+	s.writeJSONStatus(w, http.StatusOK, v)
+}
+
+func (s *server) writeJSONStatus(w http.ResponseWriter, code int, v any) {
 	var buf bytes.Buffer
 	if err := forms.WriteJSON(&buf, v); err != nil {
 		s.serverFailed(w, err)
 		return
 	}
-	writeAPIBody(w, http.StatusOK, buf.Bytes())
+	writeAPIBody(w, code, buf.Bytes())
 }

@@ -43,7 +43,7 @@ func TestHandlerSites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := serveHandler(ctx, t, q, Config{Now: clock.Now, CacheTTL: -1})
+	hs := serveHandler(ctx, t, q, Config{Now: clock.Now, CacheTTL: -1, CouchURL: srv.URL()})
 
 	m := scrape(t, hs)
 	m.Check(t, 1, "couchq_up")
@@ -74,6 +74,28 @@ func TestHandlerSites(t *testing.T) {
 	}
 	if s := report.Sites[1]; s.Site != "B" || s.Default || s.HeartbeatAge != nil {
 		t.Errorf("site B: %+v", s)
+	}
+
+	// A cancel from the dashboard of a job this server's site (none) does
+	// not own is a request for its owner: 202, not a failure.
+	if admin, password := srv.Credentials(); admin != "" {
+		if err := q.RefreshSites(ctx); err != nil {
+			t.Fatal(err)
+		}
+		it, err := q.Enqueue(ctx, protocol.NewJob{Worker: "mail", Site: "B"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, _, body := opstest.Post(t, hs.URL+"/api/jobs/"+it.ID+"/cancel", admin, password)
+		var answer struct {
+			Forwarded protocol.SiteRequest `json:"forwarded"`
+		}
+		if code != http.StatusAccepted || json.Unmarshal([]byte(body), &answer) != nil || answer.Forwarded.Site != "B" || answer.Forwarded.Job != it.ID {
+			t.Errorf("cancel of B's job from the dashboard: %d %s, want 202 and the request for B", code, body)
+		}
+		if reqs, err := q.Requests(ctx, it.ID); err != nil || len(reqs) != 1 || reqs[0].By != admin {
+			t.Errorf("requests for B's job: %+v %v", reqs, err)
+		}
 	}
 
 	// B takes A over: the report says so, and B is the default.

@@ -82,7 +82,8 @@
         return r.json().then(function (body) {
           if (r.status === 401 && creds === sent) { creds = null; showWho(null); }
           if (!r.ok) throw new Error(label + ': ' + (body.error || r.status));
-          notice = label + ' ' + decodeURIComponent(path.split('/')[2]) + ': done';
+          notice = label + ' ' + decodeURIComponent(path.split('/')[2]) +
+            (r.status === 202 ? ': requested from site ' + body.forwarded.site + ', its owner, which applies it when the request reaches it' : ': done');
           document.body.dataset.done = path;
           refreshFast();
         });
