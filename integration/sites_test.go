@@ -1114,3 +1114,32 @@ func TestSitesSweepSettlesAConflictedSitesDocument(t *testing.T) {
 		t.Errorf("the same branches settled into %s and %s", revs[0], revs[1])
 	}
 }
+
+// A worker writes its site's heartbeat when it starts, not a heartbeat
+// interval later: couchq sites would say the site was never heard from.
+func TestSitesWorkerBeatsWhenItStarts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	a := newTestSiteDB(ctx, t, server, "A", server.UniqueDBName(t))
+	addSites(ctx, t, a, "A")
+	a.open(ctx, t)
+	a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"mail": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })},
+		ID:       "A-0", HeartbeatInterval: time.Hour, LeaseDuration: 3 * time.Hour,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		beats, err := a.client.SiteHeartbeats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := beats["A"]; ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no heartbeat of site A 30 s after its worker started (heartbeats every hour): %v", beats)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -57,6 +57,11 @@ func (w *Worker) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The site's heartbeat now, not a heartbeat interval later: until the
+	// first, couchq sites says the site was never heard from.
+	if err := w.client.Beat(ctx); err != nil {
+		w.log.Warn().Err(err).Msg("writing the site's heartbeat")
+	}
 	w.peers.mu.Lock()
 	w.peers.joined = time.Now()
 	w.peers.mu.Unlock()
