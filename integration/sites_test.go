@@ -1011,7 +1011,8 @@ func TestSitesRefuseAJobForAnUnlistedSite(t *testing.T) {
 
 // A link that could only fail is refused before anything is written:
 // neither database has the sites document, a site name no sites document
-// lists, a database that does not exist, and sites added at each database
+// lists, a database that does not exist, a peer that is the database
+// itself, and sites added at each database
 // apart (linking would keep one of the two documents). A database whose
 // sites document is an older revision of the other's links.
 func TestSitesLinkRefusesWhatCouldOnlyFail(t *testing.T) {
@@ -1034,6 +1035,14 @@ func TestSitesLinkRefusesWhatCouldOnlyFail(t *testing.T) {
 	nodb := b.end
 	nodb.DB = "nodb"
 	refused(a.end, nodb, "site B's database nodb does not exist")
+	// A peer that is this database again, through the same URL or
+	// another name of its server: the link would replace both sites'
+	// links with copies of the database into itself.
+	self := a.end
+	self.Site = "B"
+	refused(a.end, self, "are one database")
+	self.URL = strings.Replace(self.URL, "127.0.0.1", "localhost", 1)
+	refused(a.end, self, "are one database")
 	addSites(ctx, t, b, "B", "A")
 	refused(a.end, b.end, "each database has a sites document of its own (site A's: A, B, default A; site B's: A, B, default B)")
 	rows := s0.Client(t).DB("_replicator").AllDocs(ctx)

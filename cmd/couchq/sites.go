@@ -184,6 +184,7 @@ func (m *Main) linkSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		peer.DB = conn.DB
 	}
 	noEnv := func(string) string { return "" }
+	peer.URLFlag = "--peer-url"
 	if err := peer.ResolveURL(noEnv); err != nil {
 		return err
 	}

@@ -44,6 +44,7 @@ func TestSitesCommands(t *testing.T) {
 	expect(t, a.run(t, "sites", "takeover", "A"), exitUsage, "--to")
 	expect(t, a.run(t, "sites", "takeover", "A", "--to", "A"), exitUsage, "a site cannot take itself over")
 	expect(t, a.run(t, "sites", "link", "--peer-site", "B"), exitUsage, "--peer-url")
+	expect(t, a.run(t, "sites", "link", "--peer-site", "B", "--peer-url", "localhost:5984"), exitUsage, `invalid --peer-url "localhost:5984"`)
 	expect(t, a.run(t, "sites", "frobnicate"), exitUsage, "unknown subcommand")
 	expect(t, a.run(t, "enqueue", "--type", "x", "--site", "-bad"), exitUsage, "invalid --site")
 	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--take-over", "B"), exitUsage, "go together")
@@ -91,6 +92,7 @@ func TestSitesCommands(t *testing.T) {
 		exitFailure, "site Bee is not one of the sites (A, B) as site A's database has them")
 	expect(t, a.run(t, "sites", "link", "--peer-url", b0.URL(), "--peer-site", "B", "--peer-db", "nodb", "--peer-user", buser, "--peer-password-file", pwFile),
 		exitFailure, "site B's database nodb does not exist")
+	expect(t, a.run(t, "sites", "link", "--peer-url", a0.URL(), "--peer-site", "B"), exitFailure, "are one database") // a wrong --peer-url
 	if r := a.withEnv("COUCHQ_SITE", "").run(t, "sites", "--json"); r.code != 0 || strings.Contains(r.stdout, `"links": [{`) || strings.Contains(r.stdout, `"doc_id"`) {
 		t.Fatalf("links after two refused: %+v", r)
 	}

@@ -50,6 +50,8 @@ type Conn struct {
 	// RawURL is the URL with any credentials: for dialling only, never
 	// printed. ResolveURL sets it.
 	RawURL string
+	// URLFlag is the flag that gave URL, for messages; empty is --url.
+	URLFlag string
 }
 
 // Resolve fills in the defaults from the environment (getenv) and
@@ -129,13 +131,17 @@ func (c *Conn) ResolveURL(getenv func(string) string) error {
 		redacted[i] = protocol.Redact(n)
 	}
 	c.URL = strings.Join(redacted, ",")
+	flag := c.URLFlag
+	if flag == "" {
+		flag = "--url"
+	}
 	if len(nodes) == 0 {
-		return Usagef("invalid --url %q: want http(s)://[user:password@]host:port", c.URL)
+		return Usagef("invalid %s %q: want http(s)://[user:password@]host:port", flag, c.URL)
 	}
 	for i, n := range nodes {
 		u, err := url.Parse(n)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Usagef("invalid --url %q: want http(s)://[user:password@]host:port", redacted[i])
+			return Usagef("invalid %s %q: want http(s)://[user:password@]host:port", flag, redacted[i])
 		}
 	}
 	return nil

@@ -178,12 +178,17 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		sites *SitesDoc
 		revs  revisions
 	}
+	for _, e := range []SiteEndpoint{a, b} {
+		if holders[e.Site] == nil {
+			return fmt.Errorf("linking sites %s and %s: no connection to site %s", a.Site, b.Site, e.Site)
+		}
+	}
+	if err := checkTwoDatabases(ctx, a, b, holders[a.Site], holders[b.Site]); err != nil {
+		return err
+	}
 	var listing []listed
 	for _, e := range []SiteEndpoint{a, b} {
 		srv := holders[e.Site]
-		if srv == nil {
-			return fmt.Errorf("linking sites %s and %s: no connection to site %s", a.Site, b.Site, e.Site)
-		}
 		var d struct {
 			SitesDoc
 			Revisions revisions `json:"_revisions"`
@@ -228,6 +233,34 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		}
 	}
 	return nil
+}
+
+// checkTwoDatabases refuses two ends that are one database (a peer URL
+// that names this server again, through another name or the same): the
+// link would replace the working links of the two sites with copies of the
+// database into itself. A local document, which no link carries, written
+// through one end and found through the other tells; the two URLs do not.
+func checkTwoDatabases(ctx context.Context, a, b SiteEndpoint, srvA, srvB *Server) error {
+	id := "_local/couchq-link-probe-" + strings.TrimPrefix(NewID(), "job:")
+	dbA := srvA.Client.DB(a.DB)
+	rev, err := dbA.Put(ctx, id, map[string]any{"site": a.Site})
+	if isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("linking sites %s and %s: site %s's database %s does not exist at %s (run couchq init there first)", a.Site, b.Site, a.Site, a.DB, a.URL)
+	}
+	if err != nil {
+		return fmt.Errorf("linking sites %s and %s: writing a probe to site %s's database %s: %w", a.Site, b.Site, a.Site, a.DB, err)
+	}
+	defer func() { _, _ = dbA.Delete(context.WithoutCancel(ctx), id, rev) }()
+	err = srvB.Client.DB(b.DB).Get(ctx, id).Err()
+	switch {
+	case err == nil:
+		return fmt.Errorf("linking sites %s and %s: %s at %s and %s at %s are one database: give the other site's server and database (--peer-url, --peer-db)",
+			a.Site, b.Site, a.DB, a.URL, b.DB, b.URL)
+	case isStatus(err, http.StatusNotFound):
+		return nil
+	default:
+		return fmt.Errorf("linking sites %s and %s: reading site %s's database %s: %w", a.Site, b.Site, b.Site, b.DB, err)
+	}
 }
 
 // revisions is a document's _revisions: its revision history, newest
