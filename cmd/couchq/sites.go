@@ -250,6 +250,11 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 	// read the sites still gets them, and is told why the links are missing.
 	links, err := srv.Links(ctx, conn.DB)
 	linksHidden := ""
+	if srv.Caps.Vendor != "couchdb" {
+		// A producer's links run in its server's process, which lists none.
+		links, err = nil, nil
+		linksHidden = "links not shown: this server has no replicator of its own (PouchDB Server): its links run in its process until it stops; link again after it restarts"
+	}
 	if status := kivik.HTTPStatus(err); err != nil && (status == http.StatusUnauthorized || status == http.StatusForbidden) {
 		linksHidden = fmt.Sprintf("links not shown: reading the replicator's state (_scheduler/docs) needs a server admin (%v)", err)
 		err = nil
