@@ -129,6 +129,15 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		return err
 	}
 	defer closeQueue()
+	if conn.Site == "" {
+		// Everything else works for no site; the agents' claims cannot.
+		if err := q.RefreshSites(ctx); err != nil {
+			return cli.ServerError(conn.URL, err)
+		}
+		if _, haveSites := q.SiteListed(""); haveSites {
+			log.Warn().Msg("the database has sites and this server works for none: agents' claims (POST /api/claim) are refused until it runs with --site (or COUCHQ_SITE); a cancel or retry goes to the job's owner site as a request")
+		}
+	}
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

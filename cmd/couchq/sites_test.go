@@ -399,4 +399,7 @@ func TestLsAndShowNameTheOwnerSite(t *testing.T) {
 	if caps := srv.Caps(); caps.Vendor == "couchdb" && caps.SelectorFilter && !strings.Contains(body, `"links": []`) {
 		t.Errorf("/api/sites of serve on Apache CouchDB has no links:\n%s", body)
 	}
+	if !strings.Contains(s.stderr.String(), "the database has sites and this server works for none") {
+		t.Errorf("serve without --site in a database of sites does not say what that means:\n%s", s.stderr)
+	}
 }
