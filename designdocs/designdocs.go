@@ -87,7 +87,7 @@ const Query = "query"
 // DocFor is the id of the design document that holds view.
 func DocFor(view string) string {
 	switch view {
-	case "activity", "attempt_times", "by_status", "depth", "due", "events", "failed", "status", "timings", "workers":
+	case "activity", "attempt_times", "by_status", "depth", "due", "events", "failed", "site_due", "status", "timings", "workers":
 		return OpsID
 	case "leases", "conflicts", "held", "free_slots", "dependents", "waiting", "batches":
 		return SweepID
@@ -122,7 +122,10 @@ func DocFor(view string) string {
 // _design/couchq-validate, the claim document then carrying no
 // validate_doc_update: a couchq of schema 5 would put the JavaScript
 // function back beside it.
-const SchemaVersion = 6
+// Schema 7 adds the site_due view to _design/couchq-ops (each site's
+// backlog), which a couchq of schema 6 would remove; only the ops
+// document's indexes, which claims do not read, are rebuilt.
+const SchemaVersion = 7
 
 // LanguageSchema is the first schema whose Language was chosen: an older
 // document's plain javascript is no one's choice.

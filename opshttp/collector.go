@@ -84,7 +84,7 @@ type metricDescs struct {
 	wait, service, execution                             *prometheus.Desc
 	workersAlive, workersDead                            *prometheus.Desc
 	workerRunning, workerUtilization, workerHeartbeatAge *prometheus.Desc
-	siteHeartbeatAge                                     *prometheus.Desc
+	siteHeartbeatAge, siteDue                            *prometheus.Desc
 	up, refreshErrors, refreshDuration                   *prometheus.Desc
 }
 
@@ -126,6 +126,10 @@ func newMetricDescs() metricDescs {
 				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it); none for a site taken over by another. "+
 				"None for a database without sites.", []string{"site"}, nil),
 
+		siteDue: prometheus.NewDesc("couchq_site_queue_due",
+			"Queued jobs due now by owner site and type, in a database of sites: the backlog that site's workers have to claim, and what a site's autoscaler scales on (couchq_queue_due counts every site's). "+
+				"A series for every site of the sites document not taken over, 0 when it has none due; none for a database without sites.", []string{"site", "type"}, nil),
+
 		up: prometheus.NewDesc("couchq_up",
 			"1 if the last refresh from CouchDB succeeded, else 0; the gauges are left out while it is 0.", nil, nil),
 		refreshErrors: prometheus.NewDesc("couchq_stats_refresh_errors_total", "Refreshes from CouchDB that failed.", nil, nil),
@@ -163,7 +167,7 @@ func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, desc := range []*prometheus.Desc{
 		d.jobs, d.due, d.scheduled, d.oldestDue, d.paused, d.added, d.started, d.finished, d.failed, d.retried,
 		d.wait, d.service, d.execution, d.workersAlive, d.workersDead, d.workerRunning,
-		d.workerUtilization, d.workerHeartbeatAge, d.siteHeartbeatAge, d.up, d.refreshErrors, d.refreshDuration,
+		d.workerUtilization, d.workerHeartbeatAge, d.siteHeartbeatAge, d.siteDue, d.up, d.refreshErrors, d.refreshDuration,
 	} {
 		ch <- desc
 	}
@@ -250,11 +254,21 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		send(d.workersAlive, prometheus.GaugeValue, alive[typ], typ)
 		send(d.workersDead, prometheus.GaugeValue, dead[typ], typ)
 	}
+	due := map[[2]string]int64{}
+	for _, sd := range c.snap.stats.DueBySite {
+		due[[2]string{sd.Site, sd.Type}] = sd.Due
+	}
 	for _, s := range c.snap.sites {
 		// A taken-over site's jobs run elsewhere: its silence is expected,
 		// and a series growing for ever would only trip alerts.
-		if s.HeartbeatAge != nil && s.TakenOverBy == "" {
+		if s.TakenOverBy != "" {
+			continue
+		}
+		if s.HeartbeatAge != nil {
 			send(d.siteHeartbeatAge, prometheus.GaugeValue, *s.HeartbeatAge, s.Site)
+		}
+		for _, t := range c.snap.stats.Types {
+			send(d.siteDue, prometheus.GaugeValue, float64(due[[2]string{s.Site, t.Type}]), s.Site, t.Type)
 		}
 	}
 }

@@ -76,16 +76,25 @@ func TestHandlerSites(t *testing.T) {
 		t.Errorf("site B: %+v", s)
 	}
 
+	// Each site's backlog: a job naming no site is the default site's (A);
+	// one due later is not due. couchq_queue_due counts both sites'.
+	if err := q.RefreshSites(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var it *protocol.WorkItem // the last, B's job due in an hour
+	for _, j := range []protocol.NewJob{{Worker: "mail"}, {Worker: "mail", Site: "B"}, {Worker: "mail", Site: "B", At: clock.Now().Add(time.Hour)}} {
+		if it, err = q.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m = scrape(t, hs)
+	m.Check(t, 2, "couchq_queue_due", "type=mail")
+	m.Check(t, 1, "couchq_site_queue_due", "site=A", "type=mail")
+	m.Check(t, 1, "couchq_site_queue_due", "site=B", "type=mail")
+
 	// A cancel from the dashboard of a job this server's site (none) does
 	// not own is a request for its owner: 202, not a failure.
 	if admin, password := srv.Credentials(); admin != "" {
-		if err := q.RefreshSites(ctx); err != nil {
-			t.Fatal(err)
-		}
-		it, err := q.Enqueue(ctx, protocol.NewJob{Worker: "mail", Site: "B"})
-		if err != nil {
-			t.Fatal(err)
-		}
 		code, _, body := opstest.Post(t, hs.URL+"/api/jobs/"+it.ID+"/cancel", admin, password)
 		var answer struct {
 			Forwarded protocol.SiteRequest `json:"forwarded"`

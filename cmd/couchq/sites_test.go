@@ -364,6 +364,12 @@ func TestLsAndShowNameTheOwnerSite(t *testing.T) {
 		t.Errorf("show for-b: site %q, want B", s)
 	}
 
+	// stats splits the due jobs by owner site: each site's workers claim
+	// only their own.
+	if r := c.run(t, "stats", "--type", "mail"); r.code != 0 || !regexp.MustCompile(`DUE BY SITE\n.*A 1, B 1\n`).MatchString(r.stdout) {
+		t.Errorf("stats of a database of sites: want mail's due jobs as A 1, B 1:\n%s", r.stdout)
+	}
+
 	r := c.run(t, "sites", "--json")
 	expect(t, r, exitOK)
 	var report forms.SitesReport

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,6 +131,15 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 		if anyPaused {
 			header += "\tPAUSED"
 		}
+		// In a database of sites, whose due jobs these are: each site's
+		// workers claim only their own.
+		bySite := map[string][]string{}
+		for _, sd := range st.DueBySite {
+			bySite[sd.Type] = append(bySite[sd.Type], fmt.Sprintf("%s %d", sd.Site, sd.Due))
+		}
+		if len(bySite) > 0 {
+			header += "\tDUE BY SITE"
+		}
 		fmt.Fprintln(tw, header)
 		for _, t := range st.Types {
 			oldest := "-"
@@ -139,6 +149,9 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 			row := fmt.Sprintf("%s\t%d\t%d\t%d\t%d\t%s", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Running, t.Queue.Failed, oldest)
 			if anyPaused {
 				row += "\t" + map[bool]string{true: "paused", false: "-"}[t.Queue.Paused]
+			}
+			if len(bySite) > 0 {
+				row += "\t" + cmp.Or(strings.Join(bySite[t.Type], ", "), "-")
 			}
 			fmt.Fprintln(tw, row)
 		}
