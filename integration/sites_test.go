@@ -355,13 +355,28 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 	var rc siteRuns
 	a.startWorkers(ctx, t, &rc, 1, "thumb")
 	b.startWorkers(ctx, t, &rc, 1, "thumb")
-	// The Mango validation's design document stays at its site: a server
-	// without such validation (the producer's) would fail every write with
-	// it. An empty one stands in for it here, where no server may run it;
-	// a design document of another name crosses the links.
+	// couchq's design documents stay at their site: each site's are its
+	// server's (the producer's run in JavaScript, A's in QuickJS where the
+	// server has it), and two of different content would conflict. The
+	// Mango validation's would fail every write at a server without such
+	// validation; an empty one stands in for it here, where no server may
+	// run it. A design document of another name crosses the links.
 	for _, id := range []string{designdocs.ValidateID, "_design/app"} {
 		if _, err := a.conn.Client.DB(sitesDB).Put(ctx, id, map[string]any{"language": "javascript"}); err != nil {
 			t.Fatal(err)
+		}
+	}
+	ownDocs := []string{designdocs.ID, designdocs.SweepID, designdocs.OpsID}
+	revs := map[string]string{}
+	for _, s := range []*testSite{a, b, p} {
+		for _, id := range ownDocs {
+			var doc struct {
+				Rev string `json:"_rev"` // not GetRev: PouchDB Server's ETag is no revision
+			}
+			if err := s.conn.Client.DB(sitesDB).Get(ctx, id).ScanDoc(&doc); err != nil {
+				t.Fatal(err)
+			}
+			revs[s.name+id] = doc.Rev
 		}
 	}
 
@@ -399,6 +414,20 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 		}
 		if _, err := db.GetRev(ctx, designdocs.ValidateID); kivik.HTTPStatus(err) != http.StatusNotFound {
 			t.Errorf("site %s: %s crossed the links (%v)", s.name, designdocs.ValidateID, err)
+		}
+	}
+	for _, s := range []*testSite{a, b, p} {
+		for _, id := range ownDocs {
+			var doc struct {
+				Rev       string   `json:"_rev"`
+				Conflicts []string `json:"_conflicts"`
+			}
+			if err := s.conn.Client.DB(sitesDB).Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&doc); err != nil {
+				t.Fatal(err)
+			}
+			if doc.Rev != revs[s.name+id] || len(doc.Conflicts) > 0 {
+				t.Errorf("site %s: %s is %s with conflicts %v, want its own %s alone: another site's crossed the links", s.name, id, doc.Rev, doc.Conflicts, revs[s.name+id])
+			}
 		}
 	}
 }

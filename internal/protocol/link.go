@@ -43,11 +43,15 @@ var replicatedTypes = []string{DocType, SitesDocType, SiteHeartbeatDocType, Site
 func linkSelector() map[string]any {
 	return map[string]any{"$or": []any{
 		map[string]any{"type": map[string]any{"$in": replicatedTypes}},
-		// Design documents but the Mango validation's, which a server
-		// without such validation (a PouchDB producer, an older CouchDB)
-		// would take and then fail every write with: each site installs
-		// its own (couchq init).
-		map[string]any{"_id": map[string]any{"$regex": "^_design/(?!couchq-validate$)"}},
+		// Design documents but couchq's own. Each site installs those for
+		// its server (couchq init): their language and validation follow
+		// what the server runs (QuickJS or not, Mango validation or not),
+		// and two sites' documents of different content would conflict
+		// over the links, CouchDB's arbitrary pick among them becoming
+		// every site's (a PouchDB producer's JavaScript ones rebuilding
+		// every index in SpiderMonkey, a Mango validation failing every
+		// write at a server without it).
+		map[string]any{"_id": map[string]any{"$regex": "^_design/(?!couchq$|couchq-)"}},
 		// Tombstones carry no type: purged jobs and withdrawn branches
 		// must reach the other sites too.
 		map[string]any{"_deleted": true},
@@ -508,14 +512,12 @@ func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server)
 		remote.User = url.UserPassword(peer.User, peer.Password)
 	}
 	for _, dir := range [][2]string{{producer.DB, remote.String()}, {remote.String(), producer.DB}} {
-		link := map[string]any{"source": dir[0], "target": dir[1], "continuous": true}
-		if dir[1] == producer.DB {
-			// Into the producer, what a link between sites carries and no
-			// more: the peer's per-site documents would otherwise reach
-			// every other site the producer links to. The peer runs the
-			// filter (PouchDB's replication passes it to the source).
-			link["filter"] = designdocs.Name + "/replicate"
-		}
+		// Both ways, what a link between sites carries and no more: into
+		// the producer, the peer's per-site documents would otherwise
+		// reach every other site the producer links to; out of it, its
+		// own design documents would conflict with the peer's. The
+		// source runs the filter (PouchDB's replication passes it on).
+		link := map[string]any{"source": dir[0], "target": dir[1], "continuous": true, "filter": designdocs.Name + "/replicate"}
 		body, err := json.Marshal(link)
 		if err != nil {
 			return fmt.Errorf("encoding a link: %w", err)
