@@ -244,7 +244,7 @@ func startPouchDB(ctx context.Context, logger zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating PouchDB Server data dir: %w", err)
 	}
-	p, err := localserver.Start(ctx, localserver.Options{DataDir: dir, Logger: logger})
+	p, err := localserver.Start(ctx, localserver.Options{DataDir: dir, Logger: logger, RestartOnCrash: true})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

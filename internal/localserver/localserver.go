@@ -42,6 +42,13 @@ type Options struct {
 	// StartTimeout bounds the wait for the server to answer GET /. 0 means one minute.
 	StartTimeout time.Duration
 	Logger       zerolog.Logger
+	// RestartOnCrash starts the server again, on the same port and data,
+	// when it exits without being stopped. PouchDB Server 4.2.0 dies on a
+	// long poll of the changes of a database deleted meanwhile (a
+	// TypeError in express-pouchdb's changes route), which a test suite's
+	// cleanup does; restarted, the suite's other tests go on. The crash is
+	// logged all the same.
+	RestartOnCrash bool
 }
 
 // PouchDB is a running (or stopped) PouchDB Server child process.
@@ -57,6 +64,7 @@ type PouchDB struct {
 	mu       sync.Mutex
 	proc     *process // nil when stopped
 	autoPort bool
+	restart  bool // Options.RestartOnCrash
 }
 
 type process struct {
@@ -107,6 +115,7 @@ func Start(ctx context.Context, opts Options) (*PouchDB, error) {
 		logger:   opts.Logger,
 		httpc:    &http.Client{Timeout: 2 * time.Second},
 		autoPort: opts.Port == 0,
+		restart:  opts.RestartOnCrash,
 	}
 	if p.timeout <= 0 {
 		p.timeout = defaultStartTimeout
@@ -208,9 +217,29 @@ func (p *PouchDB) spawn() (*process, error) {
 			// Every request to it fails from now on: say why once, with
 			// what it printed last.
 			p.logger.Error().Err(proc.err).Int("port", port).Msg("PouchDB Server exited on its own" + p.outputTail(proc))
+			if p.restart {
+				p.restartAfterCrash(proc)
+			}
 		}
 	}()
 	return proc, nil
+}
+
+// restartAfterCrash starts the server again after proc exited on its own,
+// unless it was stopped or restarted meanwhile.
+func (p *PouchDB) restartAfterCrash(proc *process) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc != proc {
+		return
+	}
+	p.proc = nil
+	p.autoPort = false // callers hold the URL
+	if err := p.startLocked(context.Background()); err != nil {
+		p.logger.Error().Err(err).Msg("starting PouchDB Server again after it crashed")
+		return
+	}
+	p.logger.Warn().Str("url", p.URL()).Msg("PouchDB Server started again after it crashed")
 }
 
 func (p *PouchDB) waitReady(ctx context.Context, proc *process) error {

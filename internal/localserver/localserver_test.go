@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,5 +144,44 @@ func TestTailKeepsTheEnd(t *testing.T) {
 	}
 	if got := tl.String(); got != "de world" {
 		t.Fatalf("tail = %q, want the last 8 bytes %q", got, "de world")
+	}
+}
+
+// A server started with RestartOnCrash that dies on its own answers again
+// on the same URL, with its databases.
+func TestRestartOnCrash(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx, Options{DataDir: t.TempDir(), Logger: testLogger(t), RestartOnCrash: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	if code, body := do(t, http.MethodPut, srv.URL()+"/things", ""); code != http.StatusCreated {
+		t.Fatalf("create db: %d %s", code, body)
+	}
+	time.Sleep(time.Second) // what the server has written out; a crash loses the rest
+	srv.mu.Lock()
+	crashed := srv.proc
+	srv.mu.Unlock()
+	if err := syscall.Kill(-crashed.cmd.Process.Pid, syscall.SIGKILL); err != nil { // as a crash, not Stop
+		t.Fatal(err)
+	}
+	<-crashed.done
+	deadline := time.Now().Add(time.Minute)
+	for {
+		srv.mu.Lock()
+		restarted := srv.proc != nil && srv.proc != crashed
+		srv.mu.Unlock()
+		if restarted && srv.answers(ctx) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("PouchDB Server not started again a minute after it crashed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body := do(t, http.MethodGet, srv.URL()+"/things", ""); code != http.StatusOK {
+		t.Fatalf("the database after the restart: %d %s", code, body)
 	}
 }
