@@ -7,20 +7,10 @@ function (doc) {
   // site's). A site that is not a non-empty string counts as none, as in
   // the claim view.
   // include: lib/waiting.js
-  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string' || doc.worker === '') {
+  // include: lib/due.js
+  var date = dueDate(doc);
+  if (date === null) {
     return;
   }
-  if (doc.claimed === true) {
-    return;
-  }
-  var s = doc.status;
-  if (s === 'running' || s === 'done' || s === 'failed' || s === 'cancelled' || waiting(doc)) {
-    return;
-  }
-  var date = doc.date;
-  if (typeof date !== 'number' || !isFinite(date)) {
-    date = 0;
-  }
-  var site = typeof doc.site === 'string' ? doc.site : '';
-  emit([doc.worker, site, date], null);
+  emit([doc.worker, typeof doc.site === 'string' ? doc.site : '', date], null);
 }
