@@ -318,7 +318,35 @@ func installMangoDue(ctx context.Context, w *docWriter) error {
 	if err != nil {
 		return err
 	}
-	return w.do(ctx, http.MethodPost, w.t.base+"/"+url.PathEscape(w.db)+"/_index", body, nil)
+	if err := w.do(ctx, http.MethodPost, w.t.base+"/"+url.PathEscape(w.db)+"/_index", body, nil); err != nil {
+		return err
+	}
+	return waitForMangoDue(ctx, w)
+}
+
+// mangoIndexWait bounds waitForMangoDue: a design document not listed by
+// then is a fault, not replication between copies.
+const mangoIndexWait = 30 * time.Second
+
+// waitForMangoDue returns once a query can use the index installMangoDue
+// created. On a cluster the index's design document is written to a
+// majority of its copies, and the node answering the next _find may
+// list the design documents from a copy it has not reached yet: that
+// query is refused with no_usable_index for a moment.
+func waitForMangoDue(ctx context.Context, w *docWriter) error {
+	deadline := time.Now().Add(mangoIndexWait)
+	for {
+		_, err := mangoDueOf(ctx, w, claimIndexWorker, 0, 1)
+		if err == nil || httpStatusOf(err) != http.StatusBadRequest ||
+			!strings.Contains(answerOf(err), "no_usable_index") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // mangoDue reads due jobs through the Mango index.
