@@ -452,6 +452,10 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.Disabled),
 	})
+	// B's workers run all along (they claim none of A's jobs): A's copy has
+	// B's heartbeat, so A's workers will know whom to hear from when they
+	// start again.
+	b.startWorkers(ctx, t, &rc, 1, "render")
 	ids := a.enqueue(ctx, t, "render", "", 40)
 
 	// Wait for A's claims to reach B, then stop A's server under them.
@@ -481,17 +485,18 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 	if moved == 0 {
 		t.Fatal("the takeover moved no job")
 	}
-	b.startWorkers(ctx, t, &rc, 1, "render")
 	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
 
-	// A comes back; once the links have brought it up to date, its workers
-	// run nothing of what B took over.
+	// A comes back, and its workers start at once, from A's copy as it was
+	// when it stopped: they hold their claims until they have heard from
+	// B through the link (worker.Config.AwaitSites), which brings the
+	// takeover first, so they run nothing of what B took over.
 	if err := a.srv.StartSite(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a)
 	before := rc.snapshot()
 	a.startWorkers(ctx, t, &rc, 1, "render")
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a)
 	time.Sleep(5 * time.Second)
 
 	after := rc.snapshot()
@@ -1173,11 +1178,124 @@ func TestSitesWorkerBeatsWhenItStarts(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, ok := beats["A"]; ok {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no heartbeat of site A 30 s after its worker started (heartbeats every hour): %v", beats)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// Every later beat replaces it (on PouchDB Server too, whose answer to
+	// a HEAD request carries no revision).
+	before, err := a.client.SiteHeartbeats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.client.Beat(ctx); err != nil {
+		t.Fatalf("beating again: %v", err)
+	}
+	after, err := a.client.SiteHeartbeats(ctx)
+	if err != nil || after["A"].Rev == before["A"].Rev {
+		t.Fatalf("the heartbeat after beating again: %+v, before %+v (%v)", after["A"], before["A"], err)
+	}
+}
+
+// A worker that starts at a site whose workers were all stopped claims
+// nothing until it has heard twice from each other site that has workers
+// (worker.Config.AwaitSites), and claims anyway once the wait is over when
+// a site stays silent. One database stands for the site's copy: the
+// other site's heartbeats are written into it as a link would bring them.
+func TestSitesWorkerAwaitsTheOtherSitesAfterItWasDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	a := newTestSiteDB(ctx, t, server, "A", server.UniqueDBName(t))
+	addSites(ctx, t, a, "A", "B")
+	a.open(ctx, t)
+	beatAs := func(site string, at time.Time) {
+		t.Helper()
+		c, err := a.conn.Open(ctx, a.end.DB, protocol.Config{Site: site, Now: func() time.Time { return at }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Beat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both sites' workers ran an hour ago, as this copy has it.
+	hourAgo := time.Now().Add(-time.Hour)
+	beatAs("A", hourAgo)
+	beatAs("B", hourAgo)
+
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+		// hear makes B heard from (twice), or not.
+		hear bool
+	}{
+		{"B heard from", time.Hour, true},
+		{"B silent", 4 * time.Second, false},
+	} {
+		// The first case's worker would take B over after half an hour
+		// of silence: B's heartbeat here is an hour old only because A
+		// was down, so it must not while it waits.
+		var takeOver []string
+		if tc.hear {
+			takeOver = []string{"B"}
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			var rc siteRuns
+			id := a.enqueue(ctx, t, "mail", "", 1)[0]
+			w, err := worker.New((*couchq.Client)(a.client), worker.Config{
+				Handlers: map[string]worker.Handler{"mail": rc.handler("A")}, ID: "A-" + strings.ReplaceAll(tc.name, " ", "-"),
+				HeartbeatInterval: time.Second, AwaitSites: tc.wait, TakeOver: takeOver, TakeOverAfter: 30 * time.Minute,
+				Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			started := time.Now()
+			if err := w.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = w.Stop(context.Background()) })
+			if err := w.Ready(); err == nil || !strings.Contains(err.Error(), "to hear from sites B") {
+				t.Errorf("Ready while waiting = %v", err)
+			}
+			beats, err := a.client.SiteHeartbeats(ctx)
+			if err != nil || !beats["A"].CatchingUp {
+				t.Errorf("A's heartbeat while its worker waits: %+v (%v)", beats["A"], err)
+			}
+			time.Sleep(2 * time.Second)
+			if runs := rc.snapshot(); len(runs) != 0 {
+				t.Fatalf("the worker claimed before hearing from B: %v", runs)
+			}
+			if d, err := a.client.ReadSites(ctx); err != nil || d.Sites["B"].TakenOverBy != "" {
+				t.Fatalf("sites while the worker waits: %+v (%v)", d, err)
+			}
+			if tc.hear {
+				beatAs("B", time.Now())
+				time.Sleep(time.Second) // two beats, each seen by the worker
+				beatAs("B", time.Now())
+			}
+			deadline := time.Now().Add(time.Minute)
+			for len(rc.snapshot()[id]) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("job %s not run a minute after B was heard from (or the wait ended)", id)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !tc.hear && time.Since(started) < tc.wait {
+				t.Errorf("ran %s after the start, before the wait of %s was over", time.Since(started), tc.wait)
+			}
+			if err := w.Ready(); err != nil {
+				t.Errorf("Ready once claiming = %v", err)
+			}
+			// Its workers stopped, A's heartbeat must look stale again
+			// for the next case.
+			if err := w.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			beatAs("A", hourAgo)
+		})
 	}
 }

@@ -36,6 +36,7 @@ const (
 	RetryCapDefault          = 24 * time.Hour
 	HeartbeatFractionDefault = 3 // heartbeat every lease / 3
 	ProgressIntervalDefault  = 5 * time.Second
+	AwaitSitesDefault        = time.Minute
 )
 
 // Config configures a Worker. The zero value of every field but Handlers
@@ -148,6 +149,18 @@ type Config struct {
 	// or one the sites document does not list.
 	TakeOver      []string
 	TakeOverAfter time.Duration
+	// AwaitSites, in a queue of several sites, bounds how long a worker
+	// that starts after every worker of its site was stopped (the site's
+	// heartbeat is over three heartbeat intervals old, or another worker
+	// of the site is still waiting) holds its claims, sweeps and periodic
+	// ticks until each other site that has workers has been heard from
+	// twice through the links. What the other sites did while this one
+	// was down, a takeover of its jobs above all, is then in its database
+	// before it claims; otherwise it could claim a job another site now
+	// owns, and the job would run twice. Past AwaitSites (a site down, or
+	// a link) it claims anyway and logs the sites not heard from. Ready
+	// reports the worker not ready while it waits. Negative: never wait.
+	AwaitSites time.Duration
 	// ID names this worker process in claims (host/pid/ID); default random.
 	ID string
 	// Middleware wraps every handler call of every type, the first in the
@@ -203,6 +216,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FallbackPoll <= 0 {
 		c.FallbackPoll = FallbackPollDefault
+	}
+	if c.AwaitSites == 0 {
+		c.AwaitSites = AwaitSitesDefault
 	}
 	if c.ID == "" {
 		c.ID = fmt.Sprintf("w%06x", rand.IntN(1<<24))

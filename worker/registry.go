@@ -57,11 +57,7 @@ func (w *Worker) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The site's heartbeat now, not a heartbeat interval later: until the
-	// first, couchq sites says the site was never heard from.
-	if err := w.client.Beat(ctx); err != nil {
-		w.log.Warn().Err(err).Msg("writing the site's heartbeat")
-	}
+	w.decideAwait(ctx)
 	w.peers.mu.Lock()
 	w.peers.joined = time.Now()
 	w.peers.mu.Unlock()
@@ -86,7 +82,11 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 			if serr := w.client.RefreshSites(wctx); serr != nil && ctx.Err() == nil {
 				w.log.Warn().Err(serr).Msg("reading the sites document")
 			}
-			if serr := w.client.Beat(wctx); serr != nil && ctx.Err() == nil {
+			beat := w.client.Beat
+			if w.awaiting() {
+				beat = w.client.BeatCatchingUp
+			}
+			if serr := beat(wctx); serr != nil && ctx.Err() == nil {
 				w.log.Warn().Err(serr).Msg("writing the site's heartbeat")
 			}
 			w.takeOverSilentSites(wctx)
@@ -139,9 +139,15 @@ func (w *Worker) checkTakeOver(ctx context.Context) error {
 }
 
 // takeOverSilentSites takes over the sites of Config.TakeOver whose
-// heartbeat is older than Config.TakeOverAfter, once each.
+// heartbeat is older than Config.TakeOverAfter, once each; not while the
+// worker waits to hear from the other sites (awaitSites).
 func (w *Worker) takeOverSilentSites(ctx context.Context) {
 	if len(w.cfg.TakeOver) == 0 || w.cfg.TakeOverAfter <= 0 || w.client.Site() == "" {
+		return
+	}
+	if w.awaiting() {
+		// This copy is as old as this site's outage: every other site's
+		// heartbeat in it looks silent until the links bring the new ones.
 		return
 	}
 	sites, err := w.client.ReadSites(ctx)

@@ -69,6 +69,11 @@ type Worker struct {
 	concedeMu      sync.Mutex
 	concedesClosed bool
 	drained        chan struct{} // closed when every runner drained (Drain mode)
+	// claimable is closed once the worker may claim: at once, or once it
+	// has heard from the other sites (awaitSites, waiting for the sites
+	// of awaitFrom, which register sets).
+	claimable chan struct{}
+	awaitFrom map[string]string
 
 	pauseMu sync.Mutex // serialises refreshPaused
 
@@ -111,6 +116,7 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 		by:           fmt.Sprintf("%s/%d/%s", hostname(), os.Getpid(), cfg.ID),
 		stopClaiming: make(chan struct{}),
 		drained:      make(chan struct{}),
+		claimable:    make(chan struct{}),
 		running:      map[string]*runningJob{},
 	}
 	types := make([]string, 0, len(cfg.Handlers))
@@ -198,6 +204,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		drained.Add(1)
 		go func() {
 			defer w.loops.Done()
+			if !w.untilClaimable(loopCtx) {
+				drained.Done()
+				return
+			}
 			r.loop(loopCtx, drained.Done)
 		}()
 	}
@@ -212,18 +222,32 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.followChanges(loopCtx, since)
 		}()
 	}
+	if w.awaitFrom != nil {
+		w.loops.Add(1)
+		go func() {
+			defer w.loops.Done()
+			w.awaitSites(loopCtx)
+		}()
+	}
+	// A sweep of this site's jobs from a copy the links have not brought
+	// up to date would act on jobs another site took over, and a periodic
+	// tick enqueues a job this site runs: both wait as claims do.
 	if w.cfg.SweepInterval > 0 {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
-			w.sweepLoop(loopCtx)
+			if w.untilClaimable(loopCtx) {
+				w.sweepLoop(loopCtx)
+			}
 		}()
 	}
 	for _, p := range w.cfg.Periodic {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
-			w.periodicLoop(loopCtx, p)
+			if w.untilClaimable(loopCtx) {
+				w.periodicLoop(loopCtx, p)
+			}
 		}()
 	}
 	w.loops.Add(1)
@@ -320,7 +344,8 @@ const readyHeartbeats = 3
 // Ready reports whether the worker is doing its work: it returns nil when
 // it has started and is not stopping, its last successful write to CouchDB
 // (the registry heartbeat) is at most three heartbeat intervals old, and
-// its changes feed is connected (or it has none: Drain mode). Otherwise
+// its changes feed is connected (or it has none: Drain mode), and it is
+// not waiting to hear from the other sites (Config.AwaitSites). Otherwise
 // the error says why. It makes no request: probes may call it often.
 //
 // A broken feed counts as connected again once a long-poll succeeds, which
@@ -346,6 +371,9 @@ func (w *Worker) Ready() error {
 	}
 	if h.feedErr != nil {
 		return fmt.Errorf("changes feed disconnected: %w", h.feedErr)
+	}
+	if w.awaiting() {
+		return fmt.Errorf("not claiming yet: this site's workers were stopped, and it waits (up to %s) to hear from sites %s, so that what they did meanwhile is here first", w.cfg.AwaitSites, w.awaitedSites())
 	}
 	return nil
 }

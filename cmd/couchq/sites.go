@@ -275,6 +275,9 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		beat := "never"
 		if r.HeartbeatAge != nil {
 			beat = time.Duration(*r.HeartbeatAge*float64(time.Second)).Round(time.Second).String() + " ago"
+			if r.CatchingUp {
+				beat += " (catching up: not claiming yet)"
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, r.TakenOverBy)
 	}

@@ -49,6 +49,7 @@ func TestSitesCommands(t *testing.T) {
 	expect(t, a.run(t, "enqueue", "--type", "x", "--site", "-bad"), exitUsage, "invalid --site")
 	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--take-over", "B"), exitUsage, "go together")
 	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--take-over", "no way", "--take-over-after", "1m"), exitUsage, "not a site name")
+	expect(t, a.run(t, "worker", "--type", "x", "--handler", "noop", "--await-sites", "-1s"), exitUsage, "invalid --await-sites -1s: must not be negative")
 	if r := a.run(t, "sites"); r.code != 0 || !strings.Contains(r.stdout, "no sites") {
 		t.Fatalf("sites before any: %+v", r)
 	}

@@ -68,6 +68,12 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       heartbeats), as couchq sites takeover does. Name one
 	                       successor per site. Repeatable; off by default
 	--take-over-after D    see --take-over
+	--await-sites D        in a queue of several sites: a worker that starts after
+	                       every worker of its site was stopped claims nothing
+	                       until the other sites have been heard from twice
+	                       through the links (so that a takeover of its jobs
+	                       made meanwhile is here first), or D has passed
+	                       (default 1m; 0 does not wait)
 	--health-addr HOST:PORT
 	                       serve this process's probes and metrics while it runs
 	                       (default off; port 0 picks one, logged at info):
@@ -166,6 +172,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.Var(&f.Fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
 	fs.Var(&f.TakeOver, "take-over", "a site to take over when its heartbeat stops")
 	fs.DurationVar(&f.TakeOverAfter, "take-over-after", 0, "how long a site's heartbeat may be unseen")
+	fs.DurationVar(&f.AwaitSites, "await-sites", f.AwaitSites, "how long a restarted site waits to hear from the others")
 	fs.StringVar(&f.PeriodicTZ, "periodic-tz", f.PeriodicTZ, "time zone of cron schedules")
 	fs.StringVar(&f.CatchUp, "catch-up", f.CatchUp, "missed ticks: once or all")
 	var configFile string

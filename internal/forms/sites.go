@@ -18,6 +18,9 @@ type Site struct {
 	// is ahead). null when no beat of it is here: none of its workers has
 	// run yet, or the links have not brought one.
 	HeartbeatAge *float64 `json:"heartbeat_age_seconds"`
+	// CatchingUp says the site's workers have started again after it was
+	// down and wait to hear from the other sites before they claim.
+	CatchingUp bool `json:"catching_up,omitempty"`
 	// TakenOverBy names the site that took this one's jobs; "" while it
 	// runs its own.
 	TakenOverBy string `json:"taken_over_by"`
@@ -47,6 +50,7 @@ func Sites(ctx context.Context, src SitesSource, now time.Time) ([]Site, error) 
 		if hb, ok := beats[name]; ok {
 			age := now.Sub(protocol.FromUnix(hb.At)).Seconds()
 			r.HeartbeatAge = &age
+			r.CatchingUp = hb.CatchingUp
 		}
 		rows = append(rows, r)
 	}

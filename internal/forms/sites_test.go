@@ -35,7 +35,10 @@ func TestSitesAndLinks(t *testing.T) {
 		doc: &protocol.SitesDoc{Default: "B", Sites: map[string]protocol.SiteInfo{
 			"C": {}, "A": {TakenOverBy: "B"}, "B": {},
 		}},
-		beats: map[string]protocol.SiteHeartbeat{"B": {Site: "B", At: protocol.ToUnix(now.Add(-12 * time.Second))}},
+		beats: map[string]protocol.SiteHeartbeat{
+			"B": {Site: "B", At: protocol.ToUnix(now.Add(-12 * time.Second))},
+			"C": {Site: "C", At: protocol.ToUnix(now.Add(-time.Second)), CatchingUp: true},
+		},
 	}
 	rows, err = Sites(ctx, src, now)
 	if err != nil || len(rows) != 3 {
@@ -47,8 +50,8 @@ func TestSitesAndLinks(t *testing.T) {
 	if r := rows[1]; r.Site != "B" || !r.Default || r.HeartbeatAge == nil || *r.HeartbeatAge != 12 {
 		t.Errorf("B: %+v", r)
 	}
-	if rows[2].Site != "C" {
-		t.Errorf("not in name order: %+v", rows)
+	if r := rows[2]; r.Site != "C" || !r.CatchingUp || rows[1].CatchingUp {
+		t.Errorf("C, catching up, or not in name order: %+v", rows)
 	}
 
 	links := Links([]protocol.LinkState{

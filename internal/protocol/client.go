@@ -441,6 +441,20 @@ func Redact(rawURL string) string {
 	return u.Redacted()
 }
 
+// currentRev is the current revision of document id (an error of status
+// 404 when there is none), read from the document itself: PouchDB Server
+// answers the HEAD request of kivik's GetRev with an ETag that is no
+// revision, and a write with it is refused ("Invalid rev format").
+func currentRev(ctx context.Context, db *kivik.DB, id string) (string, error) {
+	var doc struct {
+		Rev string `json:"_rev"`
+	}
+	if err := db.Get(ctx, id).ScanDoc(&doc); err != nil {
+		return "", err
+	}
+	return doc.Rev, nil
+}
+
 // isStatus reports whether err carries the HTTP status code.
 func isStatus(err error, code int) bool {
 	return err != nil && kivik.HTTPStatus(err) == code

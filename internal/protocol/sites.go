@@ -491,18 +491,28 @@ type SiteHeartbeat struct {
 	// At is when a worker of the site last wrote it (Unix seconds, the
 	// site's clock).
 	At float64 `json:"at"`
+	// CatchingUp says the site's workers started after it was down and
+	// wait to hear from the other sites before they claim (BeatCatchingUp).
+	CatchingUp bool `json:"catching_up,omitempty"`
 }
 
 // Beat writes this site's heartbeat document now; a client without a site
 // writes nothing. Two workers of a site beating at once is no error: one
 // of the two writes is enough.
-func (c *Client) Beat(ctx context.Context) error {
+func (c *Client) Beat(ctx context.Context) error { return c.beat(ctx, false) }
+
+// BeatCatchingUp is Beat for a worker that waits to hear from the other
+// sites before it claims: the other sites' workers hear from it, and this
+// site's workers that start meanwhile wait too.
+func (c *Client) BeatCatchingUp(ctx context.Context) error { return c.beat(ctx, true) }
+
+func (c *Client) beat(ctx context.Context, catchingUp bool) error {
 	if c.cfg.Site == "" {
 		return nil
 	}
 	id := SiteHeartbeatID(c.cfg.Site)
-	hb := SiteHeartbeat{ID: id, Type: SiteHeartbeatDocType, Site: c.cfg.Site, At: ToUnix(c.now())}
-	rev, err := c.db.GetRev(ctx, id)
+	hb := SiteHeartbeat{ID: id, Type: SiteHeartbeatDocType, Site: c.cfg.Site, At: ToUnix(c.now()), CatchingUp: catchingUp}
+	rev, err := currentRev(ctx, c.db, id)
 	if err != nil && !isStatus(err, http.StatusNotFound) {
 		return fmt.Errorf("reading site %s's heartbeat: %w", c.cfg.Site, err)
 	}

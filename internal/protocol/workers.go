@@ -74,7 +74,7 @@ func (c *Client) PutWorker(ctx context.Context, info *WorkerInfo) error {
 		if !isStatus(err, http.StatusConflict) {
 			return fmt.Errorf("writing worker document %s: %w", info.ID, err)
 		}
-		current, err := c.db.GetRev(ctx, info.ID)
+		current, err := currentRev(ctx, c.db, info.ID)
 		if err != nil && !isStatus(err, http.StatusNotFound) {
 			return fmt.Errorf("reading worker document %s: %w", info.ID, err)
 		}

@@ -475,6 +475,8 @@ func (o *Spec) overrideInto(s *Spec) {
 			s.RetryDelay = o.RetryDelay
 		case "health-addr":
 			s.HealthAddr = o.HealthAddr
+		case "await-sites":
+			s.AwaitSites = o.AwaitSites
 		}
 	}
 	// --rate and --fleet-concurrency for this type replace the file's.

@@ -64,6 +64,9 @@ type Spec struct {
 	// the sites this one takes over when their heartbeat stops.
 	TakeOver      Repeated
 	TakeOverAfter time.Duration
+	// AwaitSites is --await-sites: how long a worker starting after its
+	// site was down waits to hear from the other sites (0: not at all).
+	AwaitSites time.Duration
 	// HealthAddr is where the process serves its probes and metrics.
 	HealthAddr string
 	// Handlers are Go handlers by job type (package fleet), run instead of
@@ -102,6 +105,7 @@ func NewSpec() *Spec {
 		Lease: worker.LeaseDurationDefault, MaxAttempts: protocol.MaxAttemptsDefault,
 		ShutdownTimeout: worker.ShutdownTimeoutDefault, FeedTimeout: worker.FeedTimeoutDefault,
 		QueryTimeout: worker.QueryTimeoutDefault, FallbackPoll: worker.FallbackPollDefault,
+		AwaitSites: worker.AwaitSitesDefault,
 		PeriodicTZ: "UTC", CatchUp: "once", Set: map[string]bool{},
 	}
 }
@@ -167,6 +171,8 @@ func (f *Spec) check(requireHandler bool) error {
 		return cli.Usagef("invalid --fallback-poll %s: must be positive", f.FallbackPoll)
 	case f.RetryDelay < 0:
 		return cli.Usagef("invalid --retry-delay %s: must not be negative", f.RetryDelay)
+	case f.AwaitSites < 0:
+		return cli.Usagef("invalid --await-sites %s: must not be negative (0 does not wait)", f.AwaitSites)
 	case f.Set["heartbeat"] && f.Heartbeat <= 0:
 		return cli.Usagef("invalid --heartbeat %s: must be positive", f.Heartbeat)
 	case f.Set["sweep-interval"] && f.SweepInterval == 0:
@@ -316,8 +322,12 @@ func (f *Spec) config(hs map[string]worker.Handler, log zerolog.Logger) worker.C
 		FleetConcurrency:  f.FleetLimits,
 		TakeOver:          f.TakeOver,
 		TakeOverAfter:     f.TakeOverAfter,
+		AwaitSites:        f.AwaitSites,
 		Middleware:        f.Middleware,
 		Logger:            log,
+	}
+	if f.AwaitSites == 0 {
+		cfg.AwaitSites = -1 // the worker's 0 is its default
 	}
 	for _, t := range f.typeList {
 		cfg.Handlers[t] = loggingHandler{next: hs[t], log: log}

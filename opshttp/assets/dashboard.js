@@ -194,7 +194,8 @@
       var tr = el('tr'), beat = s.heartbeat_age_seconds;
       tr.dataset.site = s.site;
       tr.append(td(s.site), td(s.default ? 'yes' : ''),
-        td(beat === null ? 'never' : age(Math.max(beat, 1)) + ' ago', fresh(s) ? 'alive' : 'dead'),
+        td(beat === null ? 'never' : age(Math.max(beat, 1)) + ' ago' + (s.catching_up ? ' (catching up: not claiming yet)' : ''),
+          fresh(s) ? 'alive' : 'dead'),
         td(s.taken_over_by || ''));
       return tr;
     }));
