@@ -1299,3 +1299,105 @@ func TestSitesWorkerAwaitsTheOtherSitesAfterItWasDown(t *testing.T) {
 		})
 	}
 }
+
+// A job its old owner put back in the queue while cut off (its worker
+// stopped, releasing the claim) meets the new owner's queued branch from
+// a takeover: two unfinished versions. The new owner's is kept at both
+// sites, the job runs once more, at the new owner, and the old owner's
+// workers, started while both versions are there, do not run it.
+func TestSitesTakeoverMeetsAJobTheOldOwnerRequeued(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	started := make(chan struct{}, 1)
+	holds := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	stopA := a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"render": holds}, Concurrency: 1, ID: "A-0",
+		HeartbeatInterval: time.Second, ShutdownTimeout: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+	})
+	id := a.enqueue(ctx, t, "render", "", 1)[0]
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatal("A's worker did not start the job")
+	}
+	waitStatusAt(ctx, t, b, protocol.StatusRunning, id) // A's claim has reached B
+
+	for _, s := range []*testSite{a, b} {
+		if _, err := s.conn.Unlink(ctx, sitesDB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Cut off, A's worker stops and puts the job back in A's queue; B
+	// takes A over, which puts it in B's.
+	stopA()
+	waitStatusAt(ctx, t, a, protocol.StatusQueued, id)
+	if moved, err := b.client.TakeOver(ctx, "A", "B"); err != nil || moved != 1 {
+		t.Fatalf("takeover at B: %d moved, %v", moved, err)
+	}
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	// Both versions at both sites before any worker runs.
+	for _, s := range []*testSite{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			leaves, err := s.client.Leaves(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(leaves) >= 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("site %s: the other site's version of %s did not arrive: %+v", s.name, id, leaves)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	a.startWorkers(ctx, t, &rc, 1, "render")
+	b.startWorkers(ctx, t, &rc, 1, "render")
+	waitDoneAtSites(ctx, t, []string{id}, 2*time.Minute, a, b)
+	time.Sleep(3 * time.Second)
+	if runs := rc.snapshot()[id]; len(runs) != 2 || runs[0] != "A" || runs[1] != "B" {
+		t.Fatalf("job %s ran at %v, want [A B]: A's first attempt, then once at B", id, runs)
+	}
+	for _, s := range []*testSite{a, b} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			leaves, err := s.client.Leaves(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			live := 0
+			for _, l := range leaves {
+				if !l.Deleted {
+					live++
+				}
+			}
+			if live == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("site %s: job %s still has %d live branches", s.name, id, live)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		it, err := s.client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var takeover bool
+		for _, e := range it.History {
+			takeover = takeover || e.Event == protocol.EventSiteTakeover
+		}
+		if it.Site != "B" || it.Status != protocol.StatusDone || !takeover {
+			t.Errorf("site %s: job %s settled as site %q, %s: %s", s.name, id, it.Site, it.Status, events(it))
+		}
+	}
+}
