@@ -1272,6 +1272,10 @@ func TestSitesWorkerAwaitsTheOtherSitesAfterItWasDown(t *testing.T) {
 			if d, err := a.client.ReadSites(ctx); err != nil || d.Sites["B"].TakenOverBy != "" {
 				t.Fatalf("sites while the worker waits: %+v (%v)", d, err)
 			}
+			// An agent of the site gets no new job meanwhile either.
+			if got, err := a.client.ClaimForAgent(ctx, "mail", 1, "agent@A", time.Minute); err != nil || !got.CatchingUp || len(got.Jobs()) != 0 {
+				t.Fatalf("an agent's claim while the site's worker waits: %+v (%v)", got, err)
+			}
 			if tc.hear {
 				beatAs("B", time.Now())
 				time.Sleep(time.Second) // two beats, each seen by the worker

@@ -87,7 +87,7 @@ func (s *server) agentClaim(ctx context.Context, r *http.Request, u sessionUser)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"agent": u.name, "jobs": got.Jobs(), "held": len(got.Held), "paused": got.Paused}, nil
+	return map[string]any{"agent": u.name, "jobs": got.Jobs(), "held": len(got.Held), "paused": got.Paused, "catching_up": got.CatchingUp}, nil
 }
 
 // heldJob is the job of the request's path, held by the user (or, for

@@ -125,6 +125,9 @@ func (m *Main) runClaim(ctx context.Context, log zerolog.Logger, args []string) 
 	if got.Paused {
 		log.Warn().Str("type", typ).Msg("the type is paused: no new jobs claimed")
 	}
+	if got.CatchingUp {
+		log.Warn().Str("site", q.Site()).Msg("this site came back after an outage and its workers wait to hear from the other sites (a takeover of its jobs may be on its way): no new jobs claimed; ask again shortly")
+	}
 	jobs := got.Jobs()
 	if conn.json {
 		return cli.WriteJSON(m.Stdout, jobs)

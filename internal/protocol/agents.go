@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -28,6 +29,11 @@ type AgentClaim struct {
 	Claimed []*WorkItem
 	// Paused is set when the type is paused: nothing new was claimed.
 	Paused bool
+	// CatchingUp is set when the agent's site came back after an outage
+	// and its workers wait to hear from the other sites before they
+	// claim: nothing new was claimed, as by those workers, since this
+	// site's database may not have a takeover of its jobs yet.
+	CatchingUp bool
 }
 
 // Jobs are Held then Claimed.
@@ -83,6 +89,9 @@ func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, ag
 	if paused[worker] {
 		out.Paused = true
 		return out, nil
+	}
+	if out.CatchingUp, err = c.siteCatchingUp(ctx); err != nil || out.CatchingUp {
+		return out, err
 	}
 	// A few rounds: claims lost to other claimants leave room for more.
 	for round := 0; round < 3 && want > 0; round++ {
@@ -148,4 +157,27 @@ func (c *Client) HeldJob(ctx context.Context, id, claimant string) (*WorkItem, e
 		return nil, fmt.Errorf("%s: %w: %s holds it", id, ErrNotHeld, it.ClaimedBy)
 	}
 	return it, nil
+}
+
+// catchingUpFor is how long a site's heartbeat that says it is catching up
+// holds agents' claims back: a waiting worker writes it every heartbeat
+// interval, so an older one is from a worker that has gone, and must not
+// stop agents for ever.
+const catchingUpFor = 3 * time.Minute
+
+// siteCatchingUp reports whether this client's site's heartbeat says its
+// workers wait to hear from the other sites (BeatCatchingUp), recently.
+func (c *Client) siteCatchingUp(ctx context.Context) (bool, error) {
+	if c.cfg.Site == "" {
+		return false, nil
+	}
+	var hb SiteHeartbeat
+	err := c.db.Get(ctx, SiteHeartbeatID(c.cfg.Site), c.readOpts()...).ScanDoc(&hb)
+	switch {
+	case isStatus(err, http.StatusNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading site %s's heartbeat: %w", c.cfg.Site, err)
+	}
+	return hb.CatchingUp && c.now().Sub(FromUnix(hb.At)) < catchingUpFor, nil
 }
