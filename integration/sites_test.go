@@ -535,7 +535,14 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 		t.Error("no job ran at both sites: the test did not stop A under a claim")
 	}
 	// Every conflict is settled, at both sites.
-	for _, s := range []*testSite{a, b} {
+	waitSettled(ctx, t, ids, a, b)
+}
+
+// waitSettled waits until every job in ids has one live branch at every
+// site: every conflict settled.
+func waitSettled(ctx context.Context, t *testing.T, ids []string, sites ...*testSite) {
+	t.Helper()
+	for _, s := range sites {
 		deadline := time.Now().Add(time.Minute)
 		for _, id := range ids {
 			for {
@@ -1371,27 +1378,8 @@ func TestSitesTakeoverMeetsAJobTheOldOwnerRequeued(t *testing.T) {
 	if runs := rc.snapshot()[id]; len(runs) != 2 || runs[0] != "A" || runs[1] != "B" {
 		t.Fatalf("job %s ran at %v, want [A B]: A's first attempt, then once at B", id, runs)
 	}
+	waitSettled(ctx, t, []string{id}, a, b)
 	for _, s := range []*testSite{a, b} {
-		deadline := time.Now().Add(time.Minute)
-		for {
-			leaves, err := s.client.Leaves(ctx, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			live := 0
-			for _, l := range leaves {
-				if !l.Deleted {
-					live++
-				}
-			}
-			if live == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("site %s: job %s still has %d live branches", s.name, id, live)
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
 		it, err := s.client.Get(ctx, id)
 		if err != nil {
 			t.Fatal(err)
