@@ -139,9 +139,17 @@ func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
 			}
 			return nil
 		}),
+		// JobFail(err) and JobCancel(err) of an err that happened to be nil:
+		// the job still fails or is cancelled, and the worker lives on.
+		"failnil": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			return worker.JobFail(nil)
+		}),
+		"cancelnil": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			return worker.JobCancel(nil)
+		}),
 	}))
 	ids := map[string]string{}
-	for _, typ := range []string{"snooze", "cancel", "failnow", "panic"} {
+	for _, typ := range []string{"snooze", "cancel", "failnow", "panic", "failnil", "cancelnil"} {
 		job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: typ})
 		if err != nil {
 			t.Fatal(err)
@@ -163,6 +171,14 @@ func TestSnoozeCancelFailNowAndPanic(t *testing.T) {
 	it = waitStatus(t, tb, ids["panic"], protocol.StatusDone, 10*time.Second)
 	if it.Attempts != 2 || !strings.Contains(it.History[2].Error, "nil map somewhere") {
 		t.Fatalf("panic: attempts %d, history %+v", it.Attempts, it.History)
+	}
+	it = waitStatus(t, tb, ids["failnil"], protocol.StatusFailed, 10*time.Second)
+	if it.Attempts != 1 || it.LastError != "failed for good (no error given)" {
+		t.Fatalf("JobFail(nil): attempts %d last_error %q", it.Attempts, it.LastError)
+	}
+	it = waitStatus(t, tb, ids["cancelnil"], protocol.StatusCancelled, 10*time.Second)
+	if it.LastError != "cancelled" {
+		t.Fatalf("JobCancel(nil): last_error %q", it.LastError)
 	}
 }
 

@@ -174,7 +174,12 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.De
 // CancelError stops the job for good: its status becomes cancelled.
 type CancelError struct{ Err error }
 
-func (e *CancelError) Error() string { return fmt.Sprintf("cancelled: %v", e.Err) }
+func (e *CancelError) Error() string {
+	if e.Err == nil {
+		return "cancelled"
+	}
+	return fmt.Sprintf("cancelled: %v", e.Err)
+}
 func (e *CancelError) Unwrap() error { return e.Err }
 
 // AwaitChildrenError finishes the attempt as waiting for the children
@@ -187,7 +192,14 @@ func (e *AwaitChildrenError) Error() string { return "waiting for the job's chil
 // FailError fails the job now, without retries, whatever attempts remain.
 type FailError struct{ Err error }
 
-func (e *FailError) Error() string { return e.Err.Error() }
+func (e *FailError) Error() string {
+	if e.Err == nil {
+		// JobFail(err) with an err that happened to be nil still fails the
+		// job for good: it must not take the worker down with it.
+		return "failed for good (no error given)"
+	}
+	return e.Err.Error()
+}
 func (e *FailError) Unwrap() error { return e.Err }
 
 // Middleware wraps a handler call; worker.Middleware documents it.
