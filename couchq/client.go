@@ -273,6 +273,9 @@ func (c *Client) HeldJob(ctx context.Context, id, agent string) (*WorkItem, erro
 
 // Complete finishes a held job as done, recording result (nil for none).
 // A claim that was lost meanwhile returns ErrClaimLost and writes nothing.
+// An item that is not claimed (read with Get, or already finished through
+// this item) returns ErrNotHeld and writes nothing: Complete, Fail,
+// Extend, ReportProgress and Release act only on jobs a claim returned.
 func (c *Client) Complete(ctx context.Context, item *WorkItem, result json.RawMessage) error {
 	if err := c.p().Complete(ctx, item, result); err != nil {
 		return err

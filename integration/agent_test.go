@@ -44,11 +44,36 @@ func TestAgentClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.client.Complete(ctx, it, nil); err != nil {
+	if err := tb.client.Complete(ctx, it, []byte(`{"verdict":"ok"}`)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tb.client.HeldJob(ctx, first[0], "alice"); !errors.Is(err, protocol.ErrNotHeld) {
 		t.Errorf("acting on a finished job: %v", err)
+	}
+	// The item a Complete finished is held no more: finishing it again,
+	// or failing it (which would queue it again), writes nothing.
+	if err := tb.client.Complete(ctx, it, nil); !errors.Is(err, protocol.ErrNotHeld) {
+		t.Errorf("completing a job twice: %v", err)
+	}
+	if err := tb.client.Fail(ctx, it, "late", protocol.FailOptions{}); !errors.Is(err, protocol.ErrNotHeld) {
+		t.Errorf("failing a completed job: %v", err)
+	}
+	if done, err := tb.client.Get(ctx, first[0]); err != nil || done.Status != protocol.StatusDone || string(done.Result) != `{"verdict":"ok"}` {
+		t.Errorf("the completed job after a second Complete and a Fail: %+v, %v", done, err)
+	}
+	// A job read without a claim cannot be finished: nobody ran it.
+	if _, err := tb.client.Enqueue(ctx, protocol.NewJob{Worker: "review", ID: "unclaimed"}); err != nil {
+		t.Fatal(err)
+	}
+	loose, err := tb.client.Get(ctx, "unclaimed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.client.Complete(ctx, loose, nil); !errors.Is(err, protocol.ErrNotHeld) {
+		t.Errorf("completing a job nobody claimed: %v", err)
+	}
+	if loose, err = tb.client.Get(ctx, "unclaimed"); err != nil || loose.Status != protocol.StatusQueued || loose.Attempts != 0 {
+		t.Errorf("the unclaimed job after Complete: %+v, %v", loose, err)
 	}
 	// An agent's claim whose lease runs out goes back through the sweeper.
 	if _, err := tb.client.Enqueue(ctx, protocol.NewJob{Worker: "proofread", ID: "p1"}); err != nil {

@@ -274,6 +274,13 @@ func (c *Client) settleHeldWrite(ctx context.Context, id, parent, rev string) er
 // held revision and, on success, updates item in place. A 409 (or a lost
 // confirmation) is ErrClaimLost: the job's stored state is left as it is.
 func (c *Client) transition(ctx context.Context, what string, item *WorkItem, change func(next *WorkItem)) error {
+	if !item.Claimed {
+		// Every transition is a holder's. An item that is not claimed was
+		// read without a claim (Get) or already finished through this very
+		// item: writing over its revision would finish a job nobody ran, or
+		// run a finished one again.
+		return fmt.Errorf("%s %s: %w: it is %s and nobody holds it", what, item.ID, ErrNotHeld, item.Status)
+	}
 	next := item.Clone()
 	change(next)
 	if err := c.put(ctx, next); err != nil {
