@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -157,5 +158,20 @@ func TestControlDocumentsValidated(t *testing.T) {
 	}
 	if p, err := tb.client.Paused(tb.ctx); err != nil || !p["d"] || len(p) != 1 {
 		t.Fatalf("paused types: %v %v, want d", p, err)
+	}
+	// A job written by hand at a control document's id is not a control
+	// document: pausing its type is refused and the job stays as it was.
+	if code, resp := tb.raw(t, http.MethodPut, "/control:x", `{"type":"WorkItem","worker":"x","status":"done"}`); code != http.StatusCreated {
+		t.Fatalf("a job at control:x: %d %s", code, resp)
+	}
+	if err := tb.client.Pause(tb.ctx, "x", "ops", ""); err == nil || !strings.Contains(err.Error(), "not its control document") {
+		t.Errorf("pausing x over a job at control:x: %v", err)
+	}
+	if it, err := tb.client.Get(tb.ctx, "control:x"); err != nil || it.Status != protocol.StatusDone || !strings.HasPrefix(it.Rev, "1-") {
+		t.Errorf("the job at control:x after the pause: %+v, %v", it, err)
+	}
+	// Nor can a job be enqueued there.
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "x", ID: protocol.ControlID("y")}); !errors.Is(err, protocol.ErrInvalidJob) {
+		t.Errorf("enqueueing a job at control:y: %v", err)
 	}
 }

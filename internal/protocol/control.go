@@ -65,6 +65,11 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 			}
 		case err != nil:
 			return fmt.Errorf("%s %s: reading its control document: %w", what, typ, err)
+		case ctl.Type != ControlDocType || ctl.Worker != typ:
+			// Written over, it would lose that document and pause nothing:
+			// workers read only a control document as one.
+			return fmt.Errorf("%s %s: the document %s is not its control document (type %q, worker %q); move it to another id first",
+				what, typ, ctl.ID, ctl.Type, ctl.Worker)
 		case ctl.Paused == paused && ctl.Reason == reason:
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/google/uuid"
@@ -72,13 +73,47 @@ func NewID() string {
 	return "job:" + id.String()
 }
 
+// documentIDPrefixes start the ids of couchq's own documents, which a job
+// must not take: a job stored there would be read (and written over) as
+// that document, and that document could not be made.
+var documentIDPrefixes = []string{
+	controlPrefix, workerIDPrefix, requestPrefix, periodicPrefix,
+	"site:", "ratelimit:", "runslot:", "slot:", "sequence:",
+}
+
+// checkJobID refuses an id a job cannot have: CouchDB's own (_design/,
+// _local/: no view lists them, so the job would never run) and couchq's.
+func checkJobID(id string) error {
+	switch {
+	case id == "":
+		return nil
+	case strings.HasPrefix(id, "_"):
+		return fmt.Errorf("%w: id %q: an id starting with _ is CouchDB's (design and local documents), never a job's", ErrInvalidJob, id)
+	case id == SitesDocID:
+		return fmt.Errorf("%w: id %q is the sites document's", ErrInvalidJob, id)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: id %q is not valid UTF-8", ErrInvalidJob, id)
+	}
+	for _, p := range documentIDPrefixes {
+		if strings.HasPrefix(id, p) {
+			return fmt.Errorf("%w: id %q: ids starting with %q are couchq's own documents', not jobs'", ErrInvalidJob, id, p)
+		}
+	}
+	return nil
+}
+
 // item turns j into the document to store.
 func (c *Client) item(j NewJob) (*WorkItem, error) {
 	if j.Worker == "" {
 		return nil, fmt.Errorf("%w: worker (the job type) is required", ErrInvalidJob)
 	}
-	if j.MaxAttempts < 0 {
-		return nil, fmt.Errorf("%w: max attempts must be >= 0, got %d", ErrInvalidJob, j.MaxAttempts)
+	if !utf8.ValidString(j.Worker) {
+		// JSON would store it with U+FFFD in place of the bad bytes: a job
+		// of a type no worker asked for.
+		return nil, fmt.Errorf("%w: worker (the job type) %q is not valid UTF-8", ErrInvalidJob, j.Worker)
+	}
+	if j.MaxAttempts < 0 || j.MaxAttempts > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: max attempts must be from 0 (the default) to %d, got %d", ErrInvalidJob, math.MaxInt32, j.MaxAttempts)
 	}
 	var payload json.RawMessage
 	switch p := j.Payload.(type) {
@@ -96,8 +131,10 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 		payload = b
 	}
 	date := ToUnix(j.At)
-	if math.IsNaN(date) {
-		return nil, fmt.Errorf("%w: invalid time %v", ErrInvalidJob, j.At)
+	if math.IsNaN(date) || !j.At.IsZero() && (j.At.Year() < 1 || j.At.Year() > 9999) {
+		// Past year 9999 (or before year 1) Unix microseconds overflow,
+		// and the job would be stored due at a date it was not given.
+		return nil, fmt.Errorf("%w: invalid time %v: want a time from year 1 to 9999", ErrInvalidJob, j.At)
 	}
 	if j.Priority != 0 && (j.Priority < PriorityHighest || j.Priority > PriorityLowest) {
 		return nil, fmt.Errorf("%w: priority must be from %d (runs first) to %d, or 0 for the default (%d), got %d",
@@ -111,6 +148,9 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 		return nil, fmt.Errorf("%w: site %q: want %s", ErrInvalidJob, site, SiteNameRule)
 	}
 	id := j.ID
+	if err := checkJobID(id); err != nil {
+		return nil, err
+	}
 	switch {
 	case j.Unique.Key != "" && id != "":
 		return nil, fmt.Errorf("%w: a unique job's id is derived from its key: set ID or Unique, not both", ErrInvalidJob)

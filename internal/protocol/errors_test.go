@@ -77,8 +77,20 @@ func TestValidationRejectionSurfacesAsForbidden(t *testing.T) {
 
 func TestEnqueueRejectsBadJobsBeforeAnyRequest(t *testing.T) {
 	c, _ := mockClient(t) // no expectation: any request would fail the call
-	for _, j := range []NewJob{{}, {Worker: "w", MaxAttempts: -1}, {Worker: "w", Payload: func() {}},
-		{Worker: "w", Payload: json.RawMessage("not json")}} {
+	bad := []NewJob{{}, {Worker: "w", MaxAttempts: -1}, {Worker: "w", Payload: func() {}},
+		{Worker: "w", Payload: json.RawMessage("not json")},
+		{Worker: "w", MaxAttempts: 1 << 31}, {Worker: "w\xff"},
+		{Worker: "w", At: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Worker: "w", At: time.Date(-5, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Worker: "w", ID: "_design/w"}, {Worker: "w", ID: "_local/w"}, {Worker: "w", ID: "job:\xff"}}
+	// No job may take the id of a document of couchq's own: it would be
+	// read (and written over) as that document.
+	for _, id := range []string{ControlID("w"), RateSlotID("w", 1), RunSlotID("w", 1), SlotReservationID("s", "1"),
+		SequenceID("s"), SiteHeartbeatID("a"), WorkerDocID("h", 1, "w"), PeriodicStateID("p"), SitesDocID,
+		requestPrefix + "x"} {
+		bad = append(bad, NewJob{Worker: "w", ID: id})
+	}
+	for _, j := range bad {
 		if _, err := c.Enqueue(context.Background(), j); !errors.Is(err, ErrInvalidJob) {
 			t.Errorf("%+v: want ErrInvalidJob, got %v", j, err)
 		}
