@@ -61,7 +61,11 @@ func TestEnqueueHookAddsFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{one.ID, unique.ID}
+	batch, err := tb.client.EnqueueBatch(ctx, []protocol.NewJob{{Worker: "email", ID: "batched-email"}}, protocol.NewJob{Worker: "report"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{one.ID, unique.ID, "batched-email", protocol.BatchCallbackID(batch)}
 	for _, r := range many {
 		if r.Err != nil {
 			t.Fatal(r.Err)
@@ -133,6 +137,19 @@ func TestEnqueueHookError(t *testing.T) {
 	}
 	if !errors.Is(res[0].Err, errNoTenant) || res[0].Item != nil || res[1].Err != nil {
 		t.Fatalf("bulk: %+v", res)
+	}
+	// A batch with a refused job is refused whole: neither its jobs nor
+	// its callback are written.
+	if _, err := tb.client.EnqueueBatch(tb.ctx, []protocol.NewJob{{Worker: "fine", ID: "batched-fine"}, {Worker: "refused"}},
+		protocol.NewJob{Worker: "fine"}); !errors.Is(err, errNoTenant) || !strings.Contains(err.Error(), "job 1 of the batch") {
+		t.Fatalf("batch: %v", err)
+	}
+	if _, err := tb.client.EnqueueBatch(tb.ctx, []protocol.NewJob{{Worker: "fine", ID: "batched-fine"}},
+		protocol.NewJob{Worker: "refused"}); !errors.Is(err, errNoTenant) || !strings.Contains(err.Error(), "callback") {
+		t.Fatalf("batch with a refused callback: %v", err)
+	}
+	if _, err := tb.client.Get(tb.ctx, "batched-fine"); !errors.Is(err, protocol.ErrNotFound) {
+		t.Fatalf("a job of a refused batch: %v", err)
 	}
 	if got := allJobs(t, tb, "refused"); len(got) != 0 {
 		t.Fatalf("refused jobs were stored: %v", ids(got))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -274,10 +275,28 @@ func (c *Client) Enqueue(ctx context.Context, j NewJob) (*WorkItem, error) {
 	}
 	rev, err := c.db.Put(ctx, it.ID, it, c.writeOpts()...)
 	if err != nil {
-		return nil, fmt.Errorf("enqueueing %s job %s: %w", it.Worker, it.ID, err)
+		return nil, fmt.Errorf("enqueueing %s job %s: %w", it.Worker, it.ID, refusedJob(err))
 	}
 	it.Rev = rev
 	return it, nil
+}
+
+// refusedJob marks an enqueue the server refused for the job itself as
+// ErrInvalidJob, keeping the server's error (and its HTTP status): a
+// document its validation function refuses (403 "invalid WorkItem") or
+// one larger than it takes (413, max_document_size; for a request of
+// several jobs, max_http_request_size). Any other error is returned as
+// it is: a 403 for a missing role is no fault of the job.
+func refusedJob(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case isStatus(err, http.StatusRequestEntityTooLarge):
+		return fmt.Errorf("%w: larger than the server takes (its max_document_size, or max_http_request_size for a request of several jobs): %w", ErrInvalidJob, err)
+	case isStatus(err, http.StatusForbidden) && strings.Contains(err.Error(), "invalid WorkItem"):
+		return fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
+	return err
 }
 
 // EnqueueResult is the outcome for one job of EnqueueMany.
@@ -324,7 +343,7 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 	tctx, trace := c.traced(ctx)
 	bulk, err := c.db.BulkDocs(tctx, docs, c.bulkOpts()...)
 	if err != nil {
-		return nil, fmt.Errorf("enqueueing %d jobs: %w", len(docs), err)
+		return nil, fmt.Errorf("enqueueing %d jobs: %w", len(docs), refusedJob(err))
 	}
 	ids := make([]string, len(index))
 	for k, i := range index {
@@ -340,7 +359,7 @@ func (c *Client) EnqueueMany(ctx context.Context, jobs []NewJob) ([]EnqueueResul
 			continue
 		}
 		if r.Error != nil {
-			results[i] = EnqueueResult{Err: fmt.Errorf("enqueueing %s job %s: %w", jobs[i].Worker, r.ID, r.Error)}
+			results[i] = EnqueueResult{Err: fmt.Errorf("enqueueing %s job %s: %w", jobs[i].Worker, r.ID, refusedJob(r.Error))}
 			continue
 		}
 		results[i].Item.Rev = r.Rev

@@ -73,6 +73,35 @@ func TestValidationRejectionSurfacesAsForbidden(t *testing.T) {
 	if kivik.HTTPStatus(err) != http.StatusForbidden || !strings.Contains(err.Error(), "enqueueing w job") {
 		t.Fatalf("got %v", err)
 	}
+	// A 403 for a missing role is no fault of the job.
+	if errors.Is(err, ErrInvalidJob) {
+		t.Fatalf("a plain 403 is not an invalid job: %v", err)
+	}
+}
+
+// reasonError is a kivik-like error with the server's reason.
+type reasonError struct {
+	status int
+	reason string
+}
+
+func (e reasonError) Error() string   { return http.StatusText(e.status) + ": " + e.reason }
+func (e reasonError) HTTPStatus() int { return e.status }
+
+// What the server refuses for the job itself is ErrInvalidJob, with the
+// server's status and reason kept.
+func TestServerRefusalOfTheJobIsInvalidJob(t *testing.T) {
+	for _, refusal := range []reasonError{
+		{http.StatusForbidden, "invalid WorkItem: max_attempts must be a whole number from 0 to 2147483647"},
+		{http.StatusRequestEntityTooLarge, "Document exceeds the maximum document size"},
+	} {
+		c, db := mockClient(t)
+		db.ExpectPut().WillReturnError(refusal)
+		_, err := c.Enqueue(context.Background(), NewJob{Worker: "w"})
+		if !errors.Is(err, ErrInvalidJob) || kivik.HTTPStatus(err) != refusal.status || !strings.Contains(err.Error(), refusal.reason) {
+			t.Errorf("%d %s: got %v (status %d)", refusal.status, refusal.reason, err, kivik.HTTPStatus(err))
+		}
+	}
 }
 
 func TestEnqueueRejectsBadJobsBeforeAnyRequest(t *testing.T) {

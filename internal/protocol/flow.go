@@ -1257,7 +1257,11 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 	items := make([]*WorkItem, 0, len(jobs))
 	for i, j := range jobs {
 		if j.Unique.Key != "" {
-			return "", fmt.Errorf("%w: job %d of the batch is unique; a batch counts its jobs, so they cannot be", ErrInvalidJob, i)
+			return "", fmt.Errorf("%w: job %d of the batch is unique; a batch counts its jobs, so they cannot be unique", ErrInvalidJob, i)
+		}
+		j, err := c.beforeEnqueue(ctx, j)
+		if err != nil {
+			return "", fmt.Errorf("job %d of the batch: %w", i, err)
 		}
 		it, err := c.item(j)
 		if err != nil {
@@ -1268,6 +1272,10 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 	}
 	if callback.Unique.Key != "" || callback.ID != "" {
 		return "", fmt.Errorf("%w: a batch's callback has the id %s and cannot be unique", ErrInvalidJob, BatchCallbackID(id))
+	}
+	callback, err := c.beforeEnqueue(ctx, callback)
+	if err != nil {
+		return "", fmt.Errorf("the batch's callback: %w", err)
 	}
 	callback.ID = BatchCallbackID(id)
 	cb, err := c.item(callback)
@@ -1297,7 +1305,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 		bulk, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 		for k, r := range alignBulk(keys, bulk, err) {
 			if r.Error != nil {
-				failures = append(failures, fmt.Errorf("enqueueing job %s of batch %s: %w", r.ID, id, r.Error))
+				failures = append(failures, fmt.Errorf("enqueueing job %s of batch %s: %w", r.ID, id, refusedJob(r.Error)))
 				continue
 			}
 			page[k].Rev = r.Rev
@@ -1309,7 +1317,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 	cb.BatchSize = stored
 	rev, err := c.db.Put(ctx, cb.ID, cb, c.writeOpts()...)
 	if err != nil {
-		return id, fmt.Errorf("enqueueing the callback of batch %s: %w", id, err)
+		return id, fmt.Errorf("enqueueing the callback of batch %s: %w", id, refusedJob(err))
 	}
 	cb.Rev = rev
 	var waiting []*WorkItem

@@ -120,7 +120,7 @@ func (c *Client) resolveUnique(ctx context.Context, it *WorkItem, u UniqueOpts, 
 				return EnqueueResult{Item: it}
 			}
 		case !isStatus(err, http.StatusConflict):
-			return fail("%w", err)
+			return fail("%w", refusedJob(err))
 		}
 		existing, gerr := c.Get(ctx, it.ID)
 		switch {
