@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -420,6 +421,67 @@ func TestDrainModeExitsWhenEmpty(t *testing.T) {
 	batch, err := tb.client.List(tb.ctx, protocol.ListOptions{Worker: "cron", Status: protocol.StatusRunning})
 	if err != nil || len(batch.Items) != 0 {
 		t.Fatalf("left claimed: %v %d", err, len(batch.Items))
+	}
+}
+
+// Drain mode runs what its own handlers enqueue before it exits: a job of
+// another of its types, and the children of a fan-out with the
+// continuation that waits for them, though the types they are of found
+// nothing due when the worker started.
+func TestDrainRunsWhatItsHandlersEnqueue(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var ran sync.Map
+	count := func(job *worker.Job) {
+		n, _ := ran.LoadOrStore(job.ID, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+	}
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"upload": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			count(job)
+			if job.Continuation {
+				return nil
+			}
+			time.Sleep(300 * time.Millisecond) // the other types have looked and found nothing by now
+			if _, err := tb.client.Enqueue(ctx, protocol.NewJob{Worker: "email", ID: "email-of-" + job.ID}); err != nil {
+				return err
+			}
+			for i := range 3 {
+				if _, err := job.EnqueueChild(ctx, fmt.Sprint(i), protocol.NewJob{Worker: "thumbnail"}); err != nil {
+					return err
+				}
+			}
+			return worker.JobAwaitChildren()
+		}),
+		"thumbnail": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { count(job); return nil }),
+		"email":     worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { count(job); return nil }),
+	})
+	cfg.Drain = true
+	up, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "upload", ID: "upload"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{"upload", "thumbnail", "email"} {
+		for _, it := range allJobs(t, tb, typ) {
+			n, _ := ran.Load(it.ID)
+			if it.Status != protocol.StatusDone || n == nil {
+				t.Errorf("%s job %s is %s after the drain, ran %v times", typ, it.ID, it.Status, n)
+			}
+		}
+	}
+	if n, _ := ran.Load(up.ID); n == nil || n.(*atomic.Int32).Load() != 2 {
+		t.Errorf("upload ran %v times, want 2 (the job and its continuation)", n)
+	}
+	if n, _ := ran.Load("email-of-upload"); n == nil {
+		t.Error("the email job the upload enqueued did not run")
 	}
 }
 

@@ -109,6 +109,9 @@ type runner struct {
 	// still be ending (nextScheduled); the loop waits for them before it
 	// ends.
 	queries sync.WaitGroup
+	// looking is set while the loop looks for and claims due work: a
+	// round's claims take their slots only as they start (see drainedAll).
+	looking atomic.Bool
 }
 
 // recentClaims is how long a runner remembers its claims, to skip them in
@@ -182,7 +185,10 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 			}
 			continue
 		}
+		ended := r.w.jobsEnded.Load()
+		r.looking.Store(true)
 		more, listedUpTo, err := r.fetch(ctx)
+		r.looking.Store(false)
 		if err != nil {
 			if ctx.Err() != nil || r.w.stopping() {
 				return
@@ -205,7 +211,7 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 		if more && r.free() > 0 {
 			continue
 		}
-		if r.w.cfg.Drain && !more && r.idleSlots() && r.stealAt.IsZero() {
+		if r.w.cfg.Drain && !more && r.idleSlots() && r.stealAt.IsZero() && r.w.drainedAll(ended) {
 			return
 		}
 		wait := r.w.cfg.FallbackPoll
@@ -752,7 +758,11 @@ func (r *runner) launch(item *protocol.WorkItem, slot *protocol.RunSlot) {
 			w.mu.Unlock()
 			<-r.finishing
 			if r.w.cfg.Drain {
-				r.nudge() // drain ends once the last outcome is written
+				// A job's handler may have enqueued work of any of the
+				// worker's types: every type looks again, at the view
+				// brought up to date, before it ends.
+				w.jobsEnded.Add(1)
+				w.wakeAll() // drain ends once the last outcome is written
 			}
 		}()
 		defer cancel(nil)

@@ -69,6 +69,8 @@ type Worker struct {
 	concedeMu      sync.Mutex
 	concedesClosed bool
 	drained        chan struct{} // closed when every runner drained (Drain mode)
+	// jobsEnded counts the jobs that ended, outcome written (Drain mode).
+	jobsEnded atomic.Uint64
 	// claimable is closed once the worker may claim: at once, or once it
 	// has heard from the other sites (awaitSites, waiting for the sites
 	// of awaitFrom, which register sets).
@@ -393,6 +395,21 @@ func (w *Worker) noteFeed(err error) {
 	w.health.mu.Lock()
 	defer w.health.mu.Unlock()
 	w.health.feedErr = err
+}
+
+// drainedAll reports, for a runner whose last look (begun when jobsEnded
+// was ended) found nothing due, that its type has drained: no runner of
+// the worker runs a job or is claiming one, and none ended since that
+// look. A handler of any type may enqueue work of another, so a type
+// drains only once every type is idle; and a job that ended after the
+// look began may have enqueued what the look did not see.
+func (w *Worker) drainedAll(ended uint64) bool {
+	for _, r := range w.runners {
+		if !r.idleSlots() || r.looking.Load() {
+			return false
+		}
+	}
+	return w.jobsEnded.Load() == ended
 }
 
 // Drained is closed when every type has drained (Drain mode only).
