@@ -485,6 +485,63 @@ func TestDrainRunsWhatItsHandlersEnqueue(t *testing.T) {
 	}
 }
 
+// Stop returns soon after its context ends even when a handler ignores
+// its own, releasing that job's claim for it; a worker never started
+// stops at once.
+func TestStopHonoursItsContext(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	running := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer close(release)
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"stubborn": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			running <- struct{}{}
+			<-release // ignores ctx
+			return nil
+		}),
+	})
+	cfg.ShutdownTimeout = time.Minute
+	cfg.LeaseDuration = time.Minute
+	cfg.HeartbeatInterval = 20 * time.Second
+	idle, err := worker.New((*couchq.Client)(tb.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Stop(tb.ctx); err != nil {
+		t.Fatalf("stopping a worker never started: %v", err)
+	}
+	if _, err := worker.New(nil, cfg); err == nil {
+		t.Fatal("a worker of no queue client was made")
+	}
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	job, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "stubborn"})
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job did not start")
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, time.Second)
+	defer cancel()
+	began := time.Now()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Far below the shutdown timeout and the heartbeat interval that a
+	// stubborn handler gets when Stop's own context has not ended.
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("Stop with a context of 1 s took %s", took)
+	}
+	if it, _ := tb.client.Get(tb.ctx, job.ID); it.Status != protocol.StatusQueued || it.Claimed {
+		t.Errorf("the stubborn job after Stop: %+v", it)
+	}
+}
+
 // Finished jobs are kept as done by default; DeleteDone deletes them, per
 // job type.
 func TestDeleteDoneIsPerType(t *testing.T) {

@@ -106,6 +106,9 @@ type Worker struct {
 // New returns a Worker running cfg's handlers against the database that
 // queue works on.
 func New(queue *couchq.Client, cfg Config) (*Worker, error) {
+	if queue == nil {
+		return nil, errors.New("worker.New: the queue client is nil (open one with couchq.Open or couchq.Connect)")
+	}
 	client := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -269,9 +272,15 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop stops claiming, lets running jobs finish for up to the shutdown
 // timeout (or until ctx ends), then cancels the rest and releases their
-// claims back to the queue without charging an attempt.
+// claims back to the queue without charging an attempt. A handler that
+// ignores the cancellation gets a heartbeat interval to return (half a
+// second once ctx has ended) before Stop releases its claim itself; its
+// result is then refused. Stop of a worker never started returns nil.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.stopOnce.Do(func() { close(w.stopClaiming) })
+	if w.cancelJobs == nil {
+		return nil // never started: nothing runs, nothing is registered
+	}
 	w.loops.Wait()
 	w.concedeMu.Lock()
 	w.concedesClosed = true
@@ -293,9 +302,16 @@ func (w *Worker) Stop(ctx context.Context) error {
 		w.mu.Unlock()
 		w.log.Warn().Int("running", n).Msg("shutdown timeout: cancelling running jobs and releasing their claims")
 		w.cancelJobs(errShutdown)
+		// Cancelled handlers get a heartbeat interval to return and write
+		// their own outcome; when ctx itself has ended the caller wants
+		// Stop back now, so they get a moment only.
+		windDown := w.cfg.HeartbeatInterval
+		if ctx.Err() != nil {
+			windDown = min(windDown, stopWindDown)
+		}
 		select {
 		case <-finished:
-		case <-time.After(w.cfg.HeartbeatInterval):
+		case <-time.After(windDown):
 			// Handlers that ignore their context: release their claims
 			// now; their results will be refused later.
 			w.releaseStuck(context.WithoutCancel(ctx))
@@ -321,6 +337,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
+
+// stopWindDown is how long Stop waits for cancelled handlers to return
+// once its context has ended, before it releases their claims itself.
+const stopWindDown = 500 * time.Millisecond
 
 // Run starts the worker and blocks until ctx ends (then stops gracefully)
 // or, in Drain mode, until no due work remains.
