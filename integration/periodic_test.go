@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -128,6 +131,20 @@ func TestPeriodicRefused(t *testing.T) {
 	} {
 		if _, err := protocol.CheckPeriodic(p); err == nil {
 			t.Errorf("%+v accepted", p)
+		}
+	}
+	// A schedule whose job every tick's enqueue would refuse is refused
+	// when the worker is made, not skipped at each tick in a log line.
+	tb := setup(t, protocol.Config{})
+	noop := worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })
+	for _, job := range []protocol.NewJob{
+		{Worker: "r", Priority: 9}, {Worker: "r", MaxAttempts: -1}, {Worker: "r", Payload: func() {}},
+		{Worker: "r", Extra: map[string]any{"status": "x"}},
+	} {
+		cfg := worker.Config{Handlers: map[string]worker.Handler{"r": noop}, Logger: tb.log,
+			Periodic: []protocol.Periodic{{Name: "bad", Schedule: "@every 1s", Job: job}}}
+		if _, err := worker.New((*couchq.Client)(tb.client), cfg); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), `periodic schedule "bad"`) {
+			t.Errorf("a schedule of %+v: %v", job, err)
 		}
 	}
 }

@@ -114,6 +114,16 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	for _, p := range cfg.Periodic {
+		// A job the enqueue would refuse would be refused at every tick,
+		// and a schedule that enqueues nothing is found out only by its
+		// absence: refuse it now, as Enqueue would.
+		j := p.Job
+		j.ID = protocol.PeriodicJobID(p.Name, cfg.Now())
+		if _, err := client.Draft(j); err != nil {
+			return nil, fmt.Errorf("periodic schedule %q: its job: %w", p.Name, err)
+		}
+	}
 	w := &Worker{
 		cfg:          cfg,
 		client:       client,
