@@ -510,8 +510,8 @@ func TestStopHonoursItsContext(t *testing.T) {
 	if err := idle.Stop(tb.ctx); err != nil {
 		t.Fatalf("stopping a worker never started: %v", err)
 	}
-	if _, err := worker.New(nil, cfg); err == nil {
-		t.Fatal("a worker of no queue client was made")
+	if nothing, err := worker.New(nil, cfg); err != nil || nothing.Start(tb.ctx) == nil {
+		t.Fatalf("a worker of no queue client started (New: %v)", err)
 	}
 	w, err := worker.New((*couchq.Client)(tb.client), cfg)
 	if err != nil {

@@ -106,15 +106,15 @@ type Worker struct {
 // New returns a Worker running cfg's handlers against the database that
 // queue works on.
 func New(queue *couchq.Client, cfg Config) (*Worker, error) {
-	if queue == nil {
-		return nil, errors.New("worker.New: the queue client is nil (open one with couchq.Open or couchq.Connect)")
-	}
 	client := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	for _, p := range cfg.Periodic {
+		if client == nil {
+			break // Start refuses it
+		}
 		// A job the enqueue would refuse would be refused at every tick,
 		// and a schedule that enqueues nothing is found out only by its
 		// absence: refuse it now, as Enqueue would.
@@ -178,6 +178,9 @@ func (w *Worker) Stats() Stats {
 // on until Stop is called or ctx ends (which stops claiming, like Stop, but
 // with no grace for running jobs).
 func (w *Worker) Start(ctx context.Context) error {
+	if w.client == nil {
+		return errors.New("starting the worker: its queue client is nil (open one with couchq.Open or couchq.Connect)")
+	}
 	w.started = w.cfg.Now()
 	w.jobsCtx, w.cancelJobs = context.WithCancelCause(context.WithoutCancel(ctx))
 	loopCtx, cancelLoops := context.WithCancel(ctx)
