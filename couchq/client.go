@@ -170,8 +170,13 @@ func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
 	return c.p().Get(ctx, id)
 }
 
-// List returns jobs by type and status, oldest first. Documents that are
-// not valid jobs are left out (couchq show and the sweeper report them).
+// List returns jobs by type and status. With a Status they come by time,
+// earliest first: the due date of an unfinished job, the finish of a
+// finished one. With only a Worker they come grouped by status (in the
+// order cancelled, done, failed, queued, running, waiting), in id order
+// within one, which for the ids couchq makes is enqueue order. Documents
+// that are not valid jobs are left out (couchq show and the sweeper report
+// them).
 func (c *Client) List(ctx context.Context, opts ListOptions) ([]*WorkItem, error) {
 	b, err := c.p().List(ctx, opts)
 	if err != nil {
@@ -294,7 +299,8 @@ func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts Fa
 	return nil
 }
 
-// Extend renews a held job's lease to lease from now.
+// Extend renews a held job's lease to lease from now; a lease that is not
+// positive is ErrInvalidJob.
 func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration) error {
 	return c.p().Extend(ctx, item, lease)
 }

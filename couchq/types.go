@@ -33,9 +33,9 @@ type Progress = protocol.Progress
 // which attempt, with the error that caused it.
 type Event = protocol.Event
 
-// Status is a job's state: StatusQueued, StatusRunning, StatusDone,
-// StatusFailed or StatusCancelled. Done, failed and cancelled are
-// terminal (Status.Terminal).
+// Status is a job's state: StatusWaiting, StatusQueued, StatusRunning,
+// StatusDone, StatusFailed or StatusCancelled. Done, failed and cancelled
+// are terminal (Status.Terminal).
 type Status = protocol.Status
 
 // The statuses of a job.

@@ -36,6 +36,9 @@ func TestAgentClaims(t *testing.T) {
 	if err != nil || len(bob.Claimed) != 3 {
 		t.Fatalf("bob: %+v, %v", bob, err)
 	}
+	if err := tb.client.Extend(ctx, bob.Claimed[0], 0); !errors.Is(err, protocol.ErrInvalidJob) {
+		t.Errorf("extending a lease by 0: %v", err)
+	}
 	// Bob cannot touch alice's job; a job nobody holds is refused too.
 	if _, err := tb.client.HeldJob(ctx, first[0], "bob"); !errors.Is(err, protocol.ErrNotHeld) || !strings.Contains(err.Error(), "alice holds it") {
 		t.Errorf("bob acting on alice's job: %v", err)

@@ -371,8 +371,11 @@ func (c *Client) Cancel(ctx context.Context, item *WorkItem, reason string) erro
 	})
 }
 
-// Extend renews a claim's lease to now + lease.
+// Extend renews a claim's lease to now + lease, which must be positive.
 func (c *Client) Extend(ctx context.Context, item *WorkItem, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("extending lease of %s: %w: a lease must be positive, got %s", item.ID, ErrInvalidJob, lease)
+	}
 	return c.ExtendWithProgress(ctx, item, lease, nil)
 }
 
