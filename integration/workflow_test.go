@@ -279,13 +279,31 @@ func TestHandWrittenAfterFields(t *testing.T) {
 	}
 }
 
-// Cancelling a job a dependent waits for cancels the dependent at once.
+// Cancelling a job a dependent waits for cancels the dependent at once,
+// and the dependents of that one in turn, down a chain; a batch whose job
+// was so cancelled has its callback released; no worker runs meanwhile.
 func TestCancelReleasesDependents(t *testing.T) {
 	tb := setup(t, protocol.Config{})
 	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "w", At: time.Now().Add(time.Hour)})
 	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "w", After: []string{parent.ID}})
+	chain := []string{child.ID}
+	for range 3 {
+		chain = append(chain, mustEnqueue(t, tb, protocol.NewJob{Worker: "w", After: []string{chain[len(chain)-1]}}).ID)
+	}
+	batch, err := tb.client.EnqueueBatch(tb.ctx, []protocol.NewJob{{Worker: "w", ID: "batched", After: []string{chain[1]}}}, protocol.NewJob{Worker: "report"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tb.client.CancelJob(tb.ctx, parent.ID, "test", "not needed"); err != nil {
 		t.Fatal(err)
+	}
+	for _, id := range append(chain, "batched") {
+		if it, err := tb.client.Get(tb.ctx, id); err != nil || it.Status != protocol.StatusCancelled {
+			t.Errorf("%s, down the chain of a cancelled job: %+v (%v)", id, it, err)
+		}
+	}
+	if cb, err := tb.client.Get(tb.ctx, protocol.BatchCallbackID(batch)); err != nil || cb.Status != protocol.StatusQueued {
+		t.Errorf("the callback of a batch whose one job was cancelled: %+v (%v)", cb, err)
 	}
 	it, err := tb.client.Get(tb.ctx, child.ID)
 	if err != nil || it.Status != protocol.StatusCancelled {

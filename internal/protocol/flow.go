@@ -827,22 +827,59 @@ func (c *Client) releaseReady(ctx context.Context, ids []string, by string) (int
 	return n, err
 }
 
+// cascadeSteps bounds how far releaseRead follows the jobs it ended to
+// their own dependents: a longer chain is ended by the sweeper's pass over
+// waiting jobs, a step a pass.
+const cascadeSteps = 100
+
 // releaseRead is releaseReady with the jobs of ids already read (read,
 // for its first round; nil reads them). It also returns the jobs it
 // released to the queue, as stored, and whether a job it left waiting
-// waits for a running one.
+// waits for a running one. A job it ends (cancelled after a failed
+// dependency, or failed for a missing one) ends what waits for it in
+// turn, so a failure stops the rest of a chain at once: releaseRead
+// settles those dependents (and the callbacks of the batches the ended
+// jobs belong to) too.
 func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]jobState, by string) (written int, released []*WorkItem, onRunning bool, err error) {
+	for range cascadeSteps {
+		n, rel, waitsOnRunning, ended, err := c.releaseStep(ctx, ids, read, by)
+		written += n
+		released = append(released, rel...)
+		onRunning = onRunning || waitsOnRunning
+		if err != nil || len(ended) == 0 {
+			return written, released, onRunning, err
+		}
+		var endedIDs, callbacks []string
+		for _, it := range ended {
+			endedIDs = append(endedIDs, it.ID)
+			if it.Batch != "" && !slices.Contains(callbacks, BatchCallbackID(it.Batch)) {
+				callbacks = append(callbacks, BatchCallbackID(it.Batch))
+			}
+		}
+		if ids, read, err = c.dependents(ctx, endedIDs); err != nil {
+			return written, released, onRunning, err
+		}
+		if len(callbacks) > 0 {
+			ids, read = append(ids, callbacks...), nil // the callbacks are not among the rows read
+		}
+	}
+	return written, released, onRunning, nil
+}
+
+// releaseStep is one step of releaseRead: it settles the waiting jobs of
+// ids and returns, besides releaseRead's results, the jobs it ended.
+func (c *Client) releaseStep(ctx context.Context, ids []string, read map[string]jobState, by string) (written int, released []*WorkItem, onRunning bool, ended []*WorkItem, err error) {
 	for range releaseRounds {
 		onRunning = false
 		if len(ids) == 0 {
-			return written, released, onRunning, nil
+			return written, released, onRunning, ended, nil
 		}
 		jobs := read
 		read = nil
 		if jobs == nil {
 			var err error
 			if jobs, err = c.readJobs(ctx, ids, true); err != nil {
-				return written, released, onRunning, fmt.Errorf("releasing waiting jobs: %w", err)
+				return written, released, onRunning, ended, fmt.Errorf("releasing waiting jobs: %w", err)
 			}
 		}
 		var waiting []*WorkItem
@@ -860,15 +897,15 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			}
 		}
 		if len(waiting) == 0 {
-			return written, released, onRunning, nil
+			return written, released, onRunning, ended, nil
 		}
 		states, err := c.readJobs(ctx, deps, true)
 		if err != nil {
-			return written, released, onRunning, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
+			return written, released, onRunning, ended, fmt.Errorf("reading the jobs %d waiting jobs wait for: %w", len(waiting), err)
 		}
 		for b := range batches {
 			if batches[b], err = c.batchCountsChecked(ctx, b); err != nil {
-				return written, released, onRunning, err
+				return written, released, onRunning, ended, err
 			}
 		}
 		var docs []any
@@ -885,7 +922,7 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			}
 		}
 		if len(docs) == 0 {
-			return written, released, onRunning, nil
+			return written, released, onRunning, ended, nil
 		}
 		wctx, _ := c.traced(ctx)
 		bulk, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
@@ -898,19 +935,23 @@ func (c *Client) releaseRead(ctx context.Context, ids []string, read map[string]
 			switch {
 			case r.Error == nil:
 				written++
-				if next[k].Status == StatusQueued {
+				switch {
+				case next[k].Status == StatusQueued:
 					next[k].Rev = r.Rev
 					released = append(released, next[k])
+				case next[k].Status.Terminal():
+					next[k].Rev = r.Rev
+					ended = append(ended, next[k])
 				}
 				c.log.Debug().Str("job", r.ID).Str("status", string(next[k].Status)).Msg("waiting job settled")
 			case isStatus(r.Error, http.StatusConflict):
 				ids = append(ids, r.ID) // someone else wrote: read and check again
 			default:
-				return written, released, onRunning, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
+				return written, released, onRunning, ended, fmt.Errorf("releasing waiting job %s: %w", r.ID, r.Error)
 			}
 		}
 	}
-	return written, released, onRunning, nil
+	return written, released, onRunning, ended, nil
 }
 
 // decide returns the next state of waiting job it, or nil while it must
