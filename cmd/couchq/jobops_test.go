@@ -119,6 +119,37 @@ func TestJobActionsTakeBareUUID(t *testing.T) {
 	}
 }
 
+// Retrying a job cancelled because a job it waits for was cancelled says
+// what became of it: checked at once, cancelled again while that job
+// stands cancelled; waiting once that job was retried too.
+func TestRetryOfADependentSaysWhatItIs(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	res := c.run(t, "enqueue", "--type", "f", "--in", "1h")
+	expect(t, res, exitOK)
+	first := strings.TrimSpace(res.stdout)
+	res = c.run(t, "enqueue", "--type", "d", "--after", first)
+	expect(t, res, exitOK)
+	dependent := strings.TrimSpace(res.stdout)
+	expect(t, c.run(t, "cancel", first), exitOK)
+	res = c.run(t, "retry", dependent)
+	expect(t, res, exitOK)
+	if !strings.HasPrefix(res.stdout, "retried "+dependent+", which is cancelled again: dependency "+first+" (cancelled)") {
+		t.Errorf("retrying the dependent of a cancelled job: %q", res.stdout)
+	}
+	expect(t, c.run(t, "retry", first), exitOK)
+	res = c.run(t, "retry", dependent)
+	expect(t, res, exitOK)
+	if !strings.HasPrefix(res.stdout, "retried "+dependent+": waiting for the jobs it waits for") {
+		t.Errorf("retrying the dependent of a job retried: %q", res.stdout)
+	}
+	res = c.run(t, "show", "--json", dependent)
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, `"status": "waiting"`) && !strings.Contains(res.stdout, `"status":"waiting"`) {
+		t.Errorf("the retried dependent as shown: %s", res.stdout)
+	}
+}
+
 // retry --failed brings back every failed job of the type, and only those.
 func TestRetryFailedBringsAllBack(t *testing.T) {
 	t.Parallel()

@@ -79,5 +79,12 @@ func (m *Main) runRetry(ctx context.Context, log zerolog.Logger, args []string) 
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
-	return printActed(m.Stdout, it, conn.json, "retried %s: %s, due now, attempts reset (max %d)", it.ID, protocol.StatusQueued, q.MaxAttempts(it))
+	switch it.Status {
+	case protocol.StatusWaiting:
+		return printActed(m.Stdout, it, conn.json, "retried %s: waiting for the jobs it waits for, attempts reset (max %d)", it.ID, q.MaxAttempts(it))
+	case protocol.StatusQueued:
+		return printActed(m.Stdout, it, conn.json, "retried %s: queued, due now, attempts reset (max %d)", it.ID, q.MaxAttempts(it))
+	}
+	// Checked at once, it ended again: a job it waits for still stands failed.
+	return printActed(m.Stdout, it, conn.json, "retried %s, which is %s again: %s", it.ID, it.Status, it.LastError)
 }

@@ -63,19 +63,39 @@ func (c *Client) operateOr(ctx context.Context, what, id string, allowed func(*W
 // Retry puts a failed or cancelled job back in the queue, due now, with
 // its attempts reset. by names the operator in the activity log.
 func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
-	return c.operateOr(ctx, "retrying job", id, func(it *WorkItem) error {
+	it, err := c.operateOr(ctx, "retrying job", id, func(it *WorkItem) error {
 		if it.Status != StatusFailed && it.Status != StatusCancelled {
 			return fmt.Errorf("%w: status is %s; only failed or cancelled jobs are retried", ErrWrongState, it.Status)
 		}
 		return nil
 	}, func(next *WorkItem) {
-		c.unclaim(next)
-		next.Status = StatusQueued
-		next.Attempts = 0
-		next.Date = 0
-		next.FinishedAt = 0
-		c.record(next, EventRequeued, by, "retried by operator")
+		c.retried(next, by)
 	}, func(it *WorkItem) error { return c.request(ctx, it, requestRetry, by, "") })
+	if err != nil || it.Status != StatusWaiting {
+		return it, err
+	}
+	// Checked again now, not at the next sweep: released if what it waits
+	// for has finished, ended again if a dependency still stands failed.
+	c.settleEnqueued(ctx, []*WorkItem{it})
+	if now, gerr := c.Get(ctx, it.ID); gerr == nil {
+		it = now
+	}
+	return it, nil
+}
+
+// retried makes next, a finished job, a job to run again from its first
+// attempt, due now. A job that waits for others and was never released
+// (it ended because one of them failed, or went missing) waits again.
+func (c *Client) retried(next *WorkItem, by string) {
+	c.unclaim(next)
+	next.Status = StatusQueued
+	if next.ReleasedAt == 0 && (len(next.After) > 0 || next.CallbackOf != "") {
+		next.Status = StatusWaiting
+	}
+	next.Attempts = 0
+	next.Date = 0
+	next.FinishedAt = 0
+	c.record(next, EventRequeued, by, "retried by operator")
 }
 
 // CancelJob cancels a queued or running job for good. A running job's
@@ -138,27 +158,29 @@ func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress fu
 			return n, nil
 		}
 		docs := make([]any, len(batch.Items))
+		nexts := make([]*WorkItem, len(batch.Items))
 		ids := make([]string, len(batch.Items))
 		for i, it := range batch.Items {
 			next := it.Clone()
-			c.unclaim(next)
-			next.Status = StatusQueued
-			next.Attempts = 0
-			next.Date = 0
-			next.FinishedAt = 0
-			c.record(next, EventRequeued, by, "retried by operator")
-			docs[i], ids[i] = next, it.ID
+			c.retried(next, by)
+			docs[i], nexts[i], ids[i] = next, next, it.ID
 		}
 		results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 		if err != nil {
 			return n, fmt.Errorf("retrying %d failed %s jobs: %w", len(docs), worker, err)
 		}
 		page := 0
-		for _, r := range alignBulk(ids, results, nil) {
+		var waiting []*WorkItem
+		for k, r := range alignBulk(ids, results, nil) {
 			if r.Error == nil {
 				page++
+				if nexts[k].Status == StatusWaiting {
+					nexts[k].Rev = r.Rev
+					waiting = append(waiting, nexts[k])
+				}
 			}
 		}
+		c.settleEnqueued(ctx, waiting)
 		n += page
 		if progress != nil {
 			progress(n)
