@@ -210,6 +210,13 @@ func TestEnqueueRefusesMissingAndSelfDependencies(t *testing.T) {
 	if !errors.As(res[3].Err, &de) || de.Dependency != "job:third" {
 		t.Fatalf("a dependency refused earlier in the call: %v", res[3].Err)
 	}
+	// A document of CouchDB's or couchq's own is no job.
+	for _, id := range []string{protocol.SequenceID("par"), "_design/couchq"} {
+		_, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", After: []string{id}})
+		if !errors.As(err, &de) || de.Dependency != id || de.HTTPStatus() != http.StatusUnprocessableEntity {
+			t.Errorf("waiting for %s: %v", id, err)
+		}
+	}
 }
 
 // A document written by hand with an after field (and no status) waits

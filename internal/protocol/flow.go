@@ -203,6 +203,11 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 			continue // not written: not before any item
 		}
 		for _, d := range it.After {
+			if checkJobID(d) != nil {
+				// CouchDB's or couchq's own document: never a job.
+				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "not a job's id", Status: http.StatusUnprocessableEntity}
+				break
+			}
 			if !before[d] && !exists[d] {
 				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "no such job (a dependency must be enqueued first)", Status: http.StatusUnprocessableEntity}
 				break
@@ -962,7 +967,7 @@ func (c *Client) releaseStep(ctx context.Context, ids []string, read map[string]
 // with DeleteDone, a purge).
 func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]jobState, batch *BatchStatus, by string) *WorkItem {
 	now := c.now()
-	var pending, failed, missing []string
+	var pending, failed, missing, notJobs []string
 	for _, d := range it.After {
 		st := states[d]
 		switch {
@@ -970,7 +975,7 @@ func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]job
 		case !st.exists:
 			missing = append(missing, d)
 		case st.item == nil:
-			missing = append(missing, d+" (not a job)")
+			notJobs = append(notJobs, d)
 		case st.item.Status == StatusDone:
 		case st.item.Status == StatusFailed || st.item.Status == StatusCancelled:
 			failed = append(failed, fmt.Sprintf("%s (%s)", d, st.item.Status))
@@ -988,7 +993,7 @@ func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]job
 		c.record(next, EventCancelled, by, reason)
 		return next
 	}
-	if len(missing) > 0 {
+	if len(missing)+len(notJobs) > 0 {
 		if it.CreatedAt == 0 {
 			// A hand-written job without created_at: the grace starts now.
 			next.Status = StatusWaiting
@@ -998,7 +1003,14 @@ func (c *Client) decide(ctx context.Context, it *WorkItem, states map[string]job
 		if now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace {
 			return nil
 		}
-		reason := fmt.Sprintf("waits for %s, which does not exist (%s after it was enqueued)", strings.Join(missing, ", "), MissingDependencyGrace)
+		var why []string
+		if len(missing) > 0 {
+			why = append(why, fmt.Sprintf("waits for %s, which does not exist", strings.Join(missing, ", ")))
+		}
+		if len(notJobs) > 0 {
+			why = append(why, fmt.Sprintf("waits for %s, which is not a job", strings.Join(notJobs, ", ")))
+		}
+		reason := fmt.Sprintf("%s (%s after it was enqueued)", strings.Join(why, "; "), MissingDependencyGrace)
 		next.Status = StatusFailed
 		next.LastError = truncate(reason)
 		next.FinishedAt = ToUnix(now)
