@@ -48,8 +48,9 @@ schedules it.
 	                     "site": "tokyo"}
 	                    ("worker" may stand for "type"; "site" names the job's owner
 	                    in a queue of sites, else --site does)
-	                    The whole file is checked first: one bad line and nothing is
-	                    enqueued. --type, --at/--in, --max-attempts, --priority,
+	                    The whole file is checked first, with the server (the jobs
+	                    waited for exist, ids are free, sites are known): one bad
+	                    line and nothing is enqueued. --type, --at/--in, --max-attempts, --priority,
 	                    --after and --on-dependency-failure are defaults for lines
 	                    that do not set them. Jobs go in batches of 500.
 `
@@ -95,11 +96,14 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		spec.MaxAttempts = &maxAttempts
 	}
 	now := m.Now()
-	if after != "" {
+	if flagSet(fs, "after") {
 		for _, id := range strings.Split(after, ",") {
 			if id = strings.TrimSpace(id); id != "" {
 				spec.After = append(spec.After, id)
 			}
+		}
+		if len(spec.After) == 0 {
+			return cli.Usagef("--after %q names no job: give the ids of the jobs to wait for, comma-separated", after)
 		}
 	}
 
@@ -120,6 +124,9 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 			return err
 		}
 		defer closeQueue()
+		if err := cli.CheckFileJobs(ctx, q, file, jobs, m.Stderr); err != nil {
+			return err
+		}
 		return cli.EnqueueFile(ctx, q, file, jobs, m.output(conn))
 	}
 

@@ -338,18 +338,13 @@ func TestEnqueueFileBulk(t *testing.T) {
 		t.Errorf("due %v, want %v", docs[0].DueAt(), want)
 	}
 
-	// The same ids again: each is a conflict, reported by line.
+	// The same ids again: each taken id is reported by line, and the file
+	// is refused whole.
 	r = c.withStdin(`{"type":"ping","id":"ping-3"}`+"\n"+`{"type":"ping","id":"new"}`+"\n").
 		run(t, "enqueue", "--file", "-", "--json")
-	expect(t, r, exitFailure, "stdin:1: a document with id ping-3 already exists", "1 of 2 jobs from stdin failed")
-	var sum struct {
-		Enqueued int `json:"enqueued"`
-		Failed   []struct {
-			Line int `json:"line"`
-		} `json:"failed"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil || sum.Enqueued != 1 || len(sum.Failed) != 1 || sum.Failed[0].Line != 1 {
-		t.Errorf("enqueue --file --json: %+v, %v", sum, err)
+	expect(t, r, exitUsage, "stdin:1: invalid job: a document with id ping-3 already exists", "1 bad line in stdin; nothing was enqueued")
+	if r := c.run(t, "show", "new"); r.code != exitFailure {
+		t.Errorf("a line of a refused file was enqueued: %+v", r)
 	}
 }
 
@@ -368,6 +363,17 @@ func TestEnqueueFileBadLineWritesNothing(t *testing.T) {
 	r := c.run(t, "enqueue", "--file", path)
 	expect(t, r, exitUsage, path+":700: invalid JSON", path+`:900: invalid "in" "ten seconds"`,
 		"2 bad lines in "+path+"; nothing was enqueued")
+	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 0 {
+		t.Errorf("%d jobs stored after a rejected file, want 0", n)
+	}
+	// So are lines only the server can refuse: a job waited for that does
+	// not exist, one waiting for itself, a site the database does not
+	// have, and too many attempts.
+	r = c.withStdin(`{"type":"b","id":"good1"}`+"\n"+`{"type":"b","after":["job:nosuch"]}`+"\n"+
+		`{"type":"b","id":"self","after":["self"]}`+"\n"+`{"type":"b","max_attempts":3000000000}`+"\n"+
+		`{"type":"b","id":"later","after":["good2"]}`+"\n"+`{"type":"b","id":"good2"}`+"\n").run(t, "enqueue", "--file", "-")
+	expect(t, r, exitUsage, "stdin:2: invalid job: job ", "job:nosuch", "stdin:3:", "stdin:4:", "max attempts", "stdin:5:", "good2",
+		"4 bad lines in stdin; nothing was enqueued")
 	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 0 {
 		t.Errorf("%d jobs stored after a rejected file, want 0", n)
 	}

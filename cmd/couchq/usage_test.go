@@ -32,6 +32,8 @@ func TestUsageErrors(t *testing.T) {
 		{"at and in", "", []string{"enqueue", "--type", "x", "--in", "5s", "--at", "2030-01-01T00:00:00Z"}, "not both"},
 		{"negative max attempts", "", []string{"enqueue", "--type", "x", "--max-attempts", "-2"}, "invalid --max-attempts -2"},
 		{"max attempts -1", "", []string{"enqueue", "--type", "x", "--max-attempts", "-1"}, "invalid --max-attempts -1"},
+		{"after nothing", "", []string{"enqueue", "--type", "x", "--after", ""}, `--after "" names no job`},
+		{"after commas", "", []string{"enqueue", "--type", "x", "--after", " , "}, `--after " , " names no job`},
 		{"reserved id", "", []string{"enqueue", "--type", "x", "--id", "_design/x"}, "reserved by CouchDB"},
 		{"stray argument", "", []string{"enqueue", "--type", "x", "payload"}, `unexpected argument "payload"`},
 		{"unique id and key", "", []string{"enqueue", "--type", "x", "--id", "a", "--unique-key", "k"}, `give --id or --unique-key, not both`},

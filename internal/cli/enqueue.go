@@ -340,9 +340,43 @@ func jsonKind(field string) string {
 	}
 }
 
-// EnqueueFile stores jobs in batches. Once validated, the jobs are written
-// batch by batch: a failure part way leaves earlier batches enqueued, which
-// the summary says.
+// CheckFileJobs makes the checks that need the server (the jobs waited
+// for exist, the ids are free, the sites are the database's) of every job
+// of a file before any is written: one bad line and nothing is enqueued.
+func CheckFileJobs(ctx context.Context, q *protocol.Client, label string, jobs []FileJob, stderr io.Writer) error {
+	if label == "-" {
+		label = "stdin"
+	}
+	newJobs := make([]protocol.NewJob, len(jobs))
+	for i, fj := range jobs {
+		newJobs[i] = fj.Job
+	}
+	errs, err := q.CheckJobs(ctx, newJobs)
+	if err != nil {
+		return fmt.Errorf("checking %s: %w; nothing was enqueued", label, err)
+	}
+	bad := 0
+	for i, e := range errs {
+		if e == nil {
+			continue
+		}
+		if bad++; bad <= maxReported {
+			fmt.Fprintf(stderr, "%s:%d: %s\n", label, jobs[i].Line, DescribeError(e))
+		}
+	}
+	if bad > maxReported {
+		fmt.Fprintf(stderr, "%s: ... and %d more bad lines\n", label, bad-maxReported)
+	}
+	if bad > 0 {
+		return Usagef("%d bad %s in %s; nothing was enqueued", bad, Plural(bad, "line", "lines"), label)
+	}
+	return nil
+}
+
+// EnqueueFile stores jobs in batches. Once validated (ReadJobFile, then
+// CheckFileJobs), the jobs are written batch by batch: a failure part way
+// (the server, or a job another writer took the id of meanwhile) leaves
+// earlier batches enqueued, which the summary says.
 func EnqueueFile(ctx context.Context, q *protocol.Client, label string, jobs []FileJob, out Output) error {
 	if label == "-" {
 		label = "stdin"

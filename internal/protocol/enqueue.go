@@ -299,6 +299,55 @@ func refusedJob(err error) error {
 	return err
 }
 
+// CheckJobs makes every check EnqueueMany would make of jobs, without
+// writing anything: each job as Enqueue checks it, its site, the jobs it
+// waits for (an earlier one of jobs counts, as in EnqueueMany), and that
+// no document already has the id it names. errs[i] is job i's refusal;
+// err is for the checks as a whole (the server could not be read). So a
+// caller can refuse a whole set of jobs for one bad one (couchq enqueue
+// --file). Enqueue hooks are not run.
+func (c *Client) CheckJobs(ctx context.Context, jobs []NewJob) (errs []error, err error) {
+	errs = make([]error, len(jobs))
+	items := make([]*WorkItem, len(jobs))
+	var named []string
+	for i, j := range jobs {
+		if items[i], errs[i] = c.item(j); errs[i] == nil && j.ID != "" {
+			named = append(named, j.ID)
+		}
+	}
+	if len(named) > 0 {
+		stored, err := c.readJobs(ctx, named, false)
+		if err != nil {
+			return nil, fmt.Errorf("checking %d jobs' ids: %w", len(named), err)
+		}
+		for i, j := range jobs {
+			if errs[i] == nil && j.ID != "" && stored[j.ID].exists && !stored[j.ID].deleted {
+				errs[i] = fmt.Errorf("%w: a document with id %s already exists", ErrInvalidJob, j.ID)
+			}
+		}
+	}
+	var kept []*WorkItem
+	var index []int
+	for i, it := range items {
+		if errs[i] == nil {
+			kept, index = append(kept, it), append(index, i)
+		}
+	}
+	for k, e := range c.checkSites(ctx, kept) {
+		errs[index[k]] = e
+	}
+	refused := make([]error, len(kept))
+	for k, i := range index {
+		refused[k] = errs[i]
+	}
+	if slices.ContainsFunc(kept, func(it *WorkItem) bool { return len(it.After) > 0 }) {
+		for k, e := range c.checkDependencies(ctx, kept, refused...) {
+			errs[index[k]] = cmp.Or(errs[index[k]], e)
+		}
+	}
+	return errs, nil
+}
+
 // EnqueueResult is the outcome for one job of EnqueueMany.
 type EnqueueResult struct {
 	// Item is the job as stored; for a duplicate, the job that holds the
