@@ -341,6 +341,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	if p.err == nil && !w.Status.Valid() {
 		p.fail("status", fmt.Sprintf("must be one of waiting, queued, running, done, failed, cancelled, got %q", status))
 	}
+	if p.err == nil && w.Status == StatusRunning && !w.Claimed {
+		// couchq never writes one: a running job is claimed. Written by
+		// hand, nobody holds it, no lease of it runs out, and it would read
+		// running for ever.
+		p.fail("status", `is "running" but the job is not claimed ("claimed" is not true): no worker holds it`)
+	}
 	p.count("attempts", &w.Attempts)
 	p.count("max_attempts", &w.MaxAttempts)
 	p.str("last_error", &w.LastError)
