@@ -102,6 +102,46 @@ func TestStatsFromAKnownScript(t *testing.T) {
 	}
 }
 
+// The oldest due job's age counts every due job: a job scheduled an hour
+// ago is older than one enqueued due now after it, and a job due now
+// that came in later does not hide it; jobs due now count from their
+// creation, the longest waiting first, whatever their ids.
+func TestOldestDueAgeSeesEveryDueJob(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	clk := opstest.NewClock(t0)
+	tb := setup(t, protocol.Config{Now: clk.Now})
+	age := func() float64 {
+		t.Helper()
+		st, err := tb.client.Stats(tb.ctx, protocol.StatsOptions{Worker: "report"})
+		if err != nil || len(st.Types) != 1 {
+			t.Fatalf("stats: %+v, %v", st, err)
+		}
+		return st.Types[0].Queue.OldestDueAge
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "report", ID: "z-early", At: t0.Add(-time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(10 * time.Second))
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "report", ID: "a-now"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := age(); got != 3610 {
+		t.Errorf("oldest due age %v s, want 3610 (the job scheduled an hour before the start)", got)
+	}
+	// Two jobs due now: the one created first is the older, though its id
+	// sorts after the other's.
+	clk.Set(t0.Add(20 * time.Second))
+	if _, err := tb.client.CancelJob(tb.ctx, "z-early", "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "report", ID: "0-later"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := age(); got != 10 {
+		t.Errorf("oldest due age %v s, want 10 (the job due now created first)", got)
+	}
+}
+
 func checkSummary(t *testing.T, name string, s protocol.Summary, count int64, lo, mean, hi, p50, p95 float64) {
 	t.Helper()
 	near := func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }

@@ -439,21 +439,38 @@ func (q *QueueNow) shift(by map[Status]int64) {
 
 // oldestDueAge is how long the oldest due job of typ has waited at now
 // (Unix seconds): since its due date, or its creation when it was due at
-// once.
+// once. The due view keys the jobs due at once by creation and the others
+// by due date, so it is the older of the first row of each range (a job
+// due at once with no created_at, written by hand, has no age to give).
 func (c *Client) oldestDueAge(ctx context.Context, typ string, now float64) (float64, error) {
-	batch, err := c.Due(ctx, typ, 1)
-	if err != nil || len(batch.Items) == 0 {
-		return 0, err
+	oldest := math.Inf(1)
+	for _, r := range [][2][]any{
+		{{typ, 0, math.SmallestNonzeroFloat64}, {typ, 0, map[string]any{}}}, // due at once, by creation
+		{{typ, 0, map[string]any{}}, {typ, now}},                              // due by date
+	} {
+		rows := c.view(ctx, "due", kivik.Params(map[string]any{
+			"startkey": r[0], "endkey": r[1], "reduce": false, "limit": 1,
+		}))
+		for rows.Next() {
+			var key []any
+			if err := rows.ScanKey(&key); err != nil {
+				_ = rows.Close()
+				return 0, fmt.Errorf("reading the oldest due %s job: %w", typ, err)
+			}
+			if since, ok := key[len(key)-1].(float64); ok && since > 0 {
+				oldest = math.Min(oldest, since)
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return 0, fmt.Errorf("reading the oldest due %s job: %w", typ, err)
+		}
 	}
-	it := batch.Items[0]
-	since := it.Date
-	if since <= 0 {
-		since = it.CreatedAt
-	}
-	if since <= 0 {
+	if math.IsInf(oldest, 1) {
 		return 0, nil
 	}
-	return math.Max(now-since, 0), nil
+	return math.Max(now-oldest, 0), nil
 }
 
 // reduceCount runs a view's reduce over [start, end] and reads a count
