@@ -78,6 +78,19 @@ func TestUniqueKeyHoldsOneJobUntilItFinishes(t *testing.T) {
 	if n := len(allJobs(t, tb, "digest")); n != 3 {
 		t.Fatalf("%d digest jobs stored, want 3 (two queued, one archived)", n)
 	}
+	// The archived copy is a record: retrying it, were it a failed job's,
+	// would make a second job of the key while the key's own job is queued.
+	failedCopy := archived.Clone()
+	failedCopy.ID, failedCopy.Rev, failedCopy.Status = first.ID+"~9-failed", "", protocol.StatusFailed
+	if _, err := tb.db.Put(tb.ctx, failedCopy.ID, failedCopy); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Retry(tb.ctx, failedCopy.ID, "ops"); !errors.Is(err, protocol.ErrWrongState) || !strings.Contains(err.Error(), "archived copy of unique job "+first.ID+",") {
+		t.Errorf("retrying the archived copy: %v", err)
+	}
+	if n, err := c.RetryFailed(tb.ctx, "digest", "ops", nil); err != nil || n != 0 {
+		t.Errorf("retrying the failed digest jobs, an archived copy among them: %d, %v", n, err)
+	}
 }
 
 // With a period the key holds one job per period, whatever became of it;

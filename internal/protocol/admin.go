@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
@@ -67,6 +69,14 @@ func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
 		if it.Status != StatusFailed && it.Status != StatusCancelled {
 			return fmt.Errorf("%w: status is %s; only failed or cancelled jobs are retried", ErrWrongState, it.Status)
 		}
+		if archived(it) {
+			original := it.ID
+			if i := strings.LastIndex(it.ID, "~"); i > 0 {
+				original = it.ID[:i]
+			}
+			return fmt.Errorf("%w: it is the archived copy of unique job %s, kept when its key was enqueued again: retry that job or enqueue the key again, not this copy",
+				ErrWrongState, original)
+		}
 		return nil
 	}, func(next *WorkItem) {
 		c.retried(next, by)
@@ -81,6 +91,13 @@ func (c *Client) Retry(ctx context.Context, id, by string) (*WorkItem, error) {
 		it = now
 	}
 	return it, nil
+}
+
+// archived reports whether it is the copy of a finished unique job kept
+// when its key was enqueued again (ArchiveID): a record, which running
+// again would make a second job of the key.
+func archived(it *WorkItem) bool {
+	return it.UniqueKey != "" && len(it.History) > 0 && it.History[len(it.History)-1].Event == EventArchived
 }
 
 // retried makes next, a finished job, a job to run again from its first
@@ -161,9 +178,18 @@ func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress fu
 		nexts := make([]*WorkItem, len(batch.Items))
 		ids := make([]string, len(batch.Items))
 		for i, it := range batch.Items {
+			if archived(it) {
+				continue // a record of a unique job: see Retry
+			}
 			next := it.Clone()
 			c.retried(next, by)
 			docs[i], nexts[i], ids[i] = next, next, it.ID
+		}
+		docs = slices.DeleteFunc(docs, func(d any) bool { return d == nil })
+		nexts = slices.DeleteFunc(nexts, func(n *WorkItem) bool { return n == nil })
+		ids = slices.DeleteFunc(ids, func(id string) bool { return id == "" })
+		if len(docs) == 0 {
+			return n, nil
 		}
 		results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 		if err != nil {

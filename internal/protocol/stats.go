@@ -446,7 +446,7 @@ func (c *Client) oldestDueAge(ctx context.Context, typ string, now float64) (flo
 	oldest := math.Inf(1)
 	for _, r := range [][2][]any{
 		{{typ, 0, math.SmallestNonzeroFloat64}, {typ, 0, map[string]any{}}}, // due at once, by creation
-		{{typ, 0, map[string]any{}}, {typ, now}},                              // due by date
+		{{typ, 0, map[string]any{}}, {typ, now}},                            // due by date
 	} {
 		rows := c.view(ctx, "due", kivik.Params(map[string]any{
 			"startkey": r[0], "endkey": r[1], "reduce": false, "limit": 1,
