@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +119,58 @@ func TestPeriodicMissedTicks(t *testing.T) {
 		if _, again, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "other"); err != nil || len(again) != 0 {
 			t.Fatalf("a second process at the same time enqueued %v (%v)", again, err)
 		}
+	}
+}
+
+// A drain-mode worker (cron running couchq worker --drain) with a schedule
+// whose ticks were missed enqueues them all and runs them before it ends:
+// it does not find nothing due before its schedule's catch-up is written.
+func TestPeriodicCatchUpRunsBeforeADrainEnds(t *testing.T) {
+	clk := opstest.NewClock(time.Now().Add(-30 * time.Minute).Truncate(time.Minute).Add(30 * time.Second))
+	tb := setup(t, protocol.Config{Now: clk.Now})
+	p := protocol.Periodic{Name: "pong", Schedule: "*/1 * * * *", Job: protocol.NewJob{Worker: "pong"}, CatchUp: protocol.CatchUpAll}
+	ticks, err := protocol.CheckPeriodic(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "test"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(12 * time.Minute) // twelve ticks pass with nothing running
+	// Its writes slow, the catch-up takes longer than the drain's first
+	// look for due work.
+	hc := protocol.NewHTTPClient()
+	slow := &slowWrites{next: hc.Transport, delay: 150 * time.Millisecond}
+	slow.on.Store(true)
+	hc.Transport = slow
+	user, password := server.Credentials()
+	srv, err := protocol.ConnectHTTP(tb.ctx, server.URL(), user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(tb.ctx, tb.db.Name(), protocol.Config{Now: clk.Now, Logger: tb.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"pong": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran.Add(1); return nil }),
+	})
+	cfg.Drain, cfg.Periodic, cfg.Now = true, []protocol.Periodic{p}, clk.Now
+	w, err := worker.New((*couchq.Client)(client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 12 {
+		t.Errorf("the drain ran %d of the 12 missed ticks' jobs", n)
+	}
+	if left := allJobs(t, tb, "pong"); len(left) != 12 || slices.ContainsFunc(left, func(it *protocol.WorkItem) bool { return it.Status != protocol.StatusDone }) {
+		t.Errorf("after the drain: %d pong jobs, %v", len(left), ids(left))
 	}
 }
 

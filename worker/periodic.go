@@ -9,8 +9,9 @@ import (
 
 // periodicLoop enqueues the schedule's jobs tick by tick until claiming
 // stops: it sleeps until the next tick, then lets TickPeriodic enqueue it
-// (or find that another process did).
-func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic) {
+// (or find that another process did). ticked is called once its first
+// tick has been written, or has failed.
+func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic, ticked func()) {
 	ticks, err := protocol.CheckPeriodic(p) // checked in New: cannot fail here
 	if err != nil {
 		w.log.Error().Err(err).Msg("periodic schedule")
@@ -20,6 +21,7 @@ func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic) {
 	backoff := 100 * time.Millisecond
 	for {
 		next, enqueued, err := w.client.TickPeriodic(ctx, p, ticks, w.by)
+		ticked()
 		wait := time.Until(next)
 		switch {
 		case err != nil && ctx.Err() == nil:

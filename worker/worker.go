@@ -71,6 +71,9 @@ type Worker struct {
 	drained        chan struct{} // closed when every runner drained (Drain mode)
 	// jobsEnded counts the jobs that ended, outcome written (Drain mode).
 	jobsEnded atomic.Uint64
+	// firstTicks counts the periodic schedules whose first tick (with the
+	// ticks it catches up on) is not written yet: a drain waits for them.
+	firstTicks atomic.Int32
 	// claimable is closed once the worker may claim: at once, or once it
 	// has heard from the other sites (awaitSites, waiting for the sites
 	// of awaitFrom, which register sets).
@@ -259,12 +262,18 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 		}()
 	}
+	w.firstTicks.Store(int32(len(w.cfg.Periodic)))
 	for _, p := range w.cfg.Periodic {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
+			ticked := sync.OnceFunc(func() {
+				w.firstTicks.Add(-1)
+				w.wakeAll() // what it enqueued is due: a drain looks for it
+			})
+			defer ticked()
 			if w.untilClaimable(loopCtx) {
-				w.periodicLoop(loopCtx, p)
+				w.periodicLoop(loopCtx, p, ticked)
 			}
 		}()
 	}
@@ -437,6 +446,9 @@ func (w *Worker) noteFeed(err error) {
 // drains only once every type is idle; and a job that ended after the
 // look began may have enqueued what the look did not see.
 func (w *Worker) drainedAll(ended uint64) bool {
+	if w.firstTicks.Load() > 0 {
+		return false // a schedule's catch-up may still enqueue due jobs
+	}
 	for _, r := range w.runners {
 		if !r.idleSlots() || r.looking.Load() {
 			return false
