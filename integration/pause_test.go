@@ -159,6 +159,24 @@ func TestControlDocumentsValidated(t *testing.T) {
 	if p, err := tb.client.Paused(tb.ctx); err != nil || !p["d"] || len(p) != 1 {
 		t.Fatalf("paused types: %v %v, want d", p, err)
 	}
+	// Pausing a paused type changes nothing, though the second pause gives
+	// no reason; a new reason replaces the old one.
+	if err := tb.client.Pause(tb.ctx, "e", "ops", "partner down"); err != nil {
+		t.Fatal(err)
+	}
+	first := controlOf(t, tb, "e")
+	if err := tb.client.Pause(tb.ctx, "e", "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	if again := controlOf(t, tb, "e"); again.Rev != first.Rev || again.Reason != "partner down" {
+		t.Errorf("pausing twice: %+v, then %+v", first, again)
+	}
+	if err := tb.client.Pause(tb.ctx, "e", "ops", "partner still down"); err != nil {
+		t.Fatal(err)
+	}
+	if again := controlOf(t, tb, "e"); again.Reason != "partner still down" {
+		t.Errorf("a pause with a new reason: %+v", again)
+	}
 	// A job written by hand at a control document's id is not a control
 	// document: pausing its type is refused and the job stays as it was.
 	if code, resp := tb.raw(t, http.MethodPut, "/control:x", `{"type":"WorkItem","worker":"x","status":"done"}`); code != http.StatusCreated {
@@ -174,4 +192,14 @@ func TestControlDocumentsValidated(t *testing.T) {
 	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "x", ID: protocol.ControlID("y")}); !errors.Is(err, protocol.ErrInvalidJob) {
 		t.Errorf("enqueueing a job at control:y: %v", err)
 	}
+}
+
+// controlOf reads type typ's control document.
+func controlOf(t *testing.T, tb *testBundle, typ string) protocol.TypeControl {
+	t.Helper()
+	ctl, err := tb.client.Controls(tb.ctx, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctl[typ]
 }

@@ -70,8 +70,8 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 			// workers read only a control document as one.
 			return fmt.Errorf("%s %s: the document %s is not its control document (type %q, worker %q); move it to another id first",
 				what, typ, ctl.ID, ctl.Type, ctl.Worker)
-		case ctl.Paused == paused && ctl.Reason == reason:
-			return nil
+		case ctl.Paused == paused && (ctl.Reason == reason || reason == ""):
+			return nil // a pause without a reason keeps the one given before
 		}
 		ctl.Paused, ctl.ChangedAt, ctl.ChangedBy, ctl.Reason = paused, ToUnix(c.now()), by, reason
 		_, err = c.db.Put(ctx, ctl.ID, ctl, c.writeOpts()...)
