@@ -116,6 +116,20 @@ func TestErrorsUntilFailed(t *testing.T) {
 	if it.Attempts != 3 || it.LastError != "still broken" || it.Claimed {
 		t.Fatalf("failed job: %+v", it)
 	}
+	// A job without max_attempts fails after the worker's default, and
+	// says so: a reader of another default reads the worker's.
+	two := setup(t, protocol.Config{MaxAttempts: 2})
+	startWorker(t, two, fastWorker(two, map[string]worker.Handler{
+		"doomed": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return errors.New("still broken") }),
+	}))
+	job, err = two.client.Enqueue(two.ctx, protocol.NewJob{Worker: "doomed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it = waitStatus(t, two, job.ID, protocol.StatusFailed, 10*time.Second)
+	if it.Attempts != 2 || it.MaxAttempts != 2 || tb.client.MaxAttempts(it) != 2 {
+		t.Fatalf("failed after the worker's default of 2: attempts %d, max_attempts %d, read as %d", it.Attempts, it.MaxAttempts, tb.client.MaxAttempts(it))
+	}
 }
 
 func TestSnoozeCancelFailNowAndPanic(t *testing.T) {

@@ -319,6 +319,9 @@ type FailOptions struct {
 func (c *Client) Fail(ctx context.Context, item *WorkItem, cause string, opts FailOptions) error {
 	return c.transition(ctx, "failing", item, func(next *WorkItem) {
 		now := c.now()
+		// The attempts this failure is counted against, written down: a
+		// reader's default need not be the worker's (--max-attempts).
+		next.MaxAttempts = c.maxAttempts(next)
 		next.LastError = truncate(cause)
 		by := item.ClaimedBy
 		c.unclaim(next)
