@@ -55,6 +55,11 @@ func (m *Main) runBatch(ctx context.Context, log zerolog.Logger, args []string) 
 		if err != nil {
 			return cli.ServerError(conn.URL, err)
 		}
+		if n == 0 {
+			if _, err := q.Batch(ctx, id); errors.Is(err, protocol.ErrNotFound) {
+				return fmt.Errorf("batch %s: no such batch", id)
+			}
+		}
 		if conn.json {
 			return cli.WriteJSON(m.Stdout, map[string]int{"cancelled": n})
 		}
@@ -81,7 +86,11 @@ func (m *Main) runBatch(ctx context.Context, log zerolog.Logger, args []string) 
 	}
 	tw := cli.NewTable(m.Stdout)
 	fmt.Fprintf(tw, "batch\t%s\n", id)
-	fmt.Fprintf(tw, "jobs\t%d\n", b.Size)
+	jobs := fmt.Sprint(b.Finished() + b.Pending)
+	if b.Callback != nil && b.Size != b.Finished()+b.Pending {
+		jobs += fmt.Sprintf(" (its callback counts %d)", b.Size)
+	}
+	fmt.Fprintf(tw, "jobs\t%s\n", jobs)
 	fmt.Fprintf(tw, "finished\t%d (done %d, failed %d, cancelled %d)\n", b.Finished(), b.Done, b.Failed, b.Cancelled)
 	fmt.Fprintf(tw, "pending\t%d\n", b.Pending)
 	if len(b.FailedIDs) > 0 {

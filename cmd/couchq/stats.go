@@ -127,7 +127,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 		for _, t := range st.Types {
 			anyPaused = anyPaused || t.Queue.Paused
 		}
-		header := "QUEUE NOW\tDUE\tSCHEDULED\tRUNNING\tFAILED\tOLDEST DUE"
+		header := "QUEUE NOW\tDUE\tSCHEDULED\tWAITING\tRUNNING\tFAILED\tOLDEST DUE"
 		if anyPaused {
 			header += "\tPAUSED"
 		}
@@ -146,7 +146,7 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 			if t.Queue.Due > 0 && !t.Queue.Paused { // a paused type's jobs wait on purpose
 				oldest = fmtSeconds(t.Queue.OldestDueAge)
 			}
-			row := fmt.Sprintf("%s\t%d\t%d\t%d\t%d\t%s", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Running, t.Queue.Failed, oldest)
+			row := fmt.Sprintf("%s\t%d\t%d\t%d\t%d\t%d\t%s", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Waiting, t.Queue.Running, t.Queue.Failed, oldest)
 			if anyPaused {
 				row += "\t" + map[bool]string{true: "paused", false: "-"}[t.Queue.Paused]
 			}

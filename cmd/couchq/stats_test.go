@@ -36,7 +36,7 @@ func TestStatsFromAKnownScript(t *testing.T) {
 			"mail  wait       3      2s   4.33s  4s   7s   7s\n" +
 			"      service    2      5s   7.5s   5s   10s  10s\n" +
 			"      execution  3      1s   2.67s  3s   4s   4s\n",
-		"QUEUE NOW  DUE  SCHEDULED  RUNNING  FAILED  OLDEST DUE\nmail       1    1          1        0       20s\n",
+		"QUEUE NOW  DUE  SCHEDULED  WAITING  RUNNING  FAILED  OLDEST DUE\nmail       1    1          0        1        0       20s\n",
 		"no workers registered",
 	} {
 		if !strings.Contains(res.stdout, want) {

@@ -39,6 +39,18 @@ func TestWorkflowCommands(t *testing.T) {
 		}
 	}
 	expect(t, c.run(t, "batch", "show", "nope"), exitFailure, "no such batch")
+	expect(t, c.run(t, "batch", "cancel", "nope"), exitFailure, "batch nope: no such batch")
+	// A batch's jobs are counted from the jobs themselves: here two written
+	// by hand, one done, with no callback.
+	bulkWrite(t, c.env["COUCHQ_DB"], []any{
+		map[string]any{"_id": "hb-1", "type": "WorkItem", "worker": "c", "batch": "hb"},
+		map[string]any{"_id": "hb-2", "type": "WorkItem", "worker": "c", "batch": "hb", "status": "done", "finished_at": 1.7e9},
+	})
+	res = c.run(t, "batch", "show", "hb")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "jobs      2\n") || !strings.Contains(res.stdout, "pending   1\n") {
+		t.Errorf("batch show of a batch without a callback:\n%s", res.stdout)
+	}
 	expect(t, c.run(t, "batch", "frob", "nope"), exitUsage, "want show or cancel")
 	// Cancelling the dependency cancels nothing here: the policy is run,
 	// so the dependent is released.

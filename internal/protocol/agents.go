@@ -151,8 +151,10 @@ func (c *Client) HeldJob(ctx context.Context, id, claimant string) (*WorkItem, e
 		return nil, err
 	}
 	switch {
+	case !it.Claimed && it.Status == StatusQueued:
+		return nil, fmt.Errorf("%s: %w: it is queued and nobody holds it (released, or never claimed, or a lease that ran out was swept)", id, ErrNotHeld)
 	case !it.Claimed:
-		return nil, fmt.Errorf("%s: %w: it is %s and nobody holds it (a lease that ran out was swept)", id, ErrNotHeld, it.Status)
+		return nil, fmt.Errorf("%s: %w: it is %s and nobody holds it", id, ErrNotHeld, it.Status)
 	case it.ClaimedBy != claimant:
 		return nil, fmt.Errorf("%s: %w: %s holds it", id, ErrNotHeld, it.ClaimedBy)
 	}

@@ -1286,6 +1286,7 @@ func (c *Client) Batch(ctx context.Context, id string) (*BatchStatus, error) {
 		if b.Finished()+b.Pending == 0 {
 			return nil, &describedError{fmt.Sprintf("reading batch %s: no such batch", id), ErrNotFound}
 		}
+		b.Size = b.Finished() + b.Pending // jobs of the batch without a callback
 	case err != nil:
 		return nil, fmt.Errorf("reading batch %s: %w", id, err)
 	default:
