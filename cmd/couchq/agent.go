@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -278,14 +279,16 @@ func (m *Main) runProgress(ctx context.Context, log zerolog.Logger, args []strin
 	var note string
 	q, it, conn, closeQueue, err := m.agentJob(ctx, log, "progress", progressUsage, args,
 		func(fs *flag.FlagSet) {
-			fs.IntVar(&done, "done", -1, "units done")
+			fs.IntVar(&done, "done", math.MinInt, "units done")
 			fs.IntVar(&total, "total", 0, "units in all")
 			fs.StringVar(&note, "note", "", "note")
 		},
 		func() error {
 			switch {
-			case done < 0:
+			case done == math.MinInt: // not given
 				return cli.Usagef("--done N is required: the units done, 0 or more")
+			case done < 0:
+				return cli.Usagef("invalid --done %d: the units done, 0 or more", done)
 			case total < 0:
 				return cli.Usagef("invalid --total %d: 0 (unknown) or more", total)
 			case total > 0 && done > total:

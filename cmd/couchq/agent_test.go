@@ -50,6 +50,8 @@ func TestAgentCommands(t *testing.T) {
 	expect(t, c.run(t, "progress", mine, "--as", "bob", "--done", "1"), exitNotHeld, "alice holds it")
 	expect(t, c.run(t, "progress", mine, "--as", "alice"), exitUsage, "--done N is required")
 	expect(t, c.run(t, "progress", mine, "--as", "alice", "--done", "5", "--total", "4"), exitUsage, "more than --total")
+	expect(t, c.run(t, "progress", mine, "--as", "alice", "--done", "-1"), exitUsage, "invalid --done -1")
+	expect(t, c.run(t, "progress", mine, "--as", "alice"), exitUsage, "--done N is required")
 	expect(t, c.run(t, "complete", mine, "--as", "alice", "--result", `{"ok":true}`), exitOK)
 	expect(t, c.run(t, "complete", mine, "--as", "alice"), exitNotHeld, "nobody holds it")
 	r = c.run(t, "fail", other, "--as", "alice", "--error", "bad", "--no-retry")

@@ -250,6 +250,11 @@ func (f *Spec) checkRates() error {
 
 // checkPeriodic parses --periodic, --periodic-tz and --catch-up.
 func (f *Spec) checkPeriodic() error {
+	for _, name := range []string{"periodic-tz", "catch-up"} {
+		if f.Set[name] && len(f.Periodic) == 0 {
+			return cli.Usagef("--%s applies to the schedules of --periodic, and none is given", name)
+		}
+	}
 	loc, err := time.LoadLocation(f.PeriodicTZ)
 	if err != nil {
 		return cli.Usagef("invalid --periodic-tz %q: %v", f.PeriodicTZ, err)
