@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -59,6 +60,25 @@ func TestSlotsCommand(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "sequence tickets: last used AAAA-0040, 41 slots\n") ||
 		!strings.Contains(r.stdout, "AAAA-0041  free") || strings.Count(r.stdout, "  used  ") != 40 {
 		t.Errorf("slots ls:\n%s", r.stdout)
+	}
+	// Slots of a format without padding list in the sequence's order.
+	for range 11 {
+		r := c.run(t, "slots", "reserve", "plain", "--format", "%d")
+		expect(t, r, exitOK)
+		expect(t, c.run(t, "slots", "release", "plain", strings.TrimSpace(r.stdout)), exitOK)
+	}
+	r = c.run(t, "slots", "ls", "plain", "--json")
+	expect(t, r, exitOK)
+	var plain struct{ Slots []struct{ Slot string } }
+	if err := json.Unmarshal([]byte(r.stdout), &plain); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, s := range plain.Slots {
+		order = append(order, s.Slot)
+	}
+	if got := strings.Join(order, " "); got != "1 2 3 4 5 6 7 8 9 10 11" {
+		t.Errorf("slots ls of %%d slots: %s", got)
 	}
 	expect(t, c.run(t, "slots", "release", "tickets", "AAAA-9999"), exitFailure, "never reserved")
 	expect(t, c.run(t, "slots", "reserve", "a:b"), exitUsage, "without ':'")

@@ -1,10 +1,12 @@
 package protocol
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -349,8 +351,8 @@ func (c *Client) advanceMarker(ctx context.Context, r *Reservation) error {
 	return fmt.Errorf("moving the marker of sequence %s: still contested after %d rounds", r.Sequence, markerRounds)
 }
 
-// Reservations lists a sequence's slot documents in id order (at most
-// limit), for couchq slots ls.
+// Reservations lists a sequence's slot documents, for couchq slots ls: at
+// most limit, the first in id order, sorted in the sequence's order.
 func (c *Client) Reservations(ctx context.Context, seq string, limit int) ([]Reservation, error) {
 	prefix := SlotReservationID(seq, "")
 	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{
@@ -367,6 +369,8 @@ func (c *Client) Reservations(ctx context.Context, seq string, limit int) ([]Res
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing the slots of %s: %w", seq, err)
 	}
+	// In the sequence's order, not the ids' (slot 10 before slot 2).
+	slices.SortStableFunc(out, func(a, b Reservation) int { return cmp.Compare(a.Ordinal, b.Ordinal) })
 	return out, nil
 }
 
