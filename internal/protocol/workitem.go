@@ -356,10 +356,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.num("finished_at", &w.FinishedAt)
 	p.history(&w.History)
 	p.str("unique_key", &w.UniqueKey)
-	if v, ok := raw["priority"]; ok && string(v) != "null" {
-		p.count("priority", &w.Priority)
-		if p.err == nil && (w.Priority < PriorityHighest || w.Priority > PriorityLowest) {
-			p.fail("priority", fmt.Sprintf("must be a whole number from %d (runs first) to %d, got %d", PriorityHighest, PriorityLowest, w.Priority))
+	if v, ok := raw["priority"]; ok && string(v) != "null" && p.err == nil {
+		var f float64
+		if json.Unmarshal(v, &f) != nil || f != math.Trunc(f) || f < PriorityHighest || f > PriorityLowest {
+			p.fail("priority", fmt.Sprintf("must be a whole number from %d (runs first) to %d, got %s", PriorityHighest, PriorityLowest, describeJSON(v)))
+		} else {
+			w.Priority = int(f)
 		}
 	}
 	if v, ok := raw["site"]; ok && string(v) != "null" {

@@ -83,6 +83,19 @@ func TestWorkItemMalformedNamesTheField(t *testing.T) {
 			t.Errorf("%s: field %q, want %q (%v)", in, m.Field, field, err)
 		}
 	}
+	// A priority is told its own range, whatever is wrong with it; a job
+	// that reads running is claimed.
+	for in, want := range map[string]string{
+		`{"type":"WorkItem","worker":"a","priority":"1"}`:     `priority must be a whole number from 1 (runs first) to 5, got a string`,
+		`{"type":"WorkItem","worker":"a","priority":9}`:       `priority must be a whole number from 1 (runs first) to 5, got a number 9`,
+		`{"type":"WorkItem","worker":"a","priority":1.5}`:     `priority must be a whole number from 1 (runs first) to 5`,
+		`{"type":"WorkItem","worker":"a","status":"running"}`: `status is "running" but the job is not claimed`,
+	} {
+		var it WorkItem
+		if err := json.Unmarshal([]byte(in), &it); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", in, err, want)
+		}
+	}
 }
 
 // The trace field survives every write couchq makes of a job.
