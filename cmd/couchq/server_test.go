@@ -377,6 +377,10 @@ func TestEnqueueFileBadLineWritesNothing(t *testing.T) {
 	if n := jobCount(t, c.env["COUCHQ_DB"]); n != 0 {
 		t.Errorf("%d jobs stored after a rejected file, want 0", n)
 	}
+	// A line that is JSON but not an object says what is wanted.
+	r = c.withStdin(`[{"type":"fl"}]`+"\n"+`"fl"`+"\n").run(t, "enqueue", "--file", "-")
+	expect(t, r, exitUsage, `stdin:1: want a JSON object such as {"type": "email", "payload": {...}}, got a JSON array`,
+		`stdin:2: want a JSON object such as {"type": "email", "payload": {...}}, got a JSON string`)
 	// Duplicate ids within the file are caught up front too.
 	r = c.withStdin(`{"type":"a","id":"x"}`+"\n"+`{"type":"a","id":"x"}`+"\n").run(t, "enqueue", "--file", "-")
 	expect(t, r, exitUsage, `stdin:2: id "x" is already used on line 1`)

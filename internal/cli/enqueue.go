@@ -294,6 +294,9 @@ func parseJobLine(text []byte, defaults JobSpec, now time.Time) (protocol.NewJob
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "" {
+			return protocol.NewJob{}, fmt.Errorf(`want a JSON object such as {"type": "email", "payload": {...}}, got a JSON %s`, te.Value)
+		}
 		if errors.As(err, &te) {
 			return protocol.NewJob{}, fmt.Errorf("%q must be %s, got a JSON %s", te.Field, jsonKind(te.Field), te.Value)
 		}
