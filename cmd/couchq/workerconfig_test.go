@@ -114,7 +114,10 @@ func TestWorkerConfigErrors(t *testing.T) {
 	r = offline().run(t, "worker", "--config", writeConfig(t, goodConfig), "--periodic", "x=@daily")
 	expect(t, r, exitUsage, "[[periodic]] tables")
 	r = offline().run(t, "worker", "--config", writeConfig(t, "[worker]\nlog_level = \"chatty\"\n[types.a]\nhandler = \"noop\"\n"), "--check")
-	expect(t, r, exitUsage, `invalid --log-level "chatty"`)
+	expect(t, r, exitUsage, `workers.toml:2: worker.log_level: invalid "chatty"`)
+	// --check finds what running would: a handler exec with no command.
+	r = offline().run(t, "worker", "--config", writeConfig(t, "[types.e]\nhandler = \"exec\"\n"), "--check")
+	expect(t, r, exitUsage, "types.e: no command given")
 }
 
 // One process runs every type of the file, each with its own settings.

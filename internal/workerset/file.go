@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -87,10 +88,17 @@ type fileDuration struct{ time.Duration }
 func (d *fileDuration) UnmarshalText(b []byte) error {
 	v, err := time.ParseDuration(string(b))
 	if err != nil {
-		return fmt.Errorf("invalid duration %q: want e.g. \"30s\" or \"1m\"", b)
+		return &durationError{value: string(b)}
 	}
 	d.Duration = v
 	return nil
+}
+
+// durationError is a value that is no duration.
+type durationError struct{ value string }
+
+func (e *durationError) Error() string {
+	return fmt.Sprintf("invalid duration %q: want a string such as \"30s\" or \"1m\"", e.value)
 }
 
 // urls reads [couchdb] url: one string or a list of strings.
@@ -159,11 +167,70 @@ func LoadFile(path string) (*File, error) {
 			return nil, f.fail(row, strings.Join(first.Key(), "."), "unknown key (see 'couchq help worker' for the file's keys)")
 		case errors.As(err, &de):
 			row, _ := de.Position()
-			return nil, f.fail(row, strings.Join(de.Key(), "."), "%s", strings.TrimPrefix(de.Error(), "toml: "))
+			return nil, f.fail(row, strings.Join(de.Key(), "."), "%s", plainDecodeError(de.Error()))
+		}
+		var bad *durationError
+		if errors.As(err, &bad) {
+			// go-toml gives no position for a value its type refused: find
+			// the duration key that holds it.
+			line, key := f.findValue(bad.value)
+			return nil, f.fail(line, key, "%v", bad)
 		}
 		return nil, cli.Usagef("reading --config %s: %v", path, err)
 	}
+	if lvl := f.wf.Worker.LogLevel; lvl != "" {
+		if _, err := zerolog.ParseLevel(strings.ToLower(lvl)); err != nil {
+			return nil, f.fail(keyLine(src, "worker", "log_level"), "worker.log_level", "invalid %q: want debug, info, warn, error or disabled", lvl)
+		}
+	}
+	if addr := f.wf.Worker.HealthAddr; addr != "" {
+		if _, err := cli.CheckListenAddr("health_addr", addr, "127.0.0.1:8081"); err != nil {
+			return nil, f.fail(keyLine(src, "worker", "health_addr"), "worker.health_addr", "%s", strings.Replace(err.Error(), "--health_addr", "health_addr", 1))
+		}
+	}
 	return f, nil
+}
+
+// tomlTypeRE matches go-toml's message for a value of the wrong type,
+// which names Go's types.
+var tomlTypeRE = regexp.MustCompile(`cannot decode TOML (\w+) into (?:struct field \S+ of type |a Go value of type )(\S+)`)
+
+// plainDecodeError says a decode error in the file's terms, not Go's.
+func plainDecodeError(msg string) string {
+	msg = strings.TrimPrefix(msg, "toml: ")
+	m := tomlTypeRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	want := map[string]string{
+		"int": "a whole number", "*int": "a whole number", "bool": "true or false", "*bool": "true or false",
+		"string": "a string", "[]workerset.filePeriodic": "[[periodic]] tables",
+	}[m[2]]
+	if strings.Contains(m[2], "fileDuration") {
+		want = `a duration such as "30s" or "1m"`
+	}
+	if want == "" {
+		return fmt.Sprintf("a TOML %s is not what this key takes", m[1])
+	}
+	return fmt.Sprintf("want %s, got a TOML %s", want, m[1])
+}
+
+// findValue finds the line and key of a duration key whose value is
+// value, for an error go-toml gives without a position.
+func (f *File) findValue(value string) (int, string) {
+	header := regexp.MustCompile(`^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$`)
+	keyRE := regexp.MustCompile(`^\s*"?([A-Za-z0-9_-]+)"?\s*=\s*"?` + regexp.QuoteMeta(value) + `"?\s*(#.*)?$`)
+	table := ""
+	for i, line := range strings.Split(string(f.src), "\n") {
+		if m := header.FindStringSubmatch(line); m != nil {
+			table = strings.ReplaceAll(strings.ReplaceAll(m[1], `"`, ""), " ", "")
+			continue
+		}
+		if m := keyRE.FindStringSubmatch(line); m != nil {
+			return i + 1, strings.TrimPrefix(table+"."+m[1], ".")
+		}
+	}
+	return 0, ""
 }
 
 // LogLevel is [worker] log_level, unchecked ("" when not given).
@@ -251,14 +318,16 @@ func (f *File) spec(t string, flags *Spec, requireHandler bool) (*Spec, error) {
 	table := "types." + t
 	ft := merge(wf.Defaults, wf.Types[t])
 	fail := func(key, format string, args ...any) error {
-		line := keyLine(f.src, table, key)
+		line, name := keyLine(f.src, table, key), table+"."+key
 		if line == 0 {
-			line = keyLine(f.src, "defaults", key)
+			if l := keyLine(f.src, "defaults", key); l > 0 {
+				line, name = l, "defaults."+key // the value came from [defaults]
+			}
 		}
 		if line == 0 { // a key missing: the type's table
 			line = keyLine(f.src, table, "")
 		}
-		return f.fail(line, table+"."+key, format, args...)
+		return f.fail(line, name, format, args...)
 	}
 	s := NewSpec()
 	s.Types, s.Handler, s.Exec = t, ft.Handler, ft.Exec
@@ -287,6 +356,9 @@ func (f *File) spec(t string, flags *Spec, requireHandler bool) (*Spec, error) {
 		}
 		if *v < 1 {
 			return fail(key, "must be at least 1, got %d", *v)
+		}
+		if *v > math.MaxInt32 {
+			return fail(key, "must be at most %d, got %d", math.MaxInt32, *v)
 		}
 		*dst = *v
 		return nil

@@ -11,6 +11,7 @@ package workerset
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -142,6 +143,9 @@ func (f *Spec) check(requireHandler bool) error {
 	if f.Handler == "" && len(f.Handlers) == 0 && requireHandler {
 		return cli.Usagef("--handler is required: one of %s", strings.Join(handlers.Names(), ", "))
 	}
+	if f.Handler == handlers.NameExec && strings.TrimSpace(f.Exec) == "" {
+		return cli.Usagef("no command given: --handler exec needs --exec, the command to run for each job")
+	}
 	if f.Exec != "" {
 		if f.Handler != handlers.NameExec {
 			return cli.Usagef("--exec is only for --handler %s", handlers.NameExec)
@@ -157,8 +161,8 @@ func (f *Spec) check(requireHandler bool) error {
 		return cli.Usagef("invalid --concurrency %d: must be at least 1", f.Concurrency)
 	case f.Lease < minLease:
 		return cli.Usagef("invalid --lease %s: must be at least %s", f.Lease, minLease)
-	case f.MaxAttempts < 1:
-		return cli.Usagef("invalid --max-attempts %d: must be at least 1", f.MaxAttempts)
+	case f.MaxAttempts < 1 || f.MaxAttempts > math.MaxInt32:
+		return cli.Usagef("invalid --max-attempts %d: must be from 1 to %d", f.MaxAttempts, math.MaxInt32)
 	case f.ShutdownTimeout <= 0:
 		return cli.Usagef("invalid --shutdown-timeout %s: must be positive", f.ShutdownTimeout)
 	case f.HTTPTimeout <= 0:
