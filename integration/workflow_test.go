@@ -219,6 +219,50 @@ func TestEnqueueRefusesMissingAndSelfDependencies(t *testing.T) {
 	}
 }
 
+// No cycle of dependencies stands: an enqueue that would close one is
+// refused (a job written by hand may wait for an id to come), and a cycle
+// written by hand is failed by the sweeper once the grace has passed, the
+// rest of it then cancelled; nothing waits for ever.
+func TestDependencyCyclesAreRefusedOrFailed(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	if status, body := tb.raw(t, http.MethodPut, "/job:x", `{"type":"WorkItem","worker":"w","after":["job:y"]}`); status != http.StatusCreated {
+		t.Fatalf("hand-written job waiting for one to come: %d %s", status, body)
+	}
+	_, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", ID: "job:y", After: []string{"job:x"}})
+	var de *protocol.DependencyError
+	if !errors.As(err, &de) || de.HTTPStatus() != http.StatusBadRequest || !strings.Contains(err.Error(), "job:y waits for job:x waits for job:y") {
+		t.Fatalf("an enqueue closing a cycle: %v", err)
+	}
+	if _, err := tb.client.Get(tb.ctx, "job:y"); !errors.Is(err, protocol.ErrNotFound) {
+		t.Fatalf("the refused job was written: %v", err)
+	}
+	// Written by hand, a cycle of three, enqueued two minutes ago.
+	created := float64(time.Now().Add(-2*time.Minute).Unix())
+	for id, after := range map[string]string{"job:c1": "job:c2", "job:c2": "job:c3", "job:c3": "job:c1"} {
+		if status, body := tb.raw(t, http.MethodPut, "/"+id, fmt.Sprintf(`{"type":"WorkItem","worker":"w","after":[%q],"created_at":%f}`, after, created)); status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", id, status, body)
+		}
+	}
+	if _, err := tb.client.SweepWaiting(tb.ctx, "sweeper", 100); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for _, id := range []string{"job:c1", "job:c2", "job:c3"} {
+		it, err := tb.client.Get(tb.ctx, id)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case it.Status == protocol.StatusFailed && strings.Contains(it.LastError, "waits for itself"):
+			failed++
+		case it.Status != protocol.StatusCancelled:
+			t.Errorf("%s of a cycle after a sweep: %s %q", id, it.Status, it.LastError)
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d jobs of the cycle failed, want 1 (the others cancelled by it)", failed)
+	}
+}
+
 // A document written by hand with an after field (and no status) waits
 // like an enqueued one; malformed after fields are refused by the
 // validation function; a hand-written job waiting for one that does not

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
+	"github.com/google/uuid"
 
 	"github.com/couchq/couchq/designdocs"
 )
@@ -198,6 +199,7 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 		}
 	}
 	before := map[string]bool{}
+	pending := map[string]*WorkItem{} // the items before this one, as if stored
 	for i, it := range items {
 		if i < len(refused) && refused[i] != nil {
 			continue // not written: not before any item
@@ -213,9 +215,99 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 				break
 			}
 		}
+		if errs[i] == nil && len(it.After) > 0 && !generatedID(it.ID) {
+			// A job waiting for this id may already be stored (written by
+			// hand, or enqueued for a job to come, within the grace): then
+			// this job, waiting for it in turn, would close a cycle.
+			path, err := c.cycleThrough(ctx, it.ID, it.After, pending)
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("checking that %s would not wait for itself: %w", it.ID, err)
+			case path != nil:
+				errs[i] = &DependencyError{Job: it.ID, Dependency: path[0],
+					Reason: "the job would wait for itself: " + strings.Join(append([]string{it.ID}, path...), " waits for "), Status: http.StatusBadRequest}
+			}
+		}
 		before[it.ID] = errs[i] == nil
+		if errs[i] == nil {
+			pending[it.ID] = it
+		}
 	}
 	return errs
+}
+
+// generatedID reports an id NewID made: a new UUID, which no job can have
+// been waiting for.
+func generatedID(id string) bool {
+	u, ok := strings.CutPrefix(id, "job:")
+	if !ok {
+		return false
+	}
+	_, err := uuid.Parse(u)
+	return err == nil && len(u) == 36
+}
+
+// cycleSearch bounds how many jobs cycleThrough reads.
+const cycleSearch = 1000
+
+// cycleThrough looks for a path from the jobs in after, through the
+// after fields of waiting jobs, back to id: the jobs id would wait for in
+// turn, ending with id. pending holds jobs not stored yet (the earlier
+// jobs of the same enqueue). It reads one level of jobs a request, and
+// gives up (nil) after cycleSearch jobs.
+func (c *Client) cycleThrough(ctx context.Context, id string, after []string, pending map[string]*WorkItem) ([]string, error) {
+	via := map[string]string{} // a job reached -> the job that waits for it
+	frontier := []string{}
+	for _, d := range after {
+		if _, seen := via[d]; !seen {
+			via[d] = ""
+			frontier = append(frontier, d)
+		}
+	}
+	path := func(last string) []string {
+		var out []string
+		for j := last; j != ""; j = via[j] {
+			out = append([]string{j}, out...)
+		}
+		return append(out, id)
+	}
+	for read := 0; len(frontier) > 0 && read < cycleSearch; {
+		var fetch []string
+		for _, j := range frontier {
+			if _, ok := pending[j]; !ok {
+				fetch = append(fetch, j)
+			}
+		}
+		stored := map[string]jobState{}
+		if len(fetch) > 0 {
+			var err error
+			if stored, err = c.readJobs(ctx, fetch, true); err != nil {
+				return nil, err
+			}
+		}
+		read += len(frontier)
+		var next []string
+		for _, j := range frontier {
+			it := pending[j]
+			if it == nil {
+				it = stored[j].item
+			}
+			if it == nil || it.Status != StatusWaiting {
+				continue // only a waiting job waits: the others end
+			}
+			for _, d := range it.After {
+				if d == id {
+					return path(j), nil
+				}
+				if _, seen := via[d]; !seen {
+					via[d] = j
+					next = append(next, d)
+				}
+			}
+		}
+		frontier = next
+	}
+	return nil, nil
 }
 
 // checkMany is EnqueueMany's checks of sites and dependencies: the refused
@@ -1076,7 +1168,60 @@ func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, e
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	return c.releaseReady(ctx, ids, by)
+	n, err := c.releaseReady(ctx, ids, by)
+	if err != nil {
+		return n, err
+	}
+	m, err := c.failCycles(ctx, ids, by)
+	return n + m, err
+}
+
+// failCycles fails each waiting job of ids that waits for itself through
+// others (a cycle written by hand, which no enqueue lets form): nothing
+// would ever release it. The jobs of the cycle that wait for it are then
+// ended by their policy. Only a job waiting longer than
+// MissingDependencyGrace is looked at, as for a missing dependency.
+func (c *Client) failCycles(ctx context.Context, ids []string, by string) (int, error) {
+	jobs, err := c.readJobs(ctx, ids, true)
+	if err != nil {
+		return 0, fmt.Errorf("reading waiting jobs: %w", err)
+	}
+	now := c.now()
+	n := 0
+	for _, id := range ids {
+		it := jobs[id].item
+		if it == nil || it.Status != StatusWaiting || len(it.After) == 0 || c.owns(it) != nil ||
+			it.CreatedAt == 0 || now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace {
+			continue
+		}
+		path, err := c.cycleThrough(ctx, it.ID, it.After, nil)
+		if err != nil {
+			return n, err
+		}
+		if path == nil {
+			continue
+		}
+		reason := "waits for itself: " + strings.Join(append([]string{it.ID}, path...), " waits for ")
+		next := it.Clone()
+		next.Status = StatusFailed
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(now)
+		c.record(next, EventFailed, by, reason)
+		rev, err := c.db.Put(ctx, next.ID, next, c.writeOpts()...)
+		switch {
+		case isStatus(err, http.StatusConflict):
+			continue // changed meanwhile: the next pass looks again
+		case err != nil:
+			return n, fmt.Errorf("failing %s, which waits for itself: %w", it.ID, err)
+		}
+		next.Rev = rev
+		n++
+		c.log.Warn().Str("job", it.ID).Str("reason", reason).Msg("failed a job that waits for itself")
+		if err := c.Finished(ctx, next, by); err != nil {
+			c.log.Warn().Err(err).Str("job", it.ID).Msg("could not end what waits for the job; the sweeper will")
+		}
+	}
+	return n, nil
 }
 
 // Batches: jobs enqueued together (EnqueueBatch) carry the batch's id;
