@@ -587,8 +587,18 @@ func ToUnix(t time.Time) float64 {
 
 // FromUnix converts stored Unix seconds back to a time.
 func FromUnix(s float64) time.Time {
-	if s == 0 {
+	switch {
+	case s == 0 || math.IsNaN(s):
 		return time.Unix(0, 0).UTC()
+	case s > maxUnix || math.IsInf(s, 1):
+		// Past what Unix microseconds hold (a hand-written 1e300): the
+		// end of year 9999, not a date that wrapped into the past.
+		return time.Unix(int64(maxUnix), 0).UTC()
+	case s < -maxUnix || math.IsInf(s, -1):
+		return time.Unix(-int64(maxUnix), 0).UTC()
 	}
 	return time.UnixMicro(int64(math.Round(s * 1e6))).UTC()
 }
+
+// maxUnix is the end of year 9999 in Unix seconds.
+const maxUnix = 253402300799

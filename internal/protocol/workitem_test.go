@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +191,22 @@ func TestWorkItemProgress(t *testing.T) {
 	p, err := NewProgress(7, 0, strings.Repeat("é", 300), time.Unix(5, 0))
 	if err != nil || len(p.Note) > MaxProgressNote || p.At != 5 || p.String()[:2] != "7 " {
 		t.Errorf("NewProgress: %+v %v", p, err)
+	}
+}
+
+// A date past what Unix microseconds hold reads as the end of year 9999,
+// not as a date in the past.
+func TestFromUnixOutOfRange(t *testing.T) {
+	end := time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+	for _, s := range []float64{1e300, math.Inf(1), 253402300800} {
+		if got := FromUnix(s); !got.Equal(end) {
+			t.Errorf("FromUnix(%g) = %s, want %s", s, got, end)
+		}
+	}
+	if got := FromUnix(-1e300); !got.Before(time.Unix(0, 0)) {
+		t.Errorf("FromUnix(-1e300) = %s", got)
+	}
+	if got := FromUnix(1.5); !got.Equal(time.UnixMicro(1500000).UTC()) {
+		t.Errorf("FromUnix(1.5) = %s", got)
 	}
 }
