@@ -599,7 +599,7 @@ func TestPauseResume(t *testing.T) {
 	}
 	r = c.run(t, "stats")
 	expect(t, r, exitOK)
-	if !strings.Contains(r.stdout, "OLDEST DUE  PAUSED") || !regexp.MustCompile(`(?m)^mail +1 +0 +0 +0 +- +paused$`).MatchString(r.stdout) {
+	if !strings.Contains(r.stdout, "OLDEST DUE  PAUSED") || !regexp.MustCompile(`(?m)^mail +1 +0 +0 +0 +0 +- +paused$`).MatchString(r.stdout) {
 		t.Fatalf("stats does not show the paused type:\n%s", r.stdout)
 	}
 	r = c.run(t, "resume", "mail", "--json")

@@ -130,11 +130,16 @@ func TestSitesCommands(t *testing.T) {
 	// a line of a --file names its own site, checked like the flag.
 	expect(t, a.run(t, "enqueue", "--type", "thumb", "--site", "Z"), exitUsage, "site Z is not one of the database's sites (A, B)")
 	expect(t, a.withStdin(`{"type":"thumb","site":"no way"}`+"\n").run(t, "enqueue", "--file", "-"), exitUsage, `stdin:1: invalid "site" "no way"`)
+	// The file is refused whole: the line for B is not enqueued either.
 	r = a.withStdin(`{"type":"filed","site":"Z"}`+"\n"+`{"type":"filed","site":"B","id":"job:line-for-B"}`+"\n").run(t, "enqueue", "--file", "-")
-	if r.code == 0 || !strings.Contains(r.stderr, "stdin:1: invalid job: site Z is not one of the database's sites (A, B)") ||
-		!strings.Contains(r.stdout, "1 enqueued, 1 failed") || strings.Contains(r.stderr, "no sites") {
+	if r.code != exitUsage || !strings.Contains(r.stderr, "stdin:1: invalid job: site Z is not one of the database's sites (A, B)") ||
+		!strings.Contains(r.stderr, "nothing was enqueued") || strings.Contains(r.stderr, "no sites") {
 		t.Fatalf("enqueue --file with a line for Z and one for B: %+v", r)
 	}
+	if r := a.run(t, "show", "job:line-for-B"); r.code != exitFailure {
+		t.Fatalf("the line for B of a refused file was enqueued: %+v", r)
+	}
+	expect(t, a.withStdin(`{"type":"filed","site":"B","id":"job:line-for-B"}`+"\n").run(t, "enqueue", "--file", "-"), exitOK)
 	r = a.run(t, "show", "job:line-for-B", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"site": "B"`) {
 		t.Fatalf("the line for B: %+v", r)
