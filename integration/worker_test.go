@@ -499,6 +499,38 @@ func TestDrainRunsWhatItsHandlersEnqueue(t *testing.T) {
 	}
 }
 
+// A drain sweeps before it ends: the job a killed worker held, its lease
+// run out, is returned and run, though the drain ends long before a sweep
+// interval (cron runs of --drain may be every worker there is).
+func TestDrainSweepsFirst(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "cron"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.Claim(tb.ctx, job, "killed/1/w", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // its lease runs out; its worker is gone
+	var ran atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"cron": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran.Add(1); return nil }),
+	})
+	cfg.Drain, cfg.SweepInterval = true, time.Hour
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := tb.client.Get(tb.ctx, job.ID); err != nil || it.Status != protocol.StatusDone || ran.Load() != 1 {
+		t.Errorf("the killed worker's job after a drain: %+v (%v), ran %d times", it, err, ran.Load())
+	}
+}
+
 // Stop returns soon after its context ends even when a handler ignores
 // its own, releasing that job's claim for it; a worker never started
 // stops at once.

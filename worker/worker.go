@@ -71,9 +71,11 @@ type Worker struct {
 	drained        chan struct{} // closed when every runner drained (Drain mode)
 	// jobsEnded counts the jobs that ended, outcome written (Drain mode).
 	jobsEnded atomic.Uint64
-	// firstTicks counts the periodic schedules whose first tick (with the
-	// ticks it catches up on) is not written yet: a drain waits for them.
-	firstTicks atomic.Int32
+	// firstPasses counts what a drain waits for before it may end: the
+	// periodic schedules' first ticks (with the ticks they catch up on)
+	// and its first sweep (the claims of killed workers, the waiting jobs
+	// to release), which in Drain mode comes at once.
+	firstPasses atomic.Int32
 	// claimable is closed once the worker may claim: at once, or once it
 	// has heard from the other sites (awaitSites, waiting for the sites
 	// of awaitFrom, which register sets).
@@ -253,22 +255,33 @@ func (w *Worker) Start(ctx context.Context) error {
 	// A sweep of this site's jobs from a copy the links have not brought
 	// up to date would act on jobs another site took over, and a periodic
 	// tick enqueues a job this site runs: both wait as claims do.
+	sweepsFirst := w.cfg.Drain && w.cfg.SweepInterval > 0
+	w.firstPasses.Store(int32(len(w.cfg.Periodic)))
+	if sweepsFirst {
+		w.firstPasses.Add(1)
+	}
 	if w.cfg.SweepInterval > 0 {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
+			swept := sync.OnceFunc(func() {
+				if sweepsFirst {
+					w.firstPasses.Add(-1)
+					w.wakeAll()
+				}
+			})
+			defer swept()
 			if w.untilClaimable(loopCtx) {
-				w.sweepLoop(loopCtx)
+				w.sweepLoop(loopCtx, sweepsFirst, swept)
 			}
 		}()
 	}
-	w.firstTicks.Store(int32(len(w.cfg.Periodic)))
 	for _, p := range w.cfg.Periodic {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
 			ticked := sync.OnceFunc(func() {
-				w.firstTicks.Add(-1)
+				w.firstPasses.Add(-1)
 				w.wakeAll() // what it enqueued is due: a drain looks for it
 			})
 			defer ticked()
@@ -446,7 +459,7 @@ func (w *Worker) noteFeed(err error) {
 // drains only once every type is idle; and a job that ended after the
 // look began may have enqueued what the look did not see.
 func (w *Worker) drainedAll(ended uint64) bool {
-	if w.firstTicks.Load() > 0 {
+	if w.firstPasses.Load() > 0 {
 		return false // a schedule's catch-up may still enqueue due jobs
 	}
 	for _, r := range w.runners {
@@ -544,11 +557,22 @@ func (w *Worker) settle(ctx context.Context, quiet time.Duration) bool {
 }
 
 // sweepLoop returns expired claims to the queue every SweepInterval.
-func (w *Worker) sweepLoop(ctx context.Context) {
-	for w.sleep(ctx, jitter(w.cfg.SweepInterval)) {
+// A drain sweeps at once (now): cron runs of --drain may be every worker
+// there is, and each may end before a sweep interval has passed. swept is
+// called after the first sweep.
+func (w *Worker) sweepLoop(ctx context.Context, now bool, swept func()) {
+	wait := func() bool {
+		if now {
+			now = false
+			return ctx.Err() == nil
+		}
+		return w.sleep(ctx, jitter(w.cfg.SweepInterval))
+	}
+	for wait() {
 		sctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 		res, err := w.client.Sweep(sctx, w.by, 0)
 		cancel()
+		swept()
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn().Err(err).Msg("sweep failed; will retry")
