@@ -902,3 +902,31 @@ func TestMalformedUnrepairableDocumentDoesNotSpin(t *testing.T) {
 		t.Fatalf("%d due-view queries in 3 s for one document quarantine cannot rewrite: a busy loop", q)
 	}
 }
+
+// A finished job written with a claim is never run again: the sweep clears
+// the claim and leaves it finished, whatever its lease says.
+func TestSweepLeavesAFinishedClaimedJobFinished(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	for id, status := range map[string]string{"hand-done": "done", "hand-cancelled": "cancelled"} {
+		body := fmt.Sprintf(`{"type":"WorkItem","worker":"invoice","status":%q,"claimed":true,"claimed_by":"billing-app","lease_until":1795850000}`, status)
+		if code, resp := tb.raw(t, http.MethodPut, "/"+id, body); code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", id, code, resp)
+		}
+	}
+	res, err := tb.client.Sweep(tb.ctx, "test/1/sweeper", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != 0 {
+		t.Errorf("sweep requeued %d finished jobs", res.Requeued)
+	}
+	for id, status := range map[string]protocol.Status{"hand-done": protocol.StatusDone, "hand-cancelled": protocol.StatusCancelled} {
+		it, err := tb.client.Get(tb.ctx, id)
+		if err != nil || it.Status != status || it.Claimed || len(it.History) == 0 || it.History[len(it.History)-1].Event != protocol.EventClaimCleared {
+			t.Errorf("%s after a sweep: %+v (%v)", id, it, err)
+		}
+	}
+	if due := tb.due(t, "invoice"); len(due) != 0 {
+		t.Errorf("finished jobs due after a sweep: %v", due)
+	}
+}

@@ -42,9 +42,12 @@ const (
 	// "claimed" entry (no attempt is charged); the claim's lease ends at
 	// once, so the sweeper settles the job without waiting for it.
 	EventClaimConceded = "claim-conceded"
-	// EventArchived starts the history of a finished unique job's copy,
+	// EventArchived ends the history of a finished unique job's copy,
 	// made when its key was enqueued again (see UniqueOpts).
 	EventArchived = "archived"
+	// EventClaimCleared: the sweeper cleared the claim of a job that had
+	// finished (written so by hand), leaving it finished.
+	EventClaimCleared = "claim-cleared"
 )
 
 // StatsOptions choose what Stats covers.

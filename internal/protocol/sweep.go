@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -204,6 +205,22 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 				}
 				continue
 			}
+		}
+		if it.Status.Terminal() {
+			// Finished, yet claimed: written so by hand (couchq unclaims
+			// every job it finishes). It ran; returning it to the queue
+			// would run it again. Only the claim goes.
+			err := c.transition(ctx, "clearing the claim of the finished job", it, func(next *WorkItem) {
+				c.unclaim(next)
+				c.record(next, EventClaimCleared, by, fmt.Sprintf("the job is %s: only its claim by %s was cleared", it.Status, cmp.Or(it.ClaimedBy, "no one")))
+			})
+			switch {
+			case errors.Is(err, ErrClaimLost):
+				res.Lost++
+			case err != nil:
+				return err
+			}
+			continue
 		}
 		if it.Conceded() {
 			// The claimant gave the claim up without running it: the job
