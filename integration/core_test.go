@@ -295,6 +295,8 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		{`{"type":"WorkItem","worker":"a","date":"tomorrow"}`, "date must be a number"},
 		{`{"type":"WorkItem","worker":"a","status":"paused"}`, "status must be one of"},
 		{`{"type":"WorkItem","worker":"a","claimed":"yes"}`, "claimed must be a boolean"},
+		{`{"type":"WorkItem","worker":"a","status":"running"}`, "but the job is not claimed"},
+		{`{"type":"WorkItem","worker":"a","status":"running","claimed":false}`, "but the job is not claimed"},
 		{`{"type":"WorkItem","worker":"a","attempts":-1}`, "attempts must be a whole number"},
 		{`{"type":"WorkItem","worker":"a","lease_until":"soon"}`, "lease_until must be a number"},
 		{`{"type":"WorkItem","worker":"a","history":{}}`, "history must be an array"},

@@ -140,6 +140,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (given(newDoc.claimed) && typeof newDoc.claimed !== 'boolean') {
     reject('claimed', 'must be a boolean, got ' + describe(newDoc.claimed));
   }
+  if (newDoc.status === 'running' && newDoc.claimed !== true) {
+    reject('status', 'is "running" but the job is not claimed ("claimed" is not true): no worker holds it');
+  }
   var strings = ['claimed_by', 'last_error', 'unique_key'];
   for (var s = 0; s < strings.length; s++) {
     if (given(newDoc[strings[s]]) && typeof newDoc[strings[s]] !== 'string') {
