@@ -124,6 +124,8 @@ func malShapes() []*malShape {
 		q("status-unknown", `"status":"paused"`, "status"),
 		q("status-case", `"status":"Queued"`, "status"),
 		q("status-number", `"status":3`, "status"),
+		// validate_doc_update refuses every write of it, claims included.
+		q("unique-key-wrong-id", `"unique_key":"abc"`, "unique_key"),
 		q("claimed-string", `"claimed":"yes"`, "claimed"),
 		q("claimed-string-true", `"claimed":"true"`, "claimed"),
 		q("claimed-number", `"claimed":1`, "claimed"),

@@ -356,6 +356,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.num("finished_at", &w.FinishedAt)
 	p.history(&w.History)
 	p.str("unique_key", &w.UniqueKey)
+	if p.err == nil && w.UniqueKey != "" && w.ID != "" && !strings.HasPrefix(w.ID, "job:unique:"+w.Worker+":"+w.UniqueKey) {
+		// As validate_doc_update has it: a key on any other id promises a
+		// uniqueness nothing enforces, and the function refuses every
+		// write of such a job, claims included.
+		p.fail("unique_key", fmt.Sprintf("needs the id job:unique:%s:%s (got %q)", w.Worker, w.UniqueKey, w.ID))
+	}
 	if v, ok := raw["priority"]; ok && string(v) != "null" && p.err == nil {
 		var f float64
 		if json.Unmarshal(v, &f) != nil || f != math.Trunc(f) || f < PriorityHighest || f > PriorityLowest {
