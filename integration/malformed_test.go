@@ -126,6 +126,9 @@ func malShapes() []*malShape {
 		q("status-number", `"status":3`, "status"),
 		// validate_doc_update refuses every write of it, claims included.
 		q("unique-key-wrong-id", `"unique_key":"abc"`, "unique_key"),
+		// Waiting (a callback): not in the due view; the sweeper's pass
+		// over waiting jobs finds it.
+		q("callback-bad-size", `"callback_of":"zz","batch_size":"x"`, "batch_size"),
 		q("claimed-string", `"claimed":"yes"`, "claimed"),
 		q("claimed-string-true", `"claimed":"true"`, "claimed"),
 		q("claimed-number", `"claimed":1`, "claimed"),

@@ -420,6 +420,8 @@ type jobState struct {
 	exists  bool
 	deleted bool
 	item    *WorkItem
+	// malformed is a WorkItem couchq cannot read, read with its document.
+	malformed *Malformed
 }
 
 // readJobs reads ids in one _all_docs request, with the documents when
@@ -443,8 +445,12 @@ func (c *Client) readJobs(ctx context.Context, ids []string, docs bool) (map[str
 				var raw json.RawMessage
 				if err := rows.ScanDoc(&raw); err == nil && !gone(raw) {
 					var it WorkItem
-					if json.Unmarshal(raw, &it) == nil {
+					var m *MalformedError
+					switch err := json.Unmarshal(raw, &it); {
+					case err == nil:
 						st.item = &it
+					case errors.As(err, &m) && m.Field != "type":
+						st.malformed = &Malformed{ID: id, Rev: stub.Rev, Err: m, Raw: raw}
 					}
 				}
 			}
@@ -1172,22 +1178,40 @@ func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, e
 	if err != nil {
 		return n, err
 	}
-	m, err := c.failCycles(ctx, ids, by)
+	m, err := c.endStuck(ctx, ids, by)
 	return n + m, err
 }
 
-// failCycles fails each waiting job of ids that waits for itself through
-// others (a cycle written by hand, which no enqueue lets form): nothing
-// would ever release it. The jobs of the cycle that wait for it are then
-// ended by their policy. Only a job waiting longer than
-// MissingDependencyGrace is looked at, as for a missing dependency.
-func (c *Client) failCycles(ctx context.Context, ids []string, by string) (int, error) {
+// endStuck ends the waiting jobs of ids that nothing would ever release.
+// A document the waiting view lists but couchq cannot read (a malformed
+// batch_size, say) is quarantined, by the default site's sweeper as every
+// malformed job is. A job that waits for itself through others (a cycle
+// written by hand, which no enqueue lets form) is failed, and the jobs of
+// the cycle that wait for it are then ended by their policy; only a job
+// waiting longer than MissingDependencyGrace is looked at, as for a
+// missing dependency.
+func (c *Client) endStuck(ctx context.Context, ids []string, by string) (int, error) {
 	jobs, err := c.readJobs(ctx, ids, true)
 	if err != nil {
 		return 0, fmt.Errorf("reading waiting jobs: %w", err)
 	}
-	now := c.now()
 	n := 0
+	var malformed []Malformed
+	for _, id := range ids {
+		if m := jobs[id].malformed; m != nil {
+			malformed = append(malformed, *m)
+		}
+	}
+	if len(malformed) > 0 && c.ownsUnsited() {
+		for _, err := range c.QuarantineMany(ctx, malformed, by) {
+			if err != nil {
+				c.log.Warn().Err(err).Msg("cannot quarantine a malformed waiting job")
+				continue
+			}
+			n++
+		}
+	}
+	now := c.now()
 	for _, id := range ids {
 		it := jobs[id].item
 		if it == nil || it.Status != StatusWaiting || len(it.After) == 0 || c.owns(it) != nil ||
