@@ -107,7 +107,14 @@ func EnqueueHook(opts ...Option) func(ctx context.Context, job *couchq.NewJob) e
 	var traceContext propagation.TraceContext
 	return func(ctx context.Context, job *couchq.NewJob) error {
 		if len(job.Trace) > 0 {
-			ctx = traceContext.Extract(ctx, propagation.MapCarrier(job.Trace))
+			given := traceContext.Extract(ctx, propagation.MapCarrier(job.Trace))
+			if sc := trace.SpanContextFromContext(given); !sc.IsValid() || !sc.IsRemote() {
+				// A trace context that is no W3C one: leave it for the
+				// enqueue to refuse, as it would without this hook, rather
+				// than start the job a trace of its own.
+				return nil
+			}
+			ctx = given
 		}
 		attrs := []attribute.KeyValue{keySystem.String("couchq"), keyOp.String("create"), keyJobType.String(job.Worker)}
 		if job.ID != "" {
@@ -190,7 +197,7 @@ func Middleware(opts ...Option) worker.Middleware {
 		outcome := outcomeOf(ctx, job, err)
 		span.SetAttributes(keyOutcome.String(outcome))
 		switch outcome {
-		case "done", "snoozed", "cancelled":
+		case "done", "snoozed", "cancelled", "awaiting-children":
 		default:
 			var stack []trace.EventOption
 			var perr *worker.PanicError
@@ -212,9 +219,12 @@ func outcomeOf(ctx context.Context, job *worker.Job, err error) string {
 	var snooze *worker.SnoozeError
 	var cancel *worker.CancelError
 	var fail *worker.FailError
+	var await *worker.AwaitChildrenError
 	switch {
 	case err == nil:
 		return "done"
+	case errors.As(err, &await):
+		return "awaiting-children"
 	case errors.As(err, &snooze):
 		return "snoozed"
 	case errors.As(err, &cancel):

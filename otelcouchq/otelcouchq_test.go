@@ -78,6 +78,13 @@ func TestOtelEnqueueHook(t *testing.T) {
 	if !strings.HasPrefix(job.Trace["traceparent"], "00-0af7651916cd43dd8448eb211c80319c-"+enq.SpanContext().SpanID().String()) {
 		t.Fatalf("a job's own trace context became %v", job.Trace)
 	}
+	// A trace context that is no W3C one is left for the enqueue to
+	// refuse, as without the hook: no trace of the job's own is started.
+	ended := len(rec.Ended())
+	job = couchq.NewJob{Worker: "email", Trace: map[string]string{"traceparent": "garbage"}}
+	if err := hook(ctx, &job); err != nil || job.Trace["traceparent"] != "garbage" || len(rec.Ended()) != ended {
+		t.Fatalf("a malformed trace context: %v, trace %v, %d spans more", err, job.Trace, len(rec.Ended())-ended)
+	}
 }
 
 // jobWithTrace is a job as a worker hands it to middleware, enqueued in
@@ -125,6 +132,7 @@ func TestOtelMiddlewareSpansAndMetrics(t *testing.T) {
 		{context.Background(), 1, worker.JobFail(errors.New("bad address")), "failed"},
 		{context.Background(), 1, fmt.Errorf("wrapped: %w", worker.JobSnooze(time.Minute)), "snoozed"},
 		{context.Background(), 1, worker.JobCancel(errors.New("unsubscribed")), "cancelled"},
+		{context.Background(), 3, worker.JobAwaitChildren(), "awaiting-children"},
 		{context.Background(), 2, &worker.PanicError{Value: "nil map", Stack: []byte("goroutine 1 [running]:")}, "retry"},
 		{cancelled, 1, context.Canceled, "interrupted"},
 	} {
@@ -199,7 +207,7 @@ func TestOtelMiddlewareSpansAndMetrics(t *testing.T) {
 	}
 	wantCounts := map[string]int64{
 		"couchq.job.runs email done": 1, "couchq.job.runs email retry": 2, "couchq.job.runs email failed": 2,
-		"couchq.job.runs email snoozed": 1, "couchq.job.runs email cancelled": 1, "couchq.job.runs email interrupted": 1,
+		"couchq.job.runs email snoozed": 1, "couchq.job.runs email cancelled": 1, "couchq.job.runs email interrupted": 1, "couchq.job.runs email awaiting-children": 1,
 	}
 	if fmt.Sprint(counts) != fmt.Sprint(wantCounts) {
 		t.Fatalf("counts %v, want %v", counts, wantCounts)
