@@ -133,6 +133,11 @@ func TestRunJobPanicAndBadJob(t *testing.T) {
 		t.Errorf("bad job ran: %+v", out)
 	}
 	f.failed(t, "building the job to run", "priority")
+	f = &fakeTB{TB: t}
+	if out := couchqtest.RunJob(ctx, f, nil, couchq.NewJob{Worker: "x"}, nil); out != nil {
+		t.Errorf("a nil handler ran: %+v", out)
+	}
+	f.failed(t, "a nil handler")
 	// The context is the caller's, cancellable: a handler sees it end.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
@@ -200,4 +205,12 @@ func TestRequireEnqueued(t *testing.T) {
 	f = &fakeTB{TB: t}
 	couchqtest.RequireEnqueued(ctx, f, q, "invoice", &couchqtest.RequireOpts{Payload: func() {}})
 	f.failed(t, "encoding the payload wanted")
+
+	// No type is no test: it would match jobs of every type.
+	f = &fakeTB{TB: t}
+	couchqtest.RequireEnqueued(ctx, f, q, "", nil)
+	f.failed(t, "the job type to look for is required")
+	f = &fakeTB{TB: t}
+	couchqtest.RequireNotEnqueued(ctx, f, nil, "invoice", nil)
+	f.failed(t, "a nil client")
 }

@@ -39,7 +39,8 @@ type RequireOpts struct {
 const maxListed = 1000
 
 // RequireEnqueued checks that the database holds a job of type worker
-// matching opts, and returns the jobs that match (oldest first). When none
+// matching opts, and returns the jobs that match (in the order of
+// couchq.Client.List). When none
 // (or not opts.Count) match, it fails the test with what it looked for and
 // the jobs of the type it found.
 func RequireEnqueued(ctx context.Context, t testing.TB, client *couchq.Client, worker string, opts *RequireOpts) []*couchq.WorkItem {
@@ -74,6 +75,14 @@ func RequireNotEnqueued(ctx context.Context, t testing.TB, client *couchq.Client
 // what opts asks for in words; ok is false when it failed the test.
 func find(ctx context.Context, t testing.TB, client *couchq.Client, worker string, opts *RequireOpts) (matched, all []*couchq.WorkItem, want string, ok bool) {
 	t.Helper()
+	switch {
+	case client == nil:
+		t.Fatalf("couchqtest: a nil client: open one with couchq.Open")
+		return nil, nil, "", false
+	case worker == "":
+		t.Fatalf("couchqtest: the job type to look for is required")
+		return nil, nil, "", false
+	}
 	if opts == nil {
 		opts = &RequireOpts{}
 	}

@@ -83,6 +83,10 @@ type Outcome struct {
 // be enqueued fails the test.
 func RunJob[J couchq.NewJob | *couchq.WorkItem](ctx context.Context, t testing.TB, handler worker.Handler, job J, opts *RunOpts) *Outcome {
 	t.Helper()
+	if handler == nil {
+		t.Fatalf("couchqtest: a nil handler to run")
+		return nil
+	}
 	if opts == nil {
 		opts = &RunOpts{}
 	}

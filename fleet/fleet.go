@@ -210,6 +210,9 @@ func Load(path string) (*Config, error) {
 // cfg.ShutdownTimeout to finish; those still running then are cancelled
 // and released back to the queue. Run returns nil after such a stop.
 func Run(ctx context.Context, cfg *Config, opts Options) error {
+	if cfg == nil {
+		return errors.New("no configuration: load one with Load, or fill in a Config")
+	}
 	specs, err := cfg.specs(opts.Handlers)
 	if err != nil {
 		return err

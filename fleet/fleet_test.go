@@ -174,6 +174,9 @@ func TestRunRefuses(t *testing.T) {
 			}
 		})
 	}
+	if err := fleet.Run(context.Background(), nil, fleet.Options{}); err == nil || !strings.Contains(err.Error(), "no configuration") {
+		t.Errorf("Run of no configuration: %v", err)
+	}
 }
 
 // A file's types run in one process, a built-in handler's and a Go

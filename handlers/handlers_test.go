@@ -84,6 +84,10 @@ func TestNewExecNeedsCommand(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "couchq-no-such-program-xyz") {
 		t.Fatalf("New(exec) with a missing program: err = %v, want an error naming it", err)
 	}
+	_, err = handlers.New("exec", handlers.Options{Exec: []string{"true"}, ExecDir: "/couchq/no/such/dir"})
+	if err == nil || !strings.Contains(err.Error(), `working directory "/couchq/no/such/dir"`) {
+		t.Fatalf("New(exec) in a missing directory: err = %v, want an error naming it", err)
+	}
 }
 
 func TestNewRejectsNegativeTimeout(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -89,6 +90,11 @@ func New(name string, opts Options) (worker.Handler, error) {
 func checkCommand(argv []string, dir string) error {
 	if len(argv) == 0 || argv[0] == "" {
 		return errors.New("no command given: exec needs the program (and its arguments) to run for each job")
+	}
+	if dir != "" {
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return fmt.Errorf("working directory %q: not a directory the command can run in", dir)
+		}
 	}
 	prog := argv[0]
 	// A relative path with a separator is resolved against the command's

@@ -13,7 +13,7 @@ import (
 )
 
 // The metrics of NewCollector (and so of couchq serve's /metrics). The
-// README lists them; keep the two in step.
+// operating guide (docs/operating.md) lists them; keep the two in step.
 //
 // Gauges are the queue as it is at the scrape. Counters and summaries are
 // cumulative over the activity log: the first scrape counts every event
@@ -139,7 +139,7 @@ func newMetricDescs() metricDescs {
 }
 
 // NewCollector returns a prometheus.Collector of the queue's metrics, the
-// couchq_* families the README lists, computed from q's stats when
+// couchq_* families the operating guide (docs/operating.md) lists, computed from q's stats when
 // scraped: gauges of the queue and the workers as they are, and counters
 // and summaries of the activity log that this collector keeps (the first
 // scrape counts the whole log, later ones add what happened since, up to
