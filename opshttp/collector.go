@@ -139,9 +139,10 @@ func newMetricDescs() metricDescs {
 }
 
 // NewCollector returns a prometheus.Collector of the queue's metrics, the
-// couchq_* families the operating guide (docs/operating.md) lists, computed from q's stats when
-// scraped: gauges of the queue and the workers as they are, and counters
-// and summaries of the activity log that this collector keeps (the first
+// couchq_* families the operating guide (docs/operating.md) lists,
+// computed from q's stats when scraped: gauges of the queue and the
+// workers as they are, and counters and summaries of the activity log
+// that this collector keeps (the first
 // scrape counts the whole log, later ones add what happened since, up to
 // cfg.Settle ago). A scrape within cfg.CacheTTL of the last refresh gets
 // the cached figures, so that several Prometheus servers do not each load

@@ -96,6 +96,9 @@ func (m *Main) runEnqueue(ctx context.Context, log zerolog.Logger, args []string
 		spec.MaxAttempts = &maxAttempts
 	}
 	now := m.Now()
+	if flagSet(fs, "unique-key") && spec.UniqueKey == "" {
+		return cli.Usagef("--unique-key is empty: give the key, or leave the flag out for a job that is not unique")
+	}
 	if flagSet(fs, "after") {
 		for _, id := range strings.Split(after, ",") {
 			if id = strings.TrimSpace(id); id != "" {

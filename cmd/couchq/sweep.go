@@ -90,7 +90,7 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 		line += fmt.Sprintf(", %d %s of unknown sites failed", out.UnknownSite, cli.Plural(out.UnknownSite, "job", "jobs"))
 	}
 	if out.Released > 0 {
-		line += fmt.Sprintf(", %d waiting %s released", out.Released, cli.Plural(out.Released, "job", "jobs"))
+		line += fmt.Sprintf(", %d waiting %s settled (released, or ended by a dependency)", out.Released, cli.Plural(out.Released, "job", "jobs"))
 	}
 	if out.Malformed > 0 {
 		line += fmt.Sprintf(", malformed %d (see the log)", out.Malformed)

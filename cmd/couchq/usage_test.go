@@ -33,6 +33,8 @@ func TestUsageErrors(t *testing.T) {
 		{"negative max attempts", "", []string{"enqueue", "--type", "x", "--max-attempts", "-2"}, "invalid --max-attempts -2"},
 		{"max attempts -1", "", []string{"enqueue", "--type", "x", "--max-attempts", "-1"}, "invalid --max-attempts -1"},
 		{"after nothing", "", []string{"enqueue", "--type", "x", "--after", ""}, `--after "" names no job`},
+		{"empty unique key", "", []string{"enqueue", "--type", "x", "--unique-key", ""}, "--unique-key is empty"},
+		{"empty unique key in a file", `{"type":"x","unique_key":""}`, []string{"enqueue", "--file", "-"}, `stdin:1: "unique_key" is empty`},
 		{"after commas", "", []string{"enqueue", "--type", "x", "--after", " , "}, `--after " , " names no job`},
 		{"reserved id", "", []string{"enqueue", "--type", "x", "--id", "_design/x"}, "reserved by CouchDB"},
 		{"stray argument", "", []string{"enqueue", "--type", "x", "payload"}, `unexpected argument "payload"`},

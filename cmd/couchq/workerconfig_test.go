@@ -79,6 +79,12 @@ func TestWorkerConfigCheck(t *testing.T) {
 		!strings.Contains(r.stdout, "database other") {
 		t.Errorf("overrides:\n%s", r.stdout)
 	}
+	// --handler overrides a type's exec handler, its command with it.
+	r = c.run(t, "worker", "--config", path, "--check", "--type", "email", "--handler", "noop")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "type email: handler noop,") {
+		t.Errorf("--handler over the file's exec:\n%s", r.stdout)
+	}
 	// The environment overrides the file (a deployment's secret or URL).
 	r = c.withEnv("COUCHDB_URL", "http://couch.example:5984").withEnv("COUCHDB_PASSWORD", "x").run(t, "worker", "--config", path, "--check")
 	expect(t, r, exitOK)

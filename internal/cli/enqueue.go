@@ -311,6 +311,12 @@ func parseJobLine(text []byte, defaults JobSpec, now time.Time) (protocol.NewJob
 	if _, err := dec.Token(); err != io.EOF {
 		return protocol.NewJob{}, errors.New("more than one JSON value on the line")
 	}
+	var given struct {
+		UniqueKey *string `json:"unique_key"`
+	}
+	if json.Unmarshal(text, &given) == nil && given.UniqueKey != nil && *given.UniqueKey == "" {
+		return protocol.NewJob{}, errors.New(`"unique_key" is empty: give the key, or leave the field out for a job that is not unique`)
+	}
 	if s.Type == "" && s.Worker == "" {
 		s.Type = defaults.Type
 	}

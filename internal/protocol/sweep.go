@@ -249,7 +249,7 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 		}
 		dead := it.ClaimedBy
 		cause := fmt.Sprintf("lease expired at %s; claimant %s presumed dead",
-			FromUnix(it.LeaseUntil).Format("2006-01-02T15:04:05.000Z07:00"), dead)
+			FromUnix(it.LeaseUntil).Format("2006-01-02T15:04:05.000Z07:00"), cmp.Or(dead, "(unnamed)"))
 		err := c.transition(ctx, "sweeping", it, func(next *WorkItem) {
 			c.unclaim(next)
 			next.LastError = truncate(cause)

@@ -517,6 +517,9 @@ func (o *Spec) overrideInto(s *Spec) {
 		switch name {
 		case "handler":
 			s.Handler = o.Handler
+			if !o.Set["exec"] && o.Handler != handlers.NameExec {
+				s.Exec = "" // the file's command was for the file's handler
+			}
 		case "exec":
 			s.Exec = o.Exec
 		case "http-timeout":
