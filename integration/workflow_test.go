@@ -237,7 +237,7 @@ func TestDependencyCyclesAreRefusedOrFailed(t *testing.T) {
 		t.Fatalf("the refused job was written: %v", err)
 	}
 	// Written by hand, a cycle of three, enqueued two minutes ago.
-	created := float64(time.Now().Add(-2*time.Minute).Unix())
+	created := float64(time.Now().Add(-2 * time.Minute).Unix())
 	for id, after := range map[string]string{"job:c1": "job:c2", "job:c2": "job:c3", "job:c3": "job:c1"} {
 		if status, body := tb.raw(t, http.MethodPut, "/"+id, fmt.Sprintf(`{"type":"WorkItem","worker":"w","after":[%q],"created_at":%f}`, after, created)); status != http.StatusCreated {
 			t.Fatalf("%s: %d %s", id, status, body)
