@@ -156,16 +156,8 @@ func TestPeriodicCatchUpRunsBeforeADrainEnds(t *testing.T) {
 	cfg := fastWorker(tb, map[string]worker.Handler{
 		"pong": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran.Add(1); return nil }),
 	})
-	cfg.Drain, cfg.Periodic, cfg.Now = true, []protocol.Periodic{p}, clk.Now
-	w, err := worker.New((*couchq.Client)(client), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
-	defer cancel()
-	if err := w.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cfg.Periodic, cfg.Now = []protocol.Periodic{p}, clk.Now
+	drain(t, tb.ctx, client, cfg)
 	if n := ran.Load(); n != 12 {
 		t.Errorf("the drain ran %d of the 12 missed ticks' jobs", n)
 	}

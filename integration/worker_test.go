@@ -469,20 +469,11 @@ func TestDrainRunsWhatItsHandlersEnqueue(t *testing.T) {
 		"thumbnail": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { count(job); return nil }),
 		"email":     worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { count(job); return nil }),
 	})
-	cfg.Drain = true
 	up, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "upload", ID: "upload"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New((*couchq.Client)(tb.client), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
-	defer cancel()
-	if err := w.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	drain(t, tb.ctx, tb.client, cfg)
 	for _, typ := range []string{"upload", "thumbnail", "email"} {
 		for _, it := range allJobs(t, tb, typ) {
 			n, _ := ran.Load(it.ID)
@@ -516,18 +507,26 @@ func TestDrainSweepsFirst(t *testing.T) {
 	cfg := fastWorker(tb, map[string]worker.Handler{
 		"cron": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran.Add(1); return nil }),
 	})
-	cfg.Drain, cfg.SweepInterval = true, time.Hour
-	w, err := worker.New((*couchq.Client)(tb.client), cfg)
+	cfg.SweepInterval = time.Hour
+	drain(t, tb.ctx, tb.client, cfg)
+	if it, err := tb.client.Get(tb.ctx, job.ID); err != nil || it.Status != protocol.StatusDone || ran.Load() != 1 {
+		t.Errorf("the killed worker's job after a drain: %+v (%v), ran %d times", it, err, ran.Load())
+	}
+}
+
+// drain runs a worker of cfg in Drain mode on client until it returns
+// (30 s at most).
+func drain(t *testing.T, ctx context.Context, client *protocol.Client, cfg worker.Config) {
+	t.Helper()
+	cfg.Drain = true
+	w, err := worker.New((*couchq.Client)(client), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(tb.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := w.Run(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if it, err := tb.client.Get(tb.ctx, job.ID); err != nil || it.Status != protocol.StatusDone || ran.Load() != 1 {
-		t.Errorf("the killed worker's job after a drain: %+v (%v), ran %d times", it, err, ran.Load())
 	}
 }
 
