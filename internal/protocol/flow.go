@@ -102,6 +102,10 @@ type flowState struct {
 	// looked are jobs finished here whose dependents were looked for, in
 	// the order they finished (LookAgainForDependents).
 	looked []lookedJob
+	// noCycle holds, by id, the revision of each hand-written waiting job
+	// the sweeper found in no cycle (endStuck): it is not walked again
+	// while it stands. Emptied when it grows past maxNoCycle.
+	noCycle map[string]string
 	// batches holds, by batch id, the last batchRead of a batch far from
 	// done (batchMayBeDone); entries go when the batch nears its end.
 	batches sync.Map
@@ -217,13 +221,13 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 		}
 		if errs[i] == nil && len(it.After) > 0 && !generatedID(it.ID) {
 			// A job waiting for this id may already be stored (written by
-			// hand, or enqueued for a job to come, within the grace): then
-			// this job, waiting for it in turn, would close a cycle.
-			path, err := c.cycleThrough(ctx, it.ID, it.After, pending)
-			switch {
-			case err != nil:
+			// hand, within the grace of a missing dependency): then this
+			// job, waiting for it in turn, could close a cycle. Looked for
+			// only when some job waits for the id, so that building a
+			// chain forward under ids of one's own reads nothing more.
+			if path, err := c.cycleOfNew(ctx, it, pending); err != nil {
 				errs[i] = fmt.Errorf("checking that %s would not wait for itself: %w", it.ID, err)
-			case path != nil:
+			} else if path != nil {
 				errs[i] = &DependencyError{Job: it.ID, Dependency: path[0],
 					Reason: "the job would wait for itself: " + strings.Join(append([]string{it.ID}, path...), " waits for "), Status: http.StatusBadRequest}
 			}
@@ -236,6 +240,20 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 	return errs
 }
 
+// cycleOfNew is the cycle job it, about to be written, would close (nil
+// for none): through its dependencies back to it, when some job already
+// waits for its id.
+func (c *Client) cycleOfNew(ctx context.Context, it *WorkItem, pending map[string]*WorkItem) ([]string, error) {
+	waiters, _, err := c.dependents(ctx, []string{it.ID})
+	if err != nil || len(waiters) == 0 {
+		return nil, err
+	}
+	return c.cycleThrough(ctx, it.ID, it.After, pending)
+}
+
+// maxNoCycle bounds flowState.noCycle.
+const maxNoCycle = 10000
+
 // generatedID reports an id NewID made: a new UUID, which no job can have
 // been waiting for.
 func generatedID(id string) bool {
@@ -245,6 +263,24 @@ func generatedID(id string) bool {
 	}
 	_, err := uuid.Parse(u)
 	return err == nil && len(u) == 36
+}
+
+// walkedForCycle reports whether endStuck found job it, at its revision,
+// in no cycle before.
+func (c *Client) walkedForCycle(it *WorkItem) bool {
+	c.flow.mu.Lock()
+	defer c.flow.mu.Unlock()
+	return c.flow.noCycle[it.ID] == it.Rev
+}
+
+// noCycleFound records that job it, at its revision, is in no cycle.
+func (c *Client) noCycleFound(it *WorkItem) {
+	c.flow.mu.Lock()
+	defer c.flow.mu.Unlock()
+	if c.flow.noCycle == nil || len(c.flow.noCycle) >= maxNoCycle {
+		c.flow.noCycle = map[string]string{}
+	}
+	c.flow.noCycle[it.ID] = it.Rev
 }
 
 // cycleSearch bounds how many jobs cycleThrough reads.
@@ -1214,8 +1250,12 @@ func (c *Client) endStuck(ctx context.Context, ids []string, by string) (int, er
 	now := c.now()
 	for _, id := range ids {
 		it := jobs[id].item
+		// Enqueues let no cycle form, so one has a job written by hand
+		// (no enqueued entry) on it: the walks start from those only, and
+		// from each once a revision.
 		if it == nil || it.Status != StatusWaiting || len(it.After) == 0 || c.owns(it) != nil ||
-			it.CreatedAt == 0 || now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace {
+			it.CreatedAt == 0 || now.Sub(FromUnix(it.CreatedAt)) < MissingDependencyGrace ||
+			slices.ContainsFunc(it.History, func(e Event) bool { return e.Event == EventEnqueued }) || c.walkedForCycle(it) {
 			continue
 		}
 		path, err := c.cycleThrough(ctx, it.ID, it.After, nil)
@@ -1223,6 +1263,7 @@ func (c *Client) endStuck(ctx context.Context, ids []string, by string) (int, er
 			return n, err
 		}
 		if path == nil {
+			c.noCycleFound(it)
 			continue
 		}
 		reason := "waits for itself: " + strings.Join(append([]string{it.ID}, path...), " waits for ")
