@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -1210,15 +1211,23 @@ func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, e
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	n, err := c.releaseReady(ctx, ids, by)
+	// One read of the page serves the release and endStuck (whose jobs
+	// the release leaves as they were: a job it changed meanwhile makes
+	// endStuck's write a 409, skipped).
+	jobs, err := c.readJobs(ctx, ids, true)
+	if err != nil {
+		return 0, fmt.Errorf("reading waiting jobs: %w", err)
+	}
+	n, _, _, err := c.releaseRead(ctx, slices.Clone(ids), maps.Clone(jobs), by)
 	if err != nil {
 		return n, err
 	}
-	m, err := c.endStuck(ctx, ids, by)
+	m, err := c.endStuck(ctx, ids, jobs, by)
 	return n + m, err
 }
 
-// endStuck ends the waiting jobs of ids that nothing would ever release.
+// endStuck ends the waiting jobs of ids (read as jobs) that nothing would
+// ever release.
 // A document the waiting view lists but couchq cannot read (a malformed
 // batch_size, say) is quarantined, by the default site's sweeper as every
 // malformed job is. A job that waits for itself through others (a cycle
@@ -1226,11 +1235,7 @@ func (c *Client) SweepWaiting(ctx context.Context, by string, limit int) (int, e
 // the cycle that wait for it are then ended by their policy; only a job
 // waiting longer than MissingDependencyGrace is looked at, as for a
 // missing dependency.
-func (c *Client) endStuck(ctx context.Context, ids []string, by string) (int, error) {
-	jobs, err := c.readJobs(ctx, ids, true)
-	if err != nil {
-		return 0, fmt.Errorf("reading waiting jobs: %w", err)
-	}
+func (c *Client) endStuck(ctx context.Context, ids []string, jobs map[string]jobState, by string) (int, error) {
 	n := 0
 	var malformed []Malformed
 	for _, id := range ids {
