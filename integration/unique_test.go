@@ -215,3 +215,42 @@ func TestUniqueKeyConcurrentEnqueues(t *testing.T) {
 		t.Fatalf("%d created, %d duplicates; want 1 and 15", created, dups)
 	}
 }
+
+// Archived copies of unique jobs stay failed for good, and retry --failed
+// pages past them: a failed job listed after more of them than a page
+// holds is retried too.
+func TestRetryFailedPagesPastArchivedCopies(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	c := tb.client
+	const copies = 600 // more than RetryFailed's page of 500
+	docs := make([]any, 0, copies+1)
+	for i := range copies {
+		docs = append(docs, map[string]any{
+			"_id": fmt.Sprintf("job:unique:digest:k%d~1-abc", i), "type": "WorkItem", "worker": "digest",
+			"status": "failed", "unique_key": fmt.Sprintf("k%d", i), "attempts": 1, "finished_at": 1000 + i,
+			"history": []map[string]any{{"at": "2026-11-28T10:00:00Z", "event": "archived", "by": "test"}},
+		})
+	}
+	// The one failed job that may be retried finished last, so it is
+	// listed after every archived copy.
+	docs = append(docs, map[string]any{
+		"_id": "job:late", "type": "WorkItem", "worker": "digest", "status": "failed",
+		"attempts": 1, "finished_at": 5000, "last_error": "boom",
+	})
+	results, err := tb.db.BulkDocs(tb.ctx, docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if r.Error != nil {
+			t.Fatalf("storing %s: %v", r.ID, r.Error)
+		}
+	}
+	n, err := c.RetryFailed(tb.ctx, "digest", "ops", nil)
+	if err != nil || n != 1 {
+		t.Fatalf("retrying the failed digest jobs behind %d archived copies: %d, %v; want 1", copies, n, err)
+	}
+	if late, err := c.Get(tb.ctx, "job:late"); err != nil || late.Status != protocol.StatusQueued {
+		t.Fatalf("the failed job after the archived copies: %+v, %v; want queued", late, err)
+	}
+}

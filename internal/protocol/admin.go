@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -166,54 +165,60 @@ func (c *Client) Requeue(ctx context.Context, id, by string) (*WorkItem, error) 
 // set, is called after each page with the running total.
 func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress func(retried int)) (int, error) {
 	n := 0
+	// skip counts the rows of the failed range that stay there: archived
+	// copies of unique jobs, which are never retried, and conflicted jobs
+	// that will not settle as failed. Paging past them, rather than
+	// stopping at a page of them, retries the failed jobs listed after any
+	// number of them. A job whose write fails is listed again, and retried
+	// if it is still failed, until a page retries nothing new.
+	skip := 0
 	for {
-		batch, err := c.List(ctx, ListOptions{Worker: worker, Status: StatusFailed, Limit: 500})
+		batch, listed, err := c.listFrom(ctx, ListOptions{Worker: worker, Status: StatusFailed, Limit: 500}, skip)
 		if err != nil {
 			return n, err
 		}
-		if len(batch.Items) == 0 {
+		if listed == 0 {
 			return n, nil
 		}
-		docs := make([]any, len(batch.Items))
-		nexts := make([]*WorkItem, len(batch.Items))
-		ids := make([]string, len(batch.Items))
-		for i, it := range batch.Items {
+		var docs []any
+		var nexts []*WorkItem
+		var ids []string
+		stays := listed - len(batch.Items)
+		for _, it := range batch.Items {
 			if archived(it) {
+				stays++
 				continue // a record of a unique job: see Retry
 			}
 			next := it.Clone()
 			c.retried(next, by)
-			docs[i], nexts[i], ids[i] = next, next, it.ID
-		}
-		docs = slices.DeleteFunc(docs, func(d any) bool { return d == nil })
-		nexts = slices.DeleteFunc(nexts, func(n *WorkItem) bool { return n == nil })
-		ids = slices.DeleteFunc(ids, func(id string) bool { return id == "" })
-		if len(docs) == 0 {
-			return n, nil
-		}
-		results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
-		if err != nil {
-			return n, fmt.Errorf("retrying %d failed %s jobs: %w", len(docs), worker, err)
+			docs, nexts, ids = append(docs, next), append(nexts, next), append(ids, it.ID)
 		}
 		page := 0
-		var waiting []*WorkItem
-		for k, r := range alignBulk(ids, results, nil) {
-			if r.Error == nil {
-				page++
-				if nexts[k].Status == StatusWaiting {
-					nexts[k].Rev = r.Rev
-					waiting = append(waiting, nexts[k])
+		if len(docs) > 0 {
+			results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
+			if err != nil {
+				return n, fmt.Errorf("retrying %d failed %s jobs: %w", len(docs), worker, err)
+			}
+			var waiting []*WorkItem
+			for k, r := range alignBulk(ids, results, nil) {
+				if r.Error == nil {
+					page++
+					if nexts[k].Status == StatusWaiting {
+						nexts[k].Rev = r.Rev
+						waiting = append(waiting, nexts[k])
+					}
 				}
 			}
+			c.settleEnqueued(ctx, waiting)
+			n += page
+			if progress != nil {
+				progress(n)
+			}
 		}
-		c.settleEnqueued(ctx, waiting)
-		n += page
-		if progress != nil {
-			progress(n)
-		}
-		if page == 0 {
+		if page == 0 && stays == 0 {
 			return n, nil // every one changed under us: nothing more to gain now
 		}
+		skip += stays
 	}
 }
 

@@ -194,6 +194,14 @@ type ListOptions struct {
 // status is given (so a status across all types is one range), from the
 // status view otherwise.
 func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
+	b, _, err := c.listFrom(ctx, opts, 0)
+	return b, err
+}
+
+// listFrom is List from the skip-th row of the view, and says how many
+// rows the view gave: conflicted jobs that will not settle as opts.Status
+// are left out of the batch but still take a row.
+func (c *Client) listFrom(ctx context.Context, opts ListOptions, skip int) (*Batch, int, error) {
 	if opts.Limit <= 0 {
 		opts.Limit = 100
 	}
@@ -220,11 +228,15 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 	// pick among its branches, which may be a conceded claim that reads
 	// running while the job is done.
 	params["conflicts"] = true
+	if skip > 0 {
+		params["skip"] = skip
+	}
 	rows := c.view(ctx, view, kivik.Params(params))
 	b, err := c.scan(rows, "listing jobs")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	listed := len(b.Items)
 	kept := b.Items[:0]
 	for _, it := range b.Items {
 		if len(it.Conflicts) > 0 {
@@ -238,7 +250,7 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 		kept = append(kept, it)
 	}
 	b.Items = kept
-	return b, nil
+	return b, listed, nil
 }
 
 // conflictShifts says how the views' counts by type and status, which
