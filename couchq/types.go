@@ -184,7 +184,8 @@ type Reservation = protocol.Reservation
 // functions (Language; the zero value keeps the stored choice, else the
 // fastest the server has), and the number of shards of a database it
 // creates (Shards; the zero value is one on a cluster, the server's own
-// default on a single node). Validation mango on a server without it fails
+// default on a single node; another number for a database that exists is
+// an error). Validation mango on a server without it fails
 // with designdocs.ErrNoMangoValidation and changes nothing.
 type InitOptions = protocol.InitOptions
 

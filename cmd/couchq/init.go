@@ -42,7 +42,8 @@ database admin: only admins may write design documents and _security.
 	                   (default: keep the database's choice; for a new
 	                   database, QuickJS where the server has it)
 	--shards N         the number of shards (CouchDB's q) of the database
-	                   when init creates it; CouchDB fixes it then
+	                   when init creates it; CouchDB fixes it then, so
+	                   another number for a database that exists is refused
 	                   (default: 1 on a cluster, where every request pays
 	                   for each shard's copy on every node; the server's
 	                   own on a single node, where two shards validate a

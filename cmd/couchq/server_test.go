@@ -72,6 +72,10 @@ func TestInitShards(t *testing.T) {
 	if err := cli.PrintInit(&out, &res, false); err != nil || !strings.Contains(out.String(), "created database "+res.Database+" (3 shards, 1 copy) on ") {
 		t.Errorf("init's line for the database it created: %q %v", out.String(), err)
 	}
+	// CouchDB fixes the shards when it creates the database: asking for
+	// others later is refused, not ignored; asking for the same is fine.
+	expect(t, c.run(t, "init", "--shards", "2"), exitFailure, "exists with 3 shards", "fixes a database's shards when it is created")
+	expect(t, c.run(t, "init", "--shards", "3"), exitOK)
 }
 
 // couchq init --validation off installs the design document without
@@ -699,8 +703,14 @@ func TestInitChoosesValidationForANewDatabase(t *testing.T) {
 			t.Errorf("init --workers --validation on: %v %+v", err, res)
 		}
 	case "on":
-		// The server has no Mango validation: asking for it says so.
+		// The server has no Mango validation: asking for it says so, and
+		// for a new database leaves none behind.
 		expect(t, c.run(t, "init", "--validation", "mango"), exitFailure, "does not run validate_doc_update written as a Mango selector")
+		fresh := c.withEnv("COUCHQ_DB", srv.UniqueDBName(t))
+		expect(t, fresh.run(t, "init", "--validation", "mango"), exitFailure, "does not run validate_doc_update written as a Mango selector")
+		if exists, err := srv.Client(t).DBExists(context.Background(), fresh.env["COUCHQ_DB"]); err != nil || exists {
+			t.Errorf("a refused init --validation mango left database %s: %v %v", fresh.env["COUCHQ_DB"], exists, err)
+		}
 	default:
 		t.Errorf("a new database got validation %q, want mango or on", res.Validation)
 	}

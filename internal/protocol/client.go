@@ -249,6 +249,22 @@ func createDB(ctx context.Context, client *kivik.Client, dbName string, shards i
 	return nil
 }
 
+// checkShards refuses shards for a database that exists with another
+// number of them: CouchDB fixes a database's shards when it is created, so
+// asking for others would be silently ignored. A server that does not say
+// (PouchDB Server has no shards) is not refused.
+func checkShards(ctx context.Context, client *kivik.Client, dbName string, shards int) error {
+	info, err := client.DB(dbName).Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("reading database %s's shards: %w", dbName, err)
+	}
+	if info.Cluster == nil || info.Cluster.Shards == 0 || info.Cluster.Shards == shards {
+		return nil
+	}
+	return fmt.Errorf("database %s exists with %d shards, and CouchDB fixes a database's shards when it is created: "+
+		"leave out the shards to keep its %d, or make a new database with %d", dbName, info.Cluster.Shards, info.Cluster.Shards, shards)
+}
+
 // onCluster reports whether the server is a cluster of several nodes
 // (GET /_membership). A server that does not say, as PouchDB Server does
 // not, is one node.
@@ -262,6 +278,18 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 	exists, err := client.DBExists(ctx, dbName)
 	if err != nil {
 		return "", fmt.Errorf("checking database %s: %w", dbName, err)
+	}
+	if exists && opts.Shards > 0 {
+		if err := checkShards(ctx, client, dbName, opts.Shards); err != nil {
+			return "", err
+		}
+	}
+	if !exists && opts.Validation == designdocs.ValidationMango {
+		// Asked before the database is made, so that a server without
+		// Mango validation is left without a database init then refuses.
+		if err := mangoValidation(ctx, client); err != nil {
+			return "", err
+		}
 	}
 	if !exists {
 		if err := createDB(ctx, client, dbName, opts.Shards); err != nil {
