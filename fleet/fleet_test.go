@@ -106,6 +106,8 @@ func TestLoadErrors(t *testing.T) {
 		{"health addr", "[worker]\nhealth_addr = \"8081\"\n[types.a]\nhandler = \"noop\"\n", `:2: worker.health_addr: invalid health_addr "8081": want HOST:PORT`},
 		{"log level", "[worker]\nlog_level = \"chatty\"\n[types.a]\n", `:2: worker.log_level: invalid "chatty"`},
 		{"no types", "[couchdb]\ndb = \"x\"\n", ": no [types.NAME] tables"},
+		{"two types in one table", "[types.a]\nhandler = \"noop\"\n[types.\"b,c\"]\nhandler = \"noop\"\n", `:3: invalid job type "b,c": a [types.NAME] table names one job type`},
+		{"spaces", "[types.\" a\"]\nhandler = \"noop\"\n", `:1: invalid job type " a"`},
 		{"periodic", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"every day\"\n", ":3: periodic[0]:"},
 		{"timezone", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"@daily\"\ntimezone = \"Mars/Base\"\n", ":3: periodic[0]: timezone:"},
 		{"priority", "[types.a]\nhandler = \"noop\"\n[[periodic]]\ntype = \"r\"\nschedule = \"@daily\"\npriority = 9\n", ":3: periodic[0]: priority: want 1 (first) to 5, got 9"},

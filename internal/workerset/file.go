@@ -248,6 +248,7 @@ func keyLine(src []byte, table, key string) int {
 	header := regexp.MustCompile(`^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$`)
 	keyRE := regexp.MustCompile(`^\s*"?` + regexp.QuoteMeta(key) + `"?\s*=`)
 	current := ""
+	table = strings.ReplaceAll(table, " ", "") // as the headers are read
 	for i, line := range strings.Split(string(src), "\n") {
 		if m := header.FindStringSubmatch(line); m != nil {
 			current = strings.ReplaceAll(strings.ReplaceAll(m[1], `"`, ""), " ", "")
@@ -281,6 +282,13 @@ func (f *File) Specs(flags *Spec, requireHandler bool) ([]*Spec, error) {
 		types = append(types, t)
 	}
 	slices.Sort(types)
+	for _, t := range types {
+		// A comma would make one table run several types, as --type a,b
+		// does, each under the table's settings.
+		if t == "" || strings.TrimSpace(t) != t || strings.Contains(t, ",") {
+			return nil, f.fail(keyLine(f.src, "types."+t, ""), "", "invalid job type %q: a [types.NAME] table names one job type, without commas or surrounding spaces", t)
+		}
+	}
 	if flags.Types != "" {
 		// --type with --config runs only those of the file's types.
 		var only []string
