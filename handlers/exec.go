@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,8 +40,8 @@ const (
 //
 //	{"id": "...", "type": "...", "attempt": 1, "max_attempts": 5, "payload": ...}
 //
-// and the worker's environment plus COUCHQ_JOB_ID, COUCHQ_JOB_TYPE,
-// COUCHQ_ATTEMPT and COUCHQ_MAX_ATTEMPTS.
+// and Env (else the worker's environment) plus COUCHQ_JOB_ID,
+// COUCHQ_JOB_TYPE, COUCHQ_ATTEMPT and COUCHQ_MAX_ATTEMPTS.
 //
 // Exit status 0 completes the job. Its stdout (the first 64 KiB) becomes
 // the result: as JSON when it is valid JSON, else as a string without its
@@ -57,6 +58,11 @@ type Exec struct {
 	Argv []string
 	// Dir is the working directory; empty means the worker's.
 	Dir string
+	// Env is the environment the command starts from, as os/exec's
+	// Cmd.Env; nil means the worker's own. couchq worker passes its own
+	// without the CouchDB password it was given, which a command's
+	// stderr would otherwise carry into the job's last_error.
+	Env []string
 	// KillGrace is the time between SIGTERM and SIGKILL on cancellation,
 	// and how long output pipes still held open by leftover processes are
 	// waited for once the command has exited; 0 means DefaultKillGrace.
@@ -119,7 +125,11 @@ func (e *Exec) Handle(ctx context.Context, job *worker.Job) error {
 	cmd := exec.CommandContext(ctx, name, e.Argv[1:]...)
 	cmd.Dir = e.Dir
 	// Later entries win in os/exec, so ours override inherited ones.
-	cmd.Env = append(os.Environ(),
+	env := e.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	cmd.Env = append(slices.Clip(env),
 		"COUCHQ_JOB_ID="+job.ID,
 		"COUCHQ_JOB_TYPE="+job.Type,
 		"COUCHQ_ATTEMPT="+strconv.Itoa(job.Attempt),

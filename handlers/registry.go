@@ -43,6 +43,9 @@ type Options struct {
 	// ExecKillGrace is how long a cancelled exec command gets between
 	// SIGTERM and SIGKILL; 0 means DefaultKillGrace.
 	ExecKillGrace time.Duration
+	// ExecEnv is the environment the exec command starts from (Exec.Env);
+	// nil means the worker's own.
+	ExecEnv []string
 }
 
 // Names lists the handler names New accepts, sorted.
@@ -80,6 +83,7 @@ func New(name string, opts Options) (worker.Handler, error) {
 			Argv:      append([]string(nil), opts.Exec...),
 			Dir:       opts.ExecDir,
 			KillGrace: opts.ExecKillGrace,
+			Env:       opts.ExecEnv,
 		}, nil
 	default:
 		return nil, fmt.Errorf("unknown handler %q (built-in handlers: %s)", name, strings.Join(Names(), ", "))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"reflect"
 	"regexp"
 	"strings"
@@ -256,5 +257,37 @@ func TestSweepAndWorkers(t *testing.T) {
 	if rows[0]["claimant"] != "h/1/alive" || rows[0]["alive"] != true || rows[1]["alive"] != false ||
 		rows[1]["heartbeat_age"].(float64) < 59 || rows[1]["running"] == nil || rows[0]["pid"] != 1.0 {
 		t.Errorf("workers --json: %v", rows)
+	}
+}
+
+// An exec command does not get the CouchDB password the worker was given,
+// in a variable of its own or in a URL: what it prints to stderr is stored
+// in the job, where every reader of the database sees it. Not parallel:
+// the command inherits this process's environment.
+func TestWorkerExecCommandGetsNoPassword(t *testing.T) {
+	c := online(t).mustInit(t)
+	user, password := srv.Credentials()
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, password)
+	// The worker reads these through its own environment, which the
+	// command inherits.
+	t.Setenv("COUCHDB_PASSWORD", password)
+	t.Setenv("COUCHQ_TEST_URL_WITH_PASSWORD", u.String())
+	t.Setenv("COUCHQ_TEST_PLAIN", "kept")
+	c = c.withEnv("COUCHDB_URL", u.String())
+	expect(t, c.run(t, "enqueue", "--type", "leak", "--id", "leaky", "--max-attempts", "1"), exitOK)
+	r := c.run(t, "worker", "--type", "leak", "--handler", "exec", "--drain",
+		"--exec", `sh -c 'echo "pw=$COUCHDB_PASSWORD url=$COUCHQ_TEST_URL_WITH_PASSWORD plain=$COUCHQ_TEST_PLAIN" >&2; exit 1'`)
+	expect(t, r, exitOK)
+	r = c.run(t, "show", "leaky", "--json")
+	var it protocol.WorkItem
+	if err := json.Unmarshal([]byte(r.stdout), &it); err != nil || it.Status != protocol.StatusFailed {
+		t.Fatalf("the job: %+v, %v", it, err)
+	}
+	if strings.Contains(it.LastError, password) || !strings.Contains(it.LastError, "plain=kept") {
+		t.Errorf("the command's stderr, stored in last_error: %q; want the environment without the password", it.LastError)
 	}
 }

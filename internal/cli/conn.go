@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -196,6 +197,23 @@ func (c *Conn) HTTPClient(log zerolog.Logger) (*http.Client, error) {
 		hc.Transport = f
 	}
 	return hc, nil
+}
+
+// Passwords are the passwords the connection carries: the one resolved
+// and any in its URLs. Resolve first.
+func (c *Conn) Passwords() []string {
+	var out []string
+	if c.Password != "" {
+		out = append(out, c.Password)
+	}
+	for _, node := range protocol.SplitNodeURLs(c.RawURL) {
+		if u, err := url.Parse(node); err == nil && u.User != nil {
+			if pw, ok := u.User.Password(); ok && pw != "" && !slices.Contains(out, pw) {
+				out = append(out, pw)
+			}
+		}
+	}
+	return out
 }
 
 // loadCAFile is the system's CA pool plus the certificates in a PEM file.

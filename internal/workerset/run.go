@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -31,7 +35,11 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 			hs[i] = f.Handlers
 			continue
 		}
-		h, err := handlers.New(f.Handler, handlers.Options{HTTPTimeout: f.HTTPTimeout, Exec: f.argv})
+		opts := handlers.Options{HTTPTimeout: f.HTTPTimeout, Exec: f.argv}
+		if f.Handler == handlers.NameExec {
+			opts.ExecEnv = commandEnv(os.Environ(), conn.Passwords())
+		}
+		h, err := handlers.New(f.Handler, opts)
 		if err != nil {
 			if len(specs) > 1 {
 				err = fmt.Errorf("type %s: %w", f.Types, err)
@@ -176,4 +184,24 @@ func (h loggingHandler) Handle(ctx context.Context, job *worker.Job) error {
 			Err(err).Dur("took", time.Since(start)).Msg("handler failed")
 	}
 	return err
+}
+
+// commandEnv is environ without the CouchDB passwords the worker was
+// given: a variable that holds one ($COUCHDB_PASSWORD, a configuration
+// file's password_env), or a URL that carries one ($COUCHDB_URL). A
+// command has no need of the worker's credentials, and what it prints to
+// stderr is stored in the job, where every reader of the database sees it.
+func commandEnv(environ []string, passwords []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		_, v, _ := strings.Cut(kv, "=")
+		if !slices.ContainsFunc(passwords, func(pw string) bool {
+			// In a URL the password is escaped: user:p%40ss@host.
+			inURL := url.UserPassword("", pw).String() + "@"
+			return v == pw || strings.Contains(v, inURL) || strings.Contains(v, ":"+pw+"@")
+		}) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
