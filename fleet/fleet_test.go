@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -65,6 +66,8 @@ func TestLoad(t *testing.T) {
 	if len(cfg.Periodic) != 1 || cfg.Periodic[0].Name != "report" || cfg.Periodic[0].Location.String() != "Europe/Berlin" ||
 		cfg.Periodic[0].Job.Priority != 1 {
 		t.Errorf("periodic: %+v", cfg.Periodic)
+	} else if payload, err := json.Marshal(cfg.Periodic[0].Job.Payload); err != nil || string(payload) != `{"format":"pdf","pages":[1,2]}` {
+		t.Errorf("periodic payload: %s, %v", payload, err)
 	}
 
 	// The environment wins over the file, as for couchq worker.

@@ -565,3 +565,54 @@ func TestSweepQuarantinesClaimsWithoutANumericLease(t *testing.T) {
 		t.Fatalf("the bad lease was not kept: invalid = %s (status %s, last_error %q)", inv, never.Status, never.LastError)
 	}
 }
+
+// During a rolling deploy two builds of one schema meet: a worker keeps
+// the other build's design documents (so that the two builds' workers do
+// not replace each other's at every start, and CouchDB rebuild the
+// indexes each time); couchq init installs its own.
+func TestWorkersKeepAnotherBuildsDesignDocumentsOfTheirSchema(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	ctx := tb.ctx
+	name := tb.freshName(t)
+	if _, err := protocol.InitWith(ctx, tb.kivik, name, protocol.InitOptions{Validation: designdocs.ValidationOn}, tb.log); err != nil {
+		t.Fatal(err)
+	}
+	db := tb.kivik.DB(name)
+	// Another build of this schema: one function differs.
+	edited := copyFS(t, designdocs.Source())
+	edited["views/due_priority/map.js"].Data = []byte(strings.Replace(string(edited["views/due_priority/map.js"].Data),
+		"emit([queue, p, date], null);", "emit([queue, p, date], 'other build');", 1))
+	other, err := designdocs.Build(edited, designdocs.SchemaVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := designdocs.Install(ctx, db, other, designdocs.ValidationKept, tb.log); err != nil || o != designdocs.Upgraded {
+		t.Fatalf("installing the other build's document: %v %v", o, err)
+	}
+	storedHash := func() string {
+		t.Helper()
+		have, err := designdocs.Stored(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return have.Couchq.Hash
+	}
+	for range 2 {
+		if o, err := protocol.Init(ctx, tb.kivik, name, tb.log); err != nil || o != designdocs.KeptStored {
+			t.Fatalf("a worker's install over another build's document of its schema: %v %v, want it kept", o, err)
+		}
+	}
+	if storedHash() != other.Couchq.Hash {
+		t.Fatalf("the worker replaced the other build's document")
+	}
+	// couchq init installs this build's.
+	if o, err := protocol.InitWith(ctx, tb.kivik, name, protocol.InitOptions{}, tb.log); err != nil || o != designdocs.Upgraded {
+		t.Fatalf("init over another build's document: %v %v, want upgraded", o, err)
+	}
+	if h := storedHash(); h == other.Couchq.Hash || h == "" {
+		t.Fatalf("init kept the other build's document")
+	}
+	if o, err := protocol.Init(ctx, tb.kivik, name, tb.log); err != nil || o != designdocs.Unchanged {
+		t.Fatalf("a worker's install after init: %v %v, want unchanged", o, err)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -275,8 +276,12 @@ func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerset.Spec) err
 		}
 		fmt.Fprintln(w)
 		for _, p := range f.Schedules {
-			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s, priority %d\n", p.Name, p.Schedule, p.Location,
+			fmt.Fprintf(w, "periodic %s: %q in %s, catch up %s, priority %d", p.Name, p.Schedule, p.Location,
 				map[protocol.CatchUp]string{protocol.CatchUpOnce: "once", protocol.CatchUpAll: "all"}[p.CatchUp], (&protocol.WorkItem{Priority: p.Job.Priority}).EffectivePriority())
+			if raw, ok := p.Job.Payload.(json.RawMessage); ok {
+				fmt.Fprintf(w, ", payload %s", raw)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	_, err := fmt.Fprintf(w, "shutdown_timeout %s\n", specs[0].ShutdownTimeout)

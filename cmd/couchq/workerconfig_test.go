@@ -48,6 +48,7 @@ type = "report"
 schedule = "@every 5m"
 timezone = "Europe/Berlin"
 priority = 1
+payload = { format = "pdf" }
 `
 
 // --check prints every type's effective settings, the file's defaults and
@@ -62,7 +63,7 @@ func TestWorkerConfigCheck(t *testing.T) {
 		"couchdb: http://127.0.0.1:1,http://127.0.0.2:1 database couchq_jobs user couchq-worker password from the environment",
 		`type email: handler exec exec "/bin/cat", concurrency 2, lease 1m0s, heartbeat 20s, max_attempts 7, retry backoff attempt^4 s, delete_done false, http_timeout 10s, rate 10/1s, fleet_concurrency 5`,
 		"type ping: handler noop, concurrency 8, lease 30s, heartbeat 10s, max_attempts 7, retry fixed 2s, delete_done true",
-		`periodic report: "@every 5m" in Europe/Berlin, catch up once, priority 1`,
+		`periodic report: "@every 5m" in Europe/Berlin, catch up once, priority 1, payload {"format":"pdf"}`,
 		"shutdown_timeout 45s",
 	} {
 		if !strings.Contains(r.stdout, want) {

@@ -12,6 +12,7 @@ package protocol
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -195,8 +196,14 @@ func (c *Client) confirming() bool { return c.n > 1 || c.cfg.AlwaysConfirm || c.
 // Init creates the database when it does not exist and installs or upgrades
 // the design document, keeping the stored document's validation choice (on
 // for a new database). Safe to run from many processes at once.
+//
+// Unlike InitWith, Init keeps design documents of its own schema from
+// another couchq build, with a warning: workers call it as they start,
+// and during a rolling deploy the two builds' workers would otherwise
+// replace each other's documents at every start, and CouchDB rebuild
+// their indexes each time. couchq init installs this build's.
 func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.Logger) (designdocs.Outcome, error) {
-	return InitWith(ctx, client, dbName, InitOptions{}, log)
+	return InitWith(ctx, client, dbName, InitOptions{keepOtherBuild: true}, log)
 }
 
 // InitOptions are what an admin chooses at couchq init.
@@ -227,6 +234,10 @@ type InitOptions struct {
 	// a bulk enqueue be validated on two cores at once, about 1.6 times
 	// as fast as one.
 	Shards int
+
+	// keepOtherBuild keeps stored design documents of this schema that
+	// another couchq build wrote (see Init).
+	keepOtherBuild bool
 }
 
 // createDB creates the queue database with shards shards, or couchq's
@@ -321,7 +332,7 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 		if err != nil {
 			return "", err
 		}
-		if _, err := designdocs.Install(ctx, db, v, designdocs.ValidationKept, log); err != nil {
+		if _, err := install(ctx, db, v, designdocs.ValidationKept, opts, log); err != nil {
 			if kivik.HTTPStatus(err) == http.StatusBadRequest {
 				// The database chose mango on another server: a site's,
 				// whose design documents replicated here.
@@ -331,17 +342,17 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 			return "", err
 		}
 	}
-	outcome, err := designdocs.Install(ctx, db, docs[0], validation, log)
+	outcome, err := install(ctx, db, docs[0], validation, opts, log)
 	if err != nil {
 		return "", err
 	}
-	if validation != designdocs.ValidationMango && outcome != designdocs.KeptNewer {
+	if validation != designdocs.ValidationMango && outcome != designdocs.KeptNewer && outcome != designdocs.KeptStored {
 		if err := designdocs.Remove(ctx, db, designdocs.ValidateID, log); err != nil {
 			return "", err
 		}
 	}
 	for _, d := range docs[1:] {
-		o, err := designdocs.Install(ctx, db, d, designdocs.ValidationKept, log)
+		o, err := install(ctx, db, d, designdocs.ValidationKept, opts, log)
 		if err != nil {
 			return "", err
 		}
@@ -355,6 +366,48 @@ func InitWith(ctx context.Context, client *kivik.Client, dbName string, opts Ini
 		}
 	}
 	return outcome, nil
+}
+
+// install is designdocs.Install, but for a document of want's schema from
+// another couchq build when opts.keepOtherBuild: that is kept as it is.
+func install(ctx context.Context, db *kivik.DB, want *designdocs.Doc, validation designdocs.Validation, opts InitOptions, log zerolog.Logger) (designdocs.Outcome, error) {
+	if opts.keepOtherBuild {
+		have, err := storedDoc(ctx, db, want.ID)
+		if err != nil {
+			return "", err
+		}
+		if have != nil && have.Couchq.Schema == want.Couchq.Schema {
+			// Compared as Install would write it: with the stored
+			// validation unless asked for another.
+			v := validation
+			if v == designdocs.ValidationKept && have.ValidationOf() != designdocs.ValidationOn {
+				v = have.ValidationOf()
+			}
+			if mine := want.WithValidation(v).Couchq.Hash; have.Couchq.Hash != "" && have.Couchq.Hash != mine {
+				log.Warn().Str("design_doc", want.ID).Int("schema", want.Couchq.Schema).Str("stored_hash", have.Couchq.Hash).Str("our_hash", mine).
+					Msg("design document comes from another couchq build of the same schema: using it; run `couchq init` as an admin to install this version")
+				return designdocs.KeptStored, nil
+			}
+		}
+	}
+	return designdocs.Install(ctx, db, want, validation, log)
+}
+
+// storedDoc reads db's design document id, nil when there is none or it
+// is not one couchq can read (Install replaces that).
+func storedDoc(ctx context.Context, db *kivik.DB, id string) (*designdocs.Doc, error) {
+	var raw json.RawMessage
+	if err := db.Get(ctx, id).ScanDoc(&raw); err != nil {
+		if kivik.HTTPStatus(err) == http.StatusNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading design document %s: %w", id, err)
+	}
+	var have designdocs.Doc
+	if err := json.Unmarshal(raw, &have); err != nil {
+		return nil, nil
+	}
+	return &have, nil
 }
 
 // keptLanguage is the language db's claim design document chose (schema

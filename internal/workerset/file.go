@@ -2,6 +2,7 @@ package workerset
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -80,6 +81,9 @@ type filePeriodic struct {
 	CatchUp  string `toml:"catch_up"`
 	// Priority of the jobs the schedule enqueues: 1 (first) to 5.
 	Priority int `toml:"priority"`
+	// Payload of the jobs the schedule enqueues: any TOML value, handed
+	// to the handler as JSON.
+	Payload any `toml:"payload"`
 }
 
 // fileDuration is a Go duration written as a string ("30s", "1m30s").
@@ -454,7 +458,17 @@ func (f *File) periodic() ([]protocol.Periodic, error) {
 		if p.Priority != 0 && (p.Priority < protocol.PriorityHighest || p.Priority > protocol.PriorityLowest) {
 			return nil, failP("priority: want %d (first) to %d, got %d", protocol.PriorityHighest, protocol.PriorityLowest, p.Priority)
 		}
-		sched := protocol.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: protocol.NewJob{Worker: p.Type, Priority: p.Priority}, CatchUp: catchUp}
+		job := protocol.NewJob{Worker: p.Type, Priority: p.Priority}
+		if p.Payload != nil {
+			// Checked here: a value JSON cannot hold would otherwise fail
+			// every tick's enqueue.
+			raw, err := json.Marshal(p.Payload)
+			if err != nil {
+				return nil, failP("payload: %v", err)
+			}
+			job.Payload = json.RawMessage(raw)
+		}
+		sched := protocol.Periodic{Name: p.Type, Schedule: p.Schedule, Location: loc, Job: job, CatchUp: catchUp}
 		if _, err := protocol.CheckPeriodic(sched); err != nil {
 			return nil, failP("%v", err)
 		}
