@@ -194,6 +194,27 @@ func TestComposeNamesOnlyWhatExists(t *testing.T) {
 	if couchqServices < 3 {
 		t.Errorf("only %d couchq services", couchqServices)
 	}
+	// The secrets the instructions write are the files compose reads.
+	files := map[string]bool{}
+	for _, sec := range compose.Secrets {
+		files[strings.TrimPrefix(sec.File, "./secrets/")] = true
+	}
+	guide, err := os.ReadFile("../docs/deploying.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := regexp.MustCompile(`> deploy/secrets/([A-Za-z0-9_.-]+)`)
+	for where, text := range map[string][]byte{"compose.yaml": src, "docs/deploying.md": guide} {
+		ms := written.FindAllSubmatch(text, -1)
+		if len(ms) == 0 {
+			t.Errorf("%s writes no secret", where)
+		}
+		for _, m := range ms {
+			if !files[string(m[1])] {
+				t.Errorf("%s writes deploy/secrets/%s, which compose does not read", where, m[1])
+			}
+		}
+	}
 }
 
 func TestSystemdWorkerUnit(t *testing.T) {
