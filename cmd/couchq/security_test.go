@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/couchtest"
 )
 
@@ -116,6 +119,37 @@ func TestMemberWithoutDesignDocument(t *testing.T) {
 	defer cancel2()
 	r = w.runContext(t, ctx2, "worker", "--type", "mail", "--handler", "noop")
 	expect(t, r, exitFailure, "run `couchq init` as an admin")
+	// A database that does not exist: only an admin may create it.
+	r = w.withEnv("COUCHQ_DB", srv.UniqueDBName(t)).runContext(t, ctx2, "worker", "--type", "mail", "--handler", "noop")
+	expect(t, r, exitFailure, "does not exist, and only an admin may create it", "run `couchq init` as an admin")
+}
+
+// Commands on a database whose design documents an older couchq wrote say
+// to run couchq init, rather than fail on a view those lack with
+// CouchDB's bare "missing".
+func TestCommandsOnAnOlderSchema(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := c.env["COUCHQ_DB"]
+	if err := srv.Client(t).CreateDB(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	// Schema 2: the claim design document alone, before the sweep one.
+	old, err := designdocs.Build(designdocs.Source(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := designdocs.Install(ctx, srv.Client(t).DB(db), old, designdocs.ValidationOn, zerolog.Nop()); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"stats"}, {"sweep"}, {"ls"}} {
+		expect(t, c.run(t, args...), exitFailure, "the design documents of an older couchq (schema 2; this couchq needs", "run `couchq init` as an admin")
+	}
+	// init brings them up to date.
+	expect(t, c.run(t, "init"), exitOK)
+	expect(t, c.run(t, "stats"), exitOK)
 }
 
 // put writes a raw document (or _security) as the admin.

@@ -270,7 +270,7 @@ func (c *Conn) OpenQueue(ctx context.Context, log zerolog.Logger, now func() tim
 		_ = client.Close()
 		return nil, nil, c.openError(err)
 	}
-	if err := c.checkDesign(ctx, q); err != nil {
+	if err := c.checkDesign(ctx, q, log); err != nil {
 		_ = client.Close()
 		return nil, nil, err
 	}
@@ -301,7 +301,7 @@ func (c *Conn) Open(ctx context.Context, cfg protocol.Config) (q *protocol.Clien
 		_ = srv.Client.Close()
 		return nil, nil, c.openError(err)
 	}
-	if err := c.checkDesign(ctx, q); err != nil {
+	if err := c.checkDesign(ctx, q, cfg.Logger); err != nil {
 		_ = srv.Client.Close()
 		return nil, nil, err
 	}
@@ -316,16 +316,31 @@ func (c *Conn) openError(err error) error {
 	return ServerError(c.URL, err)
 }
 
+// sweepSchema is the first schema with the sweep design document
+// (_design/couchq-sweep), whose views most commands read.
+const sweepSchema = 3
+
 // checkDesign makes sure the database has couchq's design document: every
 // command reads its views or relies on its validation, and a database
-// nobody ran couchq init on gets that advice, not "missing".
-func (c *Conn) checkDesign(ctx context.Context, q *protocol.Client) error {
-	ok, err := designdocs.Exists(ctx, q.DB())
+// nobody ran couchq init on gets that advice, not "missing". Design
+// documents of an older couchq are said too: a view they lack would
+// otherwise fail a command with CouchDB's bare "missing".
+func (c *Conn) checkDesign(ctx context.Context, q *protocol.Client, log zerolog.Logger) error {
+	have, err := designdocs.Stored(ctx, q.DB())
 	if err != nil {
 		return ServerError(c.URL, err)
 	}
-	if !ok {
+	if have == nil {
 		return fmt.Errorf("database %s on %s has no couchq design document (%s): run `couchq init` as an admin", c.DB, c.URL, designdocs.ID)
+	}
+	if have.Couchq.Schema < sweepSchema {
+		// Without the sweep design document most commands fail.
+		return fmt.Errorf("database %s on %s has the design documents of an older couchq (schema %d; this couchq needs %d): run `couchq init` as an admin",
+			c.DB, c.URL, have.Couchq.Schema, designdocs.SchemaVersion)
+	}
+	if have.Couchq.Schema < designdocs.SchemaVersion {
+		log.Warn().Int("stored_schema", have.Couchq.Schema).Int("our_schema", designdocs.SchemaVersion).
+			Msg("the database's design documents are an older couchq's: a command that reads a view they lack fails until `couchq init` runs as an admin")
 	}
 	return nil
 }

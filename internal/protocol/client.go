@@ -255,6 +255,9 @@ func createDB(ctx context.Context, client *kivik.Client, dbName string, shards i
 		opts = append(opts, kivik.Param("q", shards))
 	}
 	if err := client.CreateDB(ctx, dbName, opts...); err != nil && kivik.HTTPStatus(err) != http.StatusPreconditionFailed {
+		if s := kivik.HTTPStatus(err); s == http.StatusUnauthorized || s == http.StatusForbidden {
+			return fmt.Errorf("%w: database %s does not exist, and only an admin may create it: %w", designdocs.ErrNeedsAdmin, dbName, err)
+		}
 		return fmt.Errorf("creating database %s: %w", dbName, err)
 	}
 	return nil
