@@ -241,7 +241,7 @@ func TestHTTPSWithCAFile(t *testing.T) {
 	r = c.run(t, "ls")
 	expect(t, r, exitFailure, "certificate")
 	r = c.run(t, "ls", "--ca-file", filepath.Join(t.TempDir(), "none.pem"))
-	expect(t, r, exitUsage, "reading --ca-file")
+	expect(t, r, exitUsage, "reading the CA file (--ca-file, ca_file)")
 	notPEM := filepath.Join(t.TempDir(), "bad.pem")
 	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)

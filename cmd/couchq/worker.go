@@ -231,6 +231,10 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 		return err
 	}
 	if checkOnly {
+		// What running would refuse before its first request.
+		if err := workerset.Check(&conn.Conn, specs); err != nil {
+			return err
+		}
 		return printWorkerCheck(m.Stdout, conn, specs)
 	}
 	return workerset.Run(ctx, log.Level(conn.level), &conn.Conn, specs)

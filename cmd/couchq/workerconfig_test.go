@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,6 +126,25 @@ func TestWorkerConfigErrors(t *testing.T) {
 	// --check finds what running would: a handler exec with no command.
 	r = offline().run(t, "worker", "--config", writeConfig(t, "[types.e]\nhandler = \"exec\"\n"), "--check")
 	expect(t, r, exitUsage, "types.e: no command given")
+	// ... a program that is not there, and a CA file that is not one.
+	r = offline().run(t, "worker", "--config", writeConfig(t, "[types.e]\nhandler = \"exec\"\nexec = \"/nonexistent/send-email\"\n"), "--check")
+	expect(t, r, exitUsage, `command "/nonexistent/send-email"`)
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = offline().run(t, "worker", "--config", writeConfig(t, fmt.Sprintf("[couchdb]\nca_file = %q\n[types.a]\nhandler = \"noop\"\n", notPEM)), "--check")
+	expect(t, r, exitUsage, "the CA file "+notPEM+" (--ca-file, ca_file) holds no PEM certificate")
+	// The password's source is the one used: $COUCHDB_PASSWORD_FILE.
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = offline().withEnv("COUCHDB_PASSWORD_FILE", pwFile).run(t, "worker", "--config", writeConfig(t, goodConfig), "--check")
+	expect(t, r, exitOK)
+	if !strings.Contains(r.stdout, "password from file "+pwFile) {
+		t.Errorf("--check with $COUCHDB_PASSWORD_FILE:\n%s", r.stdout)
+	}
 }
 
 // One process runs every type of the file, each with its own settings.

@@ -92,6 +92,7 @@ func (c *Conn) ResolveCredentials(getenv func(string) string, addSecret func(str
 	if err != nil {
 		return Usagef("reading the password file: %v", err)
 	}
+	c.PasswordFile = file // where it came from, for worker --check
 	// The file's last line break is not part of the password (echo adds one).
 	c.Password = strings.TrimRight(string(b), "\r\n")
 	if c.Password == "" {
@@ -220,14 +221,14 @@ func (c *Conn) Passwords() []string {
 func loadCAFile(file string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("reading --ca-file: %w", err)
+		return nil, fmt.Errorf("reading the CA file (--ca-file, ca_file): %w", err)
 	}
 	pool, err := x509.SystemCertPool()
 	if err != nil || pool == nil {
 		pool = x509.NewCertPool()
 	}
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", file)
+		return nil, fmt.Errorf("the CA file %s (--ca-file, ca_file) holds no PEM certificate", file)
 	}
 	return pool, nil
 }

@@ -29,27 +29,9 @@ import (
 func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec) error {
 	// Handlers are built before connecting so that a command that cannot
 	// run (exec of a missing program) is a usage error, not a failed job.
-	hs := make([]map[string]worker.Handler, len(specs))
-	for i, f := range specs {
-		if f.Handler == "" {
-			hs[i] = f.Handlers
-			continue
-		}
-		opts := handlers.Options{HTTPTimeout: f.HTTPTimeout, Exec: f.argv}
-		if f.Handler == handlers.NameExec {
-			opts.ExecEnv = commandEnv(os.Environ(), conn.Passwords())
-		}
-		h, err := handlers.New(f.Handler, opts)
-		if err != nil {
-			if len(specs) > 1 {
-				err = fmt.Errorf("type %s: %w", f.Types, err)
-			}
-			return &cli.UsageError{Err: err}
-		}
-		hs[i] = map[string]worker.Handler{}
-		for _, t := range f.typeList {
-			hs[i][t] = h
-		}
+	hs, err := buildHandlers(conn, specs)
+	if err != nil {
+		return err
 	}
 
 	srv, err := conn.Connect(ctx, log)
@@ -184,6 +166,45 @@ func (h loggingHandler) Handle(ctx context.Context, job *worker.Job) error {
 			Err(err).Dur("took", time.Since(start)).Msg("handler failed")
 	}
 	return err
+}
+
+// Check reports what would keep specs from running with conn before any
+// request: a handler that cannot be built (exec of a missing program) or
+// a CA file that holds no certificate. conn is resolved.
+func Check(conn *cli.Conn, specs []*Spec) error {
+	if _, err := buildHandlers(conn, specs); err != nil {
+		return err
+	}
+	_, err := conn.HTTPClient(zerolog.Nop())
+	return err
+}
+
+// buildHandlers builds each spec's handlers: its built-in one for each of
+// its types, or its Go ones.
+func buildHandlers(conn *cli.Conn, specs []*Spec) ([]map[string]worker.Handler, error) {
+	hs := make([]map[string]worker.Handler, len(specs))
+	for i, f := range specs {
+		if f.Handler == "" {
+			hs[i] = f.Handlers
+			continue
+		}
+		opts := handlers.Options{HTTPTimeout: f.HTTPTimeout, Exec: f.argv}
+		if f.Handler == handlers.NameExec {
+			opts.ExecEnv = commandEnv(os.Environ(), conn.Passwords())
+		}
+		h, err := handlers.New(f.Handler, opts)
+		if err != nil {
+			if len(specs) > 1 {
+				err = fmt.Errorf("type %s: %w", f.Types, err)
+			}
+			return nil, &cli.UsageError{Err: err}
+		}
+		hs[i] = map[string]worker.Handler{}
+		for _, t := range f.typeList {
+			hs[i][t] = h
+		}
+	}
+	return hs, nil
 }
 
 // commandEnv is environ without the CouchDB passwords the worker was
