@@ -67,16 +67,24 @@ func checkArgs(t *testing.T, bin, where string, args []string) {
 // shutdown_timeout.
 func checkWorkerFile(t *testing.T, bin string) (types map[string]bool, shutdown time.Duration) {
 	t.Helper()
-	// The password file the config names exists only where it is deployed.
+	// The password file the config names exists only where it is
+	// deployed, and so does the email type's program: --check, which
+	// finds what running would refuse, names it here.
 	pw := filepath.Join(t.TempDir(), "password")
-	if err := os.WriteFile(pw, []byte("x"), 0o600); err != nil {
+	if err := os.WriteFile(pw, []byte("change-me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "worker", "--config", "workers.toml", "--check", "--password-file", pw)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the file alone, no COUCHDB_* from the caller
-	out, err := cmd.CombinedOutput()
+	check := func(extra ...string) ([]byte, error) {
+		cmd := exec.Command(bin, append([]string{"worker", "--config", "workers.toml", "--check", "--password-file", pw}, extra...)...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the file alone, no COUCHDB_* from the caller
+		return cmd.CombinedOutput()
+	}
+	if out, err := check(); err == nil || !strings.Contains(string(out), `type email: handler exec: command "/usr/local/bin/send-email"`) {
+		t.Errorf("couchq worker --config workers.toml --check where send-email is not installed: %v\n%s", err, out)
+	}
+	out, err := check("--handler", "noop")
 	if err != nil {
-		t.Fatalf("couchq worker --config workers.toml --check: %v\n%s", err, out)
+		t.Fatalf("couchq worker --config workers.toml --check --handler noop: %v\n%s", err, out)
 	}
 	types = map[string]bool{}
 	for _, m := range regexp.MustCompile(`(?m)^type (\S+):`).FindAllStringSubmatch(string(out), -1) {
