@@ -22,10 +22,14 @@ func TestRetryCancelRequeue(t *testing.T) {
 	r := runOpsScript(t)
 	c := r.c
 
-	// E is running: retry and cancel-then-nothing do not apply; its worker
-	// has no registry document, so it counts as gone and requeue applies.
+	// E is running: retry does not apply. Its claimant has no registry
+	// document (an agent, say), so it may be alive until its lease (from
+	// the claim at 7, a minute) runs out; then requeue applies.
 	res := c.run(t, "retry", "E")
 	expect(t, res, exitFailure, "couchq retry: retrying job E: job is not in a state this action applies to: status is running; only failed or cancelled jobs are retried")
+	res = c.run(t, "requeue", "E")
+	expect(t, res, exitFailure, "its claimant host/1/w1 has no worker heartbeat (an agent, say) and its lease runs 47s more", "--force")
+	r.At(68)
 	res = c.run(t, "requeue", "E")
 	expect(t, res, exitOK)
 	if strings.TrimSpace(res.stdout) != "requeued E (it was claimed by host/1/w1; attempt 1 stays counted)" {
@@ -50,9 +54,10 @@ func TestRetryCancelRequeue(t *testing.T) {
 	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil || doc.Status != protocol.StatusQueued || doc.Claimed {
 		t.Errorf("requeue --force --json: %v %+v", err, doc)
 	}
-	// Three intervals without a heartbeat and the worker counts as gone.
+	// Three intervals without a heartbeat and the worker counts as gone,
+	// its lease running or not.
 	r.Claim(t, "E")
-	r.At(20 + 14)
+	r.At(68 + 14)
 	expect(t, c.run(t, "requeue", "E"), exitOK)
 
 	// C is queued: cancel it with a reason, not twice; then retry it.
