@@ -215,6 +215,17 @@ func TestSweepAndWorkers(t *testing.T) {
 			t.Errorf("show of the swept job lacks %q:\n%s", want, r.stdout)
 		}
 	}
+	// b had no attempts left: it failed for good, and is counted so.
+	r = c.run(t, "show", "b")
+	if !regexp.MustCompile(`failed +by cli, attempt 1, error: lease expired at .*; no attempts left`).MatchString(r.stdout) {
+		t.Errorf("show of the job the sweep failed lacks its failed entry:\n%s", r.stdout)
+	}
+	r = c.run(t, "stats", "--type", "x", "--json")
+	expect(t, r, exitOK)
+	var st protocol.Stats
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Types) != 1 || st.Types[0].Failed != 1 {
+		t.Errorf("stats after the sweep failed b: %v %s", err, r.stdout)
+	}
 	r = c.run(t, "sweep", "--limit", "1")
 	expect(t, r, exitOK)
 	if strings.TrimSpace(r.stdout) != "requeued 0, failed 0, lost 0, settled 0" {

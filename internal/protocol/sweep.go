@@ -253,13 +253,16 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 		err := c.transition(ctx, "sweeping", it, func(next *WorkItem) {
 			c.unclaim(next)
 			next.LastError = truncate(cause)
+			c.record(next, EventLeaseExpired, by, cause)
 			if next.Attempts >= c.maxAttempts(next) {
 				next.Status = StatusFailed
 				next.FinishedAt = ToUnix(now)
+				// Failed for good, as a handler's last failed attempt is:
+				// the counters and stats count failed entries.
+				c.record(next, EventFailed, by, cause+"; no attempts left")
 			} else {
 				next.Status = StatusQueued
 			}
-			c.record(next, "lease-expired", by, cause)
 		})
 		switch {
 		case errors.Is(err, ErrClaimLost):
