@@ -140,6 +140,39 @@ func TestOldestDueAgeSeesEveryDueJob(t *testing.T) {
 	if got := age(); got != 10 {
 		t.Errorf("oldest due age %v s, want 10 (the job due now created first)", got)
 	}
+	// A job back in the queue has been due since it came back, not since
+	// it was created or first scheduled: retried, or requeued after its
+	// lease ran out.
+	clk.Set(t0.Add(time.Hour))
+	for _, id := range []string{"a-now", "0-later"} {
+		if _, err := tb.client.CancelJob(tb.ctx, id, "ops", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "report", ID: "dated", At: t0}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(2 * time.Hour))
+	if _, err := tb.client.Retry(tb.ctx, "a-now", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	dated, err := tb.client.Get(tb.ctx, "dated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.client.Claim(tb.ctx, dated, "host/1/w", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(2*time.Hour + 2*time.Minute))
+	if _, err := tb.client.Sweep(tb.ctx, "ops", 0); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(2*time.Hour + 3*time.Minute))
+	// a-now: retried 3 min ago; dated: due since t0, but back in the queue
+	// since its lease ran out, a minute ago.
+	if got := age(); got != 180 {
+		t.Errorf("oldest due age %v s, want 180 (the job retried three minutes ago)", got)
+	}
 }
 
 func checkSummary(t *testing.T, name string, s protocol.Summary, count int64, lo, mean, hi, p50, p95 float64) {
