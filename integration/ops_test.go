@@ -376,3 +376,91 @@ func TestFauxtonViewsCarryReadableValues(t *testing.T) {
 		t.Errorf("due view row: %v", v)
 	}
 }
+
+// Jobs written straight into CouchDB are counted as added, when they were
+// created (else when couchq first wrote to them), and are in the queue's
+// depth from then; jobs waiting for others are not in the depth until
+// those are done.
+func TestCountersCountJobsCouchqDidNotEnqueueAndLeaveOutWaitingOnes(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	clk := opstest.NewClock(t0)
+	tb := setup(t, protocol.Config{Now: clk.Now})
+	c := tb.client
+	// Written by hand, as the README's smallest job, with created_at.
+	if _, err := tb.db.Put(tb.ctx, "hand-1", map[string]any{
+		"type": "WorkItem", "worker": "hand", "created_at": protocol.ToUnix(t0.Add(5 * time.Second)),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A job and two that wait for it.
+	parent, err := c.Enqueue(tb.ctx, protocol.NewJob{Worker: "hold", At: t0.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := c.Enqueue(tb.ctx, protocol.NewJob{Worker: "wt", After: []string{parent.ID}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Set(t0.Add(time.Minute))
+	stats := func(typ string) protocol.TypeStats {
+		t.Helper()
+		st, err := c.Stats(tb.ctx, protocol.StatsOptions{Worker: typ, Since: t0.Add(-time.Minute)})
+		if err != nil || len(st.Types) != 1 {
+			t.Fatalf("stats of %s: %+v, %v", typ, st, err)
+		}
+		return st.Types[0]
+	}
+	depth := func(typ string) int64 {
+		t.Helper()
+		s, err := c.Series(tb.ctx, protocol.SeriesOptions{Worker: typ, Window: 10 * time.Minute})
+		if err != nil || len(s.Depth) == 0 {
+			t.Fatalf("series of %s: %+v, %v", typ, s, err)
+		}
+		return s.Depth[len(s.Depth)-1]
+	}
+	if st := stats("hand"); st.Added != 1 {
+		t.Errorf("the hand-written job: added %d, want 1", st.Added)
+	}
+	if d := depth("hand"); d != 1 {
+		t.Errorf("the hand-written job: depth %d, want 1", d)
+	}
+	if d := depth("wt"); d != 0 {
+		t.Errorf("two jobs waiting for another: depth %d, want 0", d)
+	}
+	// Run it: added once, started and finished once, out of the queue.
+	it, err := c.Get(tb.ctx, "hand-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it, err = c.Claim(tb.ctx, it, "host/1/w", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(tb.ctx, it, nil); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(3 * time.Minute)) // the series counts whole minutes
+	if st := stats("hand"); st.Added != 1 || st.Started != 1 || st.Finished != 1 {
+		t.Errorf("the hand-written job, done: added %d started %d finished %d, want 1 each", st.Added, st.Started, st.Finished)
+	}
+	if d := depth("hand"); d != 0 {
+		t.Errorf("the hand-written job, done: depth %d, want 0", d)
+	}
+	// The jobs they wait for done, the waiting jobs join the queue.
+	if it, err = c.Get(tb.ctx, parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	if it, err = c.Claim(tb.ctx, it, "host/1/w", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(tb.ctx, it, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Finished(tb.ctx, it, "test"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(5 * time.Minute))
+	if d := depth("wt"); d != 2 {
+		t.Errorf("two jobs released: depth %d, want 2", d)
+	}
+}

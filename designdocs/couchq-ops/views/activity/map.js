@@ -7,7 +7,18 @@ function (doc) {
   // null (every type), so that the all-types series is one query as well,
   // not one per type. Only the events plotted are emitted: the events view
   // has every entry, keyed for counting a window rather than bucketing it.
-  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string' || !Array.isArray(doc.history)) {
+  // A job couchq did not enqueue counts an enqueued entry when it was
+  // added (lib/added.js).
+  // include: lib/added.js
+  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string') {
+    return;
+  }
+  var added = addedAt(doc);
+  if (added !== null) {
+    emit(['enqueued', doc.worker, Math.floor(added / 3600), Math.floor(added / 60)], null);
+    emit(['enqueued', null, Math.floor(added / 3600), Math.floor(added / 60)], null);
+  }
+  if (!Array.isArray(doc.history)) {
     return;
   }
   var plotted = {

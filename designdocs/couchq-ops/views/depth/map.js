@@ -8,29 +8,45 @@ function (doc) {
   // at that time, and a grouped range (group_level=3 per minute, 2 per
   // hour) gives the changes after it. Emitted under the job type and under
   // null (every type). "Queued" here counts due and scheduled jobs alike:
-  // what is waiting, not what is late.
-  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string' || !Array.isArray(doc.history)) {
+  // what is in the queue, not what is late. A job that waits for others
+  // (after, or a batch's callback) joins when they are done, not when it
+  // is enqueued. A job couchq did not enqueue joins when it was added
+  // (lib/added.js).
+  // include: lib/added.js
+  if (doc.type !== 'WorkItem' || typeof doc.worker !== 'string') {
     return;
   }
+  var dependent = (Array.isArray(doc.after) && doc.after.length > 0) ||
+    (typeof doc.callback_of === 'string' && doc.callback_of !== '');
   var joins = {
-    'enqueued': true, 'retry-scheduled': true, 'snoozed': true, 'released': true,
-    'lease-expired': true, 'requeued': true, 'claim-withdrawn': true
+    'enqueued': !dependent, 'retry-scheduled': true, 'snoozed': true, 'released': true,
+    'lease-expired': true, 'requeued': true, 'claim-withdrawn': true, 'dependencies-done': true
   };
   var leaves = {
     'claimed': true, 'cancelled': true, 'done': true, 'failed': true, 'archived': true
   };
-  // Track whether the job is waiting, so that a log missing entries (it is
-  // bounded, and people write documents by hand) never counts a job twice.
-  var waiting = false;
+  // Track whether the job is in the queue, so that a log missing entries
+  // (it is bounded, and people write documents by hand) never counts a job
+  // twice.
+  var queued = false;
+  var added = addedAt(doc);
+  if (added !== null && !dependent) {
+    queued = true;
+    emit([doc.worker, Math.floor(added / 3600), Math.floor(added / 60)], 1);
+    emit([null, Math.floor(added / 3600), Math.floor(added / 60)], 1);
+  }
+  if (!Array.isArray(doc.history)) {
+    return;
+  }
   for (var i = 0; i < doc.history.length; i++) {
     var e = doc.history[i];
     if (!e || typeof e.event !== 'string' || typeof e.at !== 'string') {
       continue;
     }
     var change = 0;
-    if (joins[e.event] === true && !waiting) {
+    if (joins[e.event] === true && !queued) {
       change = 1;
-    } else if (leaves[e.event] === true && waiting) {
+    } else if (leaves[e.event] === true && queued) {
       change = -1;
     } else {
       continue;
@@ -39,7 +55,7 @@ function (doc) {
     if (isNaN(at)) {
       continue;
     }
-    waiting = change > 0;
+    queued = change > 0;
     var hour = Math.floor(at / 3600), minute = Math.floor(at / 60);
     emit([doc.worker, hour, minute], change);
     emit([null, hour, minute], change);
