@@ -398,6 +398,12 @@ func TestClaimManyJudgesEachBranch(t *testing.T) {
 	if conceded == nil || conceded.Item.Attempts != held.Attempts || conceded.Item.LeaseUntil > protocol.ToUnix(cb.clock.Now()) {
 		t.Fatalf("conceded leaf %+v: want the claim given up, its lease ended, attempts %d", conceded, held.Attempts)
 	}
+	// Its entry carries the job's attempts as they were, and says which
+	// attempt the claim that did not run would have been.
+	last := conceded.Item.History[len(conceded.Item.History)-1]
+	if want := fmt.Sprintf("it did not run (the claim of attempt %d)", held.Attempts+1); last.Event != protocol.EventClaimConceded || !strings.HasSuffix(last.Error, want) {
+		t.Fatalf("the conceded claim's entry %+v, want it to end %q", last, want)
+	}
 	if _, err := cb.client.Sweep(cb.ctx, "sweeper", 100); err != nil {
 		t.Fatal(err)
 	}

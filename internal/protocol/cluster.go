@@ -633,7 +633,9 @@ func (c *Client) Concede(ctx context.Context, by string, claims []*UnrunClaim) i
 		next.Claimed, next.Status = true, StatusRunning
 		next.ClaimedBy, next.ClaimedAt = u.claim.ClaimedBy, u.claim.ClaimedAt
 		next.LeaseUntil = u.claim.ClaimedAt
-		c.record(next, EventClaimConceded, u.claim.ClaimedBy, u.reason)
+		// Its attempt is the job's as it was, the claim's not charged: the
+		// reason names the attempt the claim would have run.
+		c.record(next, EventClaimConceded, u.claim.ClaimedBy, fmt.Sprintf("%s (the claim of attempt %d)", u.reason, u.claim.Attempts))
 		docs[i], body[i], ids[i] = next, next, u.claim.ID
 	}
 	var conceded []*WorkItem
