@@ -912,6 +912,21 @@ func TestSitesAutomaticTakeover(t *testing.T) {
 	if err != nil || d.Sites["A"].TakenOverBy != "B" || d.Default != "B" {
 		t.Fatalf("sites after the automatic takeover: %+v %v", d, err)
 	}
+
+	// A comes back, beats, and goes silent again: its new jobs are taken
+	// over again, not left waiting for it.
+	stopA = a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"sync": rc.handler("A")}, ID: "A-1", HeartbeatInterval: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.ErrorLevel),
+	})
+	time.Sleep(4 * time.Second)
+	stopA()
+	again := a.enqueue(ctx, t, "sync", "A", 5)
+	waitDoneAtSites(ctx, t, again, 2*time.Minute, b, a)
+	for _, id := range again {
+		owners[id] = "B"
+	}
+	checkRanOnceAtOwner(t, &rc, owners)
 }
 
 // A 3-node cluster as a site beside a single node: every job runs exactly

@@ -12,13 +12,16 @@ func TestSitesToAwait(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	at := func(ago time.Duration) float64 { return protocol.ToUnix(now.Add(-ago)) }
 	sites := &protocol.SitesDoc{Default: "A", Sites: map[string]protocol.SiteInfo{
-		"A": {}, "B": {}, "C": {}, "D": {TakenOverBy: "B"},
+		"A": {}, "B": {}, "C": {},
+		"D": {TakenOverBy: "B", TakenOverAt: at(30 * time.Minute)}, // gone since
+		"E": {TakenOverBy: "B", TakenOverAt: at(2 * time.Hour)},    // came back since
 	}}
 	beats := func(a protocol.SiteHeartbeat) map[string]protocol.SiteHeartbeat {
 		return map[string]protocol.SiteHeartbeat{
 			"A": a,
 			"B": {Rev: "7-b", At: at(time.Hour)}, // as this copy has it: maybe long ago
 			"D": {Rev: "3-d", At: at(time.Hour)},
+			"E": {Rev: "5-e", At: at(time.Hour)},
 			// C never beat: no worker of it to hear from
 		}
 	}
@@ -30,8 +33,8 @@ func TestSitesToAwait(t *testing.T) {
 		want  map[string]string
 	}{
 		{"workers beat a moment ago", "A", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(25 * time.Second)}, nil},
-		{"every worker stopped", "A", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(31 * time.Second)}, map[string]string{"B": "7-b"}},
-		{"another worker waits already", "A", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(time.Second), CatchingUp: true}, map[string]string{"B": "7-b"}},
+		{"every worker stopped", "A", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(31 * time.Second)}, map[string]string{"B": "7-b", "E": "5-e"}},
+		{"another worker waits already", "A", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(time.Second), CatchingUp: true}, map[string]string{"B": "7-b", "E": "5-e"}},
 		{"a new site", "A", sites, protocol.SiteHeartbeat{}, nil},
 		{"no site", "", sites, protocol.SiteHeartbeat{Rev: "9-a", At: at(time.Hour)}, nil},
 		{"no sites document", "A", nil, protocol.SiteHeartbeat{Rev: "9-a", At: at(time.Hour)}, nil},

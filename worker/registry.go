@@ -162,11 +162,14 @@ func (w *Worker) takeOverSilentSites(ctx context.Context) {
 	now := w.cfg.Now()
 	for _, site := range w.cfg.TakeOver {
 		info, ok := sites.Sites[site]
-		if !ok || info.TakenOverBy != "" || site == w.client.Site() {
+		hb, beat := beats[site]
+		// A site taken over before is taken over again once it came back
+		// (it beat since) and went silent again: its new jobs wait for it.
+		if !ok || site == w.client.Site() || (info.TakenOverBy != "" && (!beat || !runsItsOwn(info, hb))) {
 			continue
 		}
 		last := protocol.FromUnix(info.AddedAt) // never beat: silent since it joined
-		if hb, ok := beats[site]; ok {
+		if beat {
 			last = protocol.FromUnix(hb.At)
 		}
 		if now.Sub(last) < w.cfg.TakeOverAfter {
