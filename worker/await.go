@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/couchq/couchq/internal/protocol"
@@ -75,31 +76,147 @@ func runsItsOwn(info protocol.SiteInfo, hb protocol.SiteHeartbeat) bool {
 	return info.TakenOverBy == "" || hb.At > info.TakenOverAt
 }
 
+// siteGate holds the worker's claims (and sweeps and periodic ticks)
+// while it waits to hear from the other sites. It is open when the worker
+// may claim.
+type siteGate struct {
+	mu sync.Mutex
+	// open is closed while the worker may claim.
+	open chan struct{}
+	// from are the sites waited for, with their heartbeats' revisions
+	// when the wait began; nil when not waiting for any.
+	from map[string]string
+	// outage says the gate was closed because CouchDB was not reached for
+	// as long as a site's workers count as stopped.
+	outage bool
+}
+
+// wait waits until the gate is open; false when ctx ended first.
+func (g *siteGate) wait(ctx context.Context) bool {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// closed reports whether the gate holds claims.
+func (g *siteGate) closed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+		return false
+	default:
+		return true
+	}
+}
+
+// waiting reports whether the gate holds claims for sites to be heard.
+func (g *siteGate) waiting() bool {
+	g.mu.Lock()
+	from := g.from
+	g.mu.Unlock()
+	return from != nil && g.closed()
+}
+
+// sites are the sites waited for: a copy.
+func (g *siteGate) sites() map[string]string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.from)
+}
+
+// await holds claims until the sites of from are heard (awaitSites
+// opens the gate); from nil opens it at once.
+func (g *siteGate) await(from map[string]string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.from, g.outage = from, false
+	if from == nil {
+		g.openLocked()
+	}
+}
+
+// holdForOutage closes an open gate: CouchDB has not been reached for
+// as long as a site's workers count as stopped. It reports whether it
+// closed it.
+func (g *siteGate) holdForOutage() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+	default:
+		return false // closed already
+	}
+	g.open, g.from, g.outage = make(chan struct{}), nil, true
+	return true
+}
+
+// heldForOutage reports whether the gate is closed for an outage and not
+// yet waiting for sites.
+func (g *siteGate) heldForOutage() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.outage
+}
+
+// release opens the gate.
+func (g *siteGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.outage = false
+	g.openLocked()
+}
+
+func (g *siteGate) openLocked() {
+	select {
+	case <-g.open:
+	default:
+		close(g.open)
+	}
+}
+
+// sitesToHear reads the sites' heartbeats and says which sites a worker
+// must hear from before it claims (sitesToAwait): nil for none, or when
+// they cannot be read (logged).
+func (w *Worker) sitesToHear(ctx context.Context) (map[string]string, time.Duration) {
+	sites, err := w.client.ReadSites(ctx)
+	var beats map[string]protocol.SiteHeartbeat
+	if err == nil && sites != nil {
+		beats, err = w.client.SiteHeartbeats(ctx)
+	}
+	if err != nil {
+		w.log.Warn().Err(err).Msg("reading the sites' heartbeats: claiming without waiting to hear from the other sites")
+		return nil, 0
+	}
+	return sitesToAwait(w.client.Site(), sites, beats, w.cfg.Now(), w.cfg.HeartbeatInterval)
+}
+
 // decideAwait reads the sites' heartbeats and decides whether the worker
-// waits before it claims (w.awaitFrom); it beats for the site either way,
+// waits before it claims (w.gate); it beats for the site either way,
 // marking the heartbeat while the worker waits. Called by register,
 // before the worker's own first heartbeat, which would make the site look
 // alive.
 func (w *Worker) decideAwait(ctx context.Context) {
+	var from map[string]string
 	if w.cfg.AwaitSites > 0 && w.client.Site() != "" {
-		sites, err := w.client.ReadSites(ctx)
-		var beats map[string]protocol.SiteHeartbeat
-		if err == nil && sites != nil {
-			beats, err = w.client.SiteHeartbeats(ctx)
-		}
-		if err != nil {
-			w.log.Warn().Err(err).Msg("reading the sites' heartbeats: claiming without waiting to hear from the other sites")
-		} else if from, silent := sitesToAwait(w.client.Site(), sites, beats, w.cfg.Now(), w.cfg.HeartbeatInterval); len(from) > 0 {
-			w.awaitFrom = from
+		var silent time.Duration
+		if from, silent = w.sitesToHear(ctx); len(from) > 0 {
 			w.log.Info().Strs("sites", sortedKeys(from)).Dur("silent", silent.Round(time.Second)).Dur("up_to", w.cfg.AwaitSites).
 				Msg("this site's workers were stopped: waiting to hear twice from the other sites before claiming, so that what they did meanwhile (a takeover of this site's jobs) is here first")
+		} else {
+			from = nil
 		}
 	}
+	w.gate.await(from)
 	beat := w.client.Beat
-	if w.awaitFrom != nil {
+	if from != nil {
 		beat = w.client.BeatCatchingUp
-	} else {
-		close(w.claimable)
 	}
 	// The site's heartbeat now, not a heartbeat interval later: until the
 	// first, couchq sites says the site was never heard from.
@@ -113,7 +230,7 @@ func (w *Worker) decideAwait(ctx context.Context) {
 // then lets the worker claim.
 func (w *Worker) awaitSites(ctx context.Context) {
 	heard := map[string]int{}
-	last := maps.Clone(w.awaitFrom) // w.awaitFrom stays as it is: Ready names its sites
+	last := w.gate.sites()
 	deadline := time.Now().Add(w.cfg.AwaitSites)
 	poll := min(w.cfg.HeartbeatInterval/4, 250*time.Millisecond)
 	for {
@@ -145,40 +262,56 @@ func (w *Worker) awaitSites(ctx context.Context) {
 			return
 		}
 	}
-	close(w.claimable)
+	w.gate.release()
 	if err := w.client.Beat(ctx); err != nil && ctx.Err() == nil {
 		w.log.Warn().Err(err).Msg("writing the site's heartbeat")
 	}
 }
 
-// untilClaimable waits until the worker may claim; false when ctx ended
-// first.
-func (w *Worker) untilClaimable(ctx context.Context) bool {
-	select {
-	case <-w.claimable:
-		return true
-	case <-ctx.Done():
-		return false
+// holdAfterOutage closes the gate when the worker has not reached CouchDB
+// for as long as a site's workers count as stopped (awaitStale
+// heartbeats): a server that was down, or cut off from this worker, may
+// come back with a copy the links have yet to bring up to date, a
+// takeover of this site's jobs above all, exactly as when the site's
+// workers were all stopped. Called after each registry write.
+func (w *Worker) holdAfterOutage(ctx context.Context, contactErr error, lastContact time.Time) {
+	if w.cfg.AwaitSites <= 0 || w.client.Site() == "" {
+		return
 	}
+	if contactErr != nil {
+		if silent := time.Since(lastContact); silent > awaitStale*w.cfg.HeartbeatInterval && w.gate.holdForOutage() {
+			w.log.Warn().Dur("silent", silent.Round(time.Second)).
+				Msg("CouchDB not reached for as long as this site's workers count as stopped: holding claims, sweeps and ticks until it answers and the other sites are heard from")
+		}
+		return
+	}
+	if !w.gate.heldForOutage() {
+		return
+	}
+	from, silent := w.sitesToHear(ctx)
+	w.gate.await(from)
+	if from == nil {
+		w.log.Info().Msg("CouchDB answers again, and the site's heartbeat says no other site needs hearing from: claiming")
+		return
+	}
+	w.log.Info().Strs("sites", sortedKeys(from)).Dur("silent", silent.Round(time.Second)).Dur("up_to", w.cfg.AwaitSites).
+		Msg("CouchDB answers again after an outage: waiting to hear twice from the other sites before claiming, so that what they did meanwhile (a takeover of this site's jobs) is here first")
+	// Not one of the worker's loops: Stop does not wait for it, and it
+	// ends with ctx.
+	go w.awaitSites(ctx)
 }
 
-// awaiting reports whether the worker still waits to hear from the
-// other sites.
-func (w *Worker) awaiting() bool {
-	if w.awaitFrom == nil {
-		return false
-	}
-	select {
-	case <-w.claimable:
-		return false
-	default:
-		return true
-	}
-}
+// untilClaimable waits until the worker may claim; false when ctx ended
+// first.
+func (w *Worker) untilClaimable(ctx context.Context) bool { return w.gate.wait(ctx) }
+
+// awaiting reports whether the worker holds its claims: it waits to hear
+// from the other sites, or for CouchDB after an outage.
+func (w *Worker) awaiting() bool { return w.gate.closed() }
 
 // awaitedSites names the sites the worker waits for, for Ready.
 func (w *Worker) awaitedSites() string {
-	return strings.Join(sortedKeys(w.awaitFrom), ", ")
+	return strings.Join(sortedKeys(w.gate.sites()), ", ")
 }
 
 func sortedKeys(m map[string]string) []string {

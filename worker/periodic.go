@@ -20,6 +20,9 @@ func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic, ticked f
 	log := w.log.With().Str("schedule", p.Name).Str("type", p.Job.Worker).Logger()
 	backoff := 100 * time.Millisecond
 	for {
+		if !w.untilClaimable(ctx) {
+			return
+		}
 		next, enqueued, err := w.client.TickPeriodic(ctx, p, ticks, w.by)
 		ticked()
 		wait := time.Until(next)

@@ -93,7 +93,11 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 		}
 		cancel()
 		if ctx.Err() == nil {
+			w.health.mu.Lock()
+			lastContact := w.health.lastContact
+			w.health.mu.Unlock()
 			w.noteContact(err)
+			w.holdAfterOutage(ctx, err, lastContact)
 		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Warn().Err(err).Msg("updating worker registry document failed")

@@ -176,6 +176,9 @@ func (r *runner) loop(ctx context.Context, drained func()) {
 	log := r.w.log.With().Str("type", r.typ).Logger()
 	backoff, nextBackoff := 100*time.Millisecond, 100*time.Millisecond
 	for !r.w.stopping() && ctx.Err() == nil {
+		if !r.w.untilClaimable(ctx) {
+			return // held after an outage (await.go) until ctx ended
+		}
 		if r.paused.Load() {
 			if r.w.cfg.Drain && r.idleSlots() {
 				return // a paused type has nothing to drain

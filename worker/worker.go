@@ -76,11 +76,11 @@ type Worker struct {
 	// and its first sweep (the claims of killed workers, the waiting jobs
 	// to release), which in Drain mode comes at once.
 	firstPasses atomic.Int32
-	// claimable is closed once the worker may claim: at once, or once it
-	// has heard from the other sites (awaitSites, waiting for the sites
-	// of awaitFrom, which register sets).
-	claimable chan struct{}
-	awaitFrom map[string]string
+	// gate holds claims, sweeps and periodic ticks while the worker waits
+	// to hear from the other sites: when it starts after its site's
+	// workers were all stopped, and after it lost CouchDB for longer than
+	// that (see await.go).
+	gate siteGate
 
 	pauseMu sync.Mutex // serialises refreshPaused
 
@@ -136,7 +136,7 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 		by:           fmt.Sprintf("%s/%d/%s", hostname(), os.Getpid(), cfg.ID),
 		stopClaiming: make(chan struct{}),
 		drained:      make(chan struct{}),
-		claimable:    make(chan struct{}),
+		gate:         siteGate{open: make(chan struct{})},
 		running:      map[string]*runningJob{},
 	}
 	types := make([]string, 0, len(cfg.Handlers))
@@ -245,7 +245,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.followChanges(loopCtx, since)
 		}()
 	}
-	if w.awaitFrom != nil {
+	if w.gate.waiting() {
 		w.loops.Add(1)
 		go func() {
 			defer w.loops.Done()
@@ -429,8 +429,11 @@ func (w *Worker) Ready() error {
 	if h.feedErr != nil {
 		return fmt.Errorf("changes feed disconnected: %w", h.feedErr)
 	}
-	if w.awaiting() {
-		return fmt.Errorf("not claiming yet: this site's workers were stopped, and it waits (up to %s) to hear from sites %s, so that what they did meanwhile is here first", w.cfg.AwaitSites, w.awaitedSites())
+	switch {
+	case w.gate.heldForOutage():
+		return errors.New("not claiming: CouchDB was not reached for as long as this site's workers count as stopped; once it answers, the worker waits to hear from the other sites")
+	case w.awaiting():
+		return fmt.Errorf("not claiming yet: this site's workers were stopped, or CouchDB was out of reach, and it waits (up to %s) to hear from sites %s, so that what they did meanwhile is here first", w.cfg.AwaitSites, w.awaitedSites())
 	}
 	return nil
 }
@@ -569,6 +572,9 @@ func (w *Worker) sweepLoop(ctx context.Context, now bool, swept func()) {
 		return w.sleep(ctx, jitter(w.cfg.SweepInterval))
 	}
 	for wait() {
+		if !w.untilClaimable(ctx) {
+			return
+		}
 		sctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 		res, err := w.client.Sweep(sctx, w.by, 0)
 		cancel()
