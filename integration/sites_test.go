@@ -647,8 +647,10 @@ func TestSitesActionsFromANonOwnerApplyOnceAtTheOwner(t *testing.T) {
 	if !errors.As(err, &again) || again.Request.ID != first.Request.ID {
 		t.Fatalf("a second cancel while the first is pending: %v, want request %s again", err, first.Request.ID)
 	}
-	if _, err := b.client.Retry(ctx, failed[1], "ops@B"); !errors.Is(err, protocol.ErrForwarded) {
-		t.Fatal(err)
+	// Retrying every failed job of the type at B asks A for A's, as the
+	// retry of one does, rather than writing them at B.
+	if n, err := b.client.RetryFailed(ctx, "mail", "ops@B", nil); err != nil || n < 1 {
+		t.Fatalf("retry of the failed jobs at a non-owner: %d, %v", n, err)
 	}
 	time.Sleep(3 * time.Second)
 	if it, err := a.client.Get(ctx, toCancel[1]); err != nil || it.Status != protocol.StatusQueued {
@@ -1407,4 +1409,68 @@ func TestSitesTakeoverMeetsAJobTheOldOwnerRequeued(t *testing.T) {
 			t.Errorf("site %s: job %s settled as site %q, %s: %s", s.name, id, it.Site, it.Status, events(it))
 		}
 	}
+}
+
+// A's server stops under a worker that keeps running; B takes A's jobs
+// over and runs them; A's server comes back: the worker, which reached no
+// CouchDB for longer than a site's workers count as stopped, holds its
+// claims and sweeps until it has heard from B, as a worker starting then
+// would, so it runs nothing B took over.
+func TestSitesWorkerThatOutlivesItsServerWaitsForTheOtherSites(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	slow := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
+		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	b.startWorkers(ctx, t, &rc, 1, "render")
+	ids := a.enqueue(ctx, t, "render", "", 40)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		running, err := b.client.List(ctx, protocol.ListOptions{Worker: "render", Status: protocol.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(running.Items) >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A's claims did not reach B: %d running there", len(running.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A's server stops; its worker does not.
+	if err := a.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.client.TakeOver(ctx, "A", "B"); err != nil {
+		t.Fatal(err)
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+	time.Sleep(5 * time.Second) // well over three of A's heartbeats
+	before := rc.snapshot()
+	if err := a.srv.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a)
+	time.Sleep(5 * time.Second)
+	after := rc.snapshot()
+	for _, id := range ids {
+		if r := after[id]; len(r) > len(before[id]) {
+			t.Errorf("job %s ran again at %v after A's server came back", id, r[len(before[id]):])
+		}
+	}
+	// The conflicts of the jobs that ran at both sites (running at A when
+	// its server stopped) are settled by B, their owner, once B's link
+	// from A brings A's branches: CouchDB's replicator retries a link to
+	// a server that was down after a backoff of its own, minutes at most.
 }

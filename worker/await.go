@@ -307,7 +307,7 @@ func (w *Worker) untilClaimable(ctx context.Context) bool { return w.gate.wait(c
 
 // awaiting reports whether the worker holds its claims: it waits to hear
 // from the other sites, or for CouchDB after an outage.
-func (w *Worker) awaiting() bool { return w.gate.closed() }
+func (w *Worker) awaiting() bool { return w.gate.waiting() || w.gate.heldForOutage() }
 
 // awaitedSites names the sites the worker waits for, for Ready.
 func (w *Worker) awaitedSites() string {

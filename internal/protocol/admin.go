@@ -161,7 +161,9 @@ func (c *Client) Requeue(ctx context.Context, id, by string) (*WorkItem, error) 
 
 // RetryFailed retries every failed job of type worker, a page at a time
 // with one _bulk_docs write per page, and returns how many it retried. A job
-// changed or deleted since its page was listed is skipped. progress, when
+// changed or deleted since its page was listed is skipped. In a queue of
+// several sites another site's failed job is asked of its owner (a retry
+// request, as Retry writes one) and counted. progress, when
 // set, is called after each page with the running total.
 func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress func(retried int)) (int, error) {
 	n := 0
@@ -188,6 +190,20 @@ func (c *Client) RetryFailed(ctx context.Context, worker, by string, progress fu
 			if archived(it) {
 				stays++
 				continue // a record of a unique job: see Retry
+			}
+			if elsewhere, err := c.forward(ctx, it); err != nil {
+				return n, fmt.Errorf("retrying failed %s jobs: %w", worker, err)
+			} else if elsewhere {
+				// Another site's job: only its owner writes it, so it is
+				// asked for, as a retry of that job alone is. The job
+				// stays failed here until the owner's retry comes back.
+				stays++
+				if _, err := c.Retry(ctx, it.ID, by); err == nil || errors.Is(err, ErrForwarded) {
+					n++
+				} else {
+					c.log.Warn().Err(err).Str("job", it.ID).Msg("asking another site to retry its failed job")
+				}
+				continue
 			}
 			next := it.Clone()
 			c.retried(next, by)
