@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -803,6 +804,22 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 	if err := b.client.PauseAt(ctx, "A", "other", "ops@B", "stale"); !errors.Is(err, protocol.ErrForwarded) {
 		t.Fatal(err)
 	}
+	// A pause and then a resume of "third", both asked at B: applied in
+	// that order, the resume not taken for superseded by the pause.
+	if err := b.client.PauseAt(ctx, "A", "third", "ops@B", ""); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	if err := b.client.ResumeAt(ctx, "A", "third", "ops@B"); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
+	// A pause of "fourth" asked twice while pending is one request.
+	var first, again *protocol.ForwardedError
+	if err := b.client.PauseAt(ctx, "A", "fourth", "ops@B", ""); !errors.As(err, &first) {
+		t.Fatal(err)
+	}
+	if err := b.client.PauseAt(ctx, "A", "fourth", "ops@B", ""); !errors.As(err, &again) || again.Request.ID != first.Request.ID {
+		t.Fatalf("a second pause while the first is pending: %v, want request %s again", err, first.Request.ID)
+	}
 	time.Sleep(10 * time.Millisecond)
 	if err := a.client.PauseAt(ctx, "A", "other", "ops@A", ""); err != nil {
 		t.Fatal(err)
@@ -831,8 +848,9 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 		for _, r := range reqs {
 			states[r.Action+" "+r.Worker] = r.State
 		}
-		want := map[string]string{"pause mail": protocol.RequestApplied, "resume mail": protocol.RequestApplied, "pause other": protocol.RequestRefused}
-		if len(reqs) == 3 && states["pause mail"] == want["pause mail"] && states["resume mail"] == want["resume mail"] && states["pause other"] == want["pause other"] {
+		want := map[string]string{"pause mail": protocol.RequestApplied, "resume mail": protocol.RequestApplied, "pause other": protocol.RequestRefused,
+			"pause third": protocol.RequestApplied, "resume third": protocol.RequestApplied, "pause fourth": protocol.RequestApplied}
+		if len(reqs) == len(want) && maps.Equal(states, want) {
 			break
 		}
 		if time.Now().After(waitFor) {
@@ -842,6 +860,9 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 	}
 	if pausedAt(a, "other") {
 		t.Error("a pause superseded by the site's own resume was applied")
+	}
+	if pausedAt(a, "third") || !pausedAt(a, "fourth") {
+		t.Errorf("third paused %v (want resumed), fourth paused %v (want paused)", pausedAt(a, "third"), pausedAt(a, "fourth"))
 	}
 	for _, id := range ids {
 		if r := rc.snapshot()[id]; len(r) != 1 {
@@ -1129,6 +1150,31 @@ func TestSitesLinkRefusesWhatCouldOnlyFail(t *testing.T) {
 	addSites(ctx, t, a, "C")
 	if err := protocol.LinkSites(ctx, a.end, b.end, holders); err != nil {
 		t.Errorf("linking A and B, B's sites document an older revision of A's: %v", err)
+	}
+	// Linked, then cut, with a site added at each while cut: one document
+	// changed at both ends, which linking again merges (the sweeps do),
+	// not two documents of their own.
+	bc, err := b.conn.Open(ctx, b.end.DB, protocol.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if d, err := bc.ReadSites(ctx); err == nil && d != nil && d.Sites["C"].AddedAt > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("A's sites document did not reach B")
+		}
+	}
+	for _, s := range []*testSite{a, b} {
+		if _, err := s.conn.Unlink(ctx, s.end.DB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addSites(ctx, t, a, "D")
+	addSites(ctx, t, b, "E")
+	if err := protocol.LinkSites(ctx, a.end, b.end, holders); err != nil {
+		t.Errorf("linking A and B again after a site was added at each while cut: %v", err)
 	}
 }
 

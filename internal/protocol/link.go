@@ -223,7 +223,10 @@ func checkLinkEnds(ctx context.Context, a, b SiteEndpoint, holders map[string]*S
 		// one of them, the other's sites and default lost.
 		x, y := listing[0], listing[1]
 		same := x.sites.Default == y.sites.Default && slices.Equal(x.sites.Names(), y.sites.Names())
-		if !same && !x.revs.has(y.sites.Rev) && !y.revs.has(x.sites.Rev) {
+		// Two documents that share a revision are one document changed at
+		// both ends while cut off: the link makes a conflict the workers'
+		// sweeps merge (every site added at either, every takeover).
+		if !same && !x.revs.shares(y.revs) {
 			return fmt.Errorf("linking sites %s and %s: each database has a sites document of its own (site %s's: %s, default %s; site %s's: %s, default %s), and linking would keep only one: add the sites at one database only, delete the other's %s, then link",
 				a.Site, b.Site, x.at, strings.Join(x.sites.Names(), ", "), x.sites.Default, y.at, strings.Join(y.sites.Names(), ", "), y.sites.Default, SitesDocID)
 		}
@@ -286,6 +289,17 @@ func (r revisions) has(rev string) bool {
 	}
 	i := r.Start - n
 	return i >= 0 && i < len(r.IDs) && r.IDs[i] == hash
+}
+
+// shares reports whether two revision histories have a revision in
+// common: they are of one document.
+func (r revisions) shares(o revisions) bool {
+	for i, hash := range r.IDs {
+		if o.has(strconv.Itoa(r.Start-i) + "-" + hash) {
+			return true
+		}
+	}
+	return false
 }
 
 // ReplicateOnce copies from's queue database into to's once, through the

@@ -243,7 +243,7 @@ func (c *Client) applyTypeRequest(ctx context.Context, r *SiteRequest, by string
 	case ctl.ChangedBy == actor:
 		r.State, r.Result = RequestApplied, "applied: the type's control has it"
 		return nil
-	case ctl.ChangedAt > r.CreatedAt:
+	case ctl.ChangedAt > r.CreatedAt && !byEarlierRequest(ctl.ChangedBy, r.ID):
 		r.State, r.Result = RequestRefused, fmt.Sprintf("superseded: %s was %s at this site by %s after the request was made",
 			r.Worker, map[bool]string{true: "paused", false: "resumed"}[ctl.Paused], ctl.ChangedBy)
 		return nil
@@ -262,6 +262,15 @@ func (c *Client) applyTypeRequest(ctx context.Context, r *SiteRequest, by string
 	}
 	r.State, r.Result = RequestApplied, "applied by "+by
 	return nil
+}
+
+// byEarlierRequest reports whether actor, who last changed a type's
+// control, is a request made before the request id (request ids are
+// time-ordered): applied later than this one was made, it still came
+// first, and requests are applied in the order they were made.
+func byEarlierRequest(actor, id string) bool {
+	_, earlier, ok := strings.Cut(actor, " via request ")
+	return ok && strings.HasPrefix(earlier, requestPrefix) && earlier < id
 }
 
 // PauseAt pauses typ at site: at once when site is this client's own,
@@ -294,6 +303,21 @@ func (c *Client) typeAt(ctx context.Context, site, typ, action, by, reason strin
 	if st := c.siteView(); !st.names[site] {
 		names := slices.Sorted(maps.Keys(st.names))
 		return &describedError{fmt.Sprintf("%s of %s at site %s: site %s is not one of the sites (%s)", action, typ, site, site, strings.Join(names, ", ")), ErrNotFound}
+	}
+	// Asked again while the same request is the type's latest pending one
+	// at that site: the answer is that request, not a second.
+	reqs, err := c.Requests(ctx, "")
+	if err != nil {
+		return err
+	}
+	var latest *SiteRequest
+	for i := range reqs {
+		if r := &reqs[i]; r.Job == "" && r.Worker == typ && r.Site == site && r.State == RequestPending {
+			latest = r
+		}
+	}
+	if latest != nil && latest.Action == action {
+		return &ForwardedError{Request: latest}
 	}
 	req := &SiteRequest{
 		ID: requestPrefix + strings.TrimPrefix(NewID(), "job:"), Type: SiteRequestDocType, Worker: typ, Action: action,
