@@ -397,12 +397,12 @@ func TestLsAndShowNameTheOwnerSite(t *testing.T) {
 	}
 	// PouchDB Server's links run in its own process and are not listed:
 	// an empty table of links would read as none.
-	if srv.Caps().Vendor == "pouchdb" && !strings.Contains(r.stdout, "links not shown: this server has no replicator of its own") {
+	if srv.Caps().Vendor == "pouchdb-server" && !strings.Contains(r.stdout, "links not shown: this server has no replicator of its own") {
 		t.Errorf("sites on PouchDB Server: want the links said not shown:\n%s", r.stdout)
 	}
 	// Nor can they be cut but by a restart: unlink says so rather than
 	// that it removed none.
-	if srv.Caps().Vendor == "pouchdb" {
+	if srv.Caps().Vendor == "pouchdb-server" {
 		expect(t, c.run(t, "sites", "unlink"), exitFailure, "this server has no replicator of its own", "restart it to cut them")
 	}
 
