@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -98,6 +99,15 @@ func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
+		if errors.Is(req.Context().Err(), context.DeadlineExceeded) && len(f.nodes) > 1 {
+			// The node took the connection but gave no answer in time: a
+			// hung node (a stopped process still accepts connections).
+			// The request may have been applied there, so it is not sent
+			// again; the requests after it go to the next node.
+			f.warnHung(i, err)
+			f.use((i + 1) % len(f.nodes))
+			return nil, err
+		}
 		if !unreached(err) || req.Context().Err() != nil {
 			return nil, err
 		}
@@ -133,6 +143,18 @@ func (f *Failover) warn(i int, err error) {
 	f.warned[i] = now
 	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).
 		Msg("CouchDB node unreachable; trying the next (reported at most once a minute per node)")
+}
+
+func (f *Failover) warnHung(i int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if last, ok := f.warned[i]; ok && now.Sub(last) < f.warnEvery {
+		return
+	}
+	f.warned[i] = now
+	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).
+		Msg("CouchDB node gave no answer in time; the next requests go to the next node (reported at most once a minute per node)")
 }
 
 // failoverClient returns hc unchanged for one URL; for a list it returns a

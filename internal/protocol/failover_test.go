@@ -2,12 +2,15 @@ package protocol
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -77,5 +80,49 @@ func TestFailoverSkipsUnreachableNodes(t *testing.T) {
 	}
 	if got := SplitNodeURLs(" http://a:1 , http://b:2,"); len(got) != 2 || got[1] != "http://b:2" {
 		t.Fatalf("SplitNodeURLs: %q", got)
+	}
+}
+
+// A node that takes the connection and never answers (a hung process):
+// the request that timed out is not sent again, since it may have been
+// applied, but the requests after it go to the next node.
+func TestFailoverLeavesAHungNode(t *testing.T) {
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer hung.Close()
+	defer close(release)
+	var served atomic.Int32
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1) }))
+	defer live.Close()
+	var logged bytes.Buffer
+	f, err := NewFailover(nil, []string{hung.URL, live.URL}, zerolog.New(&logged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: f}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hung.URL+"/db/_bulk_docs", strings.NewReader(`{"n":1}`))
+	if _, err := hc.Do(req); err == nil {
+		t.Fatal("a request to the hung node answered")
+	}
+	if served.Load() != 0 {
+		t.Fatal("the request that timed out was sent again to the next node")
+	}
+	if f.Node() != live.URL {
+		t.Fatalf("node in use %s, want %s", f.Node(), live.URL)
+	}
+	resp, err := hc.Get(hung.URL + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if served.Load() != 1 || !strings.Contains(logged.String(), "gave no answer in time") {
+		t.Fatalf("the next request: served %d; log:\n%s", served.Load(), logged.String())
 	}
 }
