@@ -603,8 +603,13 @@ func TestPauseResume(t *testing.T) {
 	}
 	r = c.run(t, "stats")
 	expect(t, r, exitOK)
-	if !strings.Contains(r.stdout, "OLDEST DUE  PAUSED") || !regexp.MustCompile(`(?m)^mail +1 +0 +0 +0 +0 +- +paused$`).MatchString(r.stdout) {
-		t.Fatalf("stats does not show the paused type:\n%s", r.stdout)
+	if !strings.Contains(r.stdout, "OLDEST DUE  PAUSED") || !regexp.MustCompile(`(?m)^mail +1 +0 +0 +0 +0 +- +paused: smtp down$`).MatchString(r.stdout) {
+		t.Fatalf("stats does not show the paused type and why:\n%s", r.stdout)
+	}
+	r = c.run(t, "stats", "--json")
+	var st protocol.Stats
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Types) != 1 || st.Types[0].Queue.PausedReason != "smtp down" {
+		t.Fatalf("stats --json of the paused type: %v\n%s", err, r.stdout)
 	}
 	r = c.run(t, "resume", "mail", "--json")
 	expect(t, r, exitOK)

@@ -149,6 +149,9 @@ func printStats(w io.Writer, st *protocol.Stats) error {
 			row := fmt.Sprintf("%s\t%d\t%d\t%d\t%d\t%d\t%s", t.Type, t.Queue.Due, t.Queue.Scheduled, t.Queue.Waiting, t.Queue.Running, t.Queue.Failed, oldest)
 			if anyPaused {
 				row += "\t" + map[bool]string{true: "paused", false: "-"}[t.Queue.Paused]
+				if t.Queue.PausedReason != "" {
+					row += ": " + t.Queue.PausedReason
+				}
 			}
 			if len(bySite) > 0 {
 				row += "\t" + cmp.Or(strings.Join(bySite[t.Type], ", "), "-")

@@ -147,6 +147,25 @@ func (c *Client) Paused(ctx context.Context, types ...string) (map[string]bool, 
 	return out, nil
 }
 
+// pausedWhy reports every paused type, and the reason its pause was
+// given where it was.
+func (c *Client) pausedWhy(ctx context.Context) (paused map[string]bool, reasons map[string]string, err error) {
+	ctls, err := c.Controls(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	paused, reasons = map[string]bool{}, map[string]string{}
+	for t, ctl := range ctls {
+		if ctl.Paused {
+			paused[t] = true
+			if ctl.Reason != "" {
+				reasons[t] = ctl.Reason
+			}
+		}
+	}
+	return paused, reasons, nil
+}
+
 // isControlID reports whether a document id is a control document's, and
 // for which type.
 func isControlID(id string) (string, bool) {

@@ -348,7 +348,7 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 	if err != nil {
 		return nil, err
 	}
-	paused, err := c.Paused(ctx)
+	paused, reasons, err := c.pausedWhy(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +382,7 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 		byStatus := counts[t]
 		q.Running, q.Failed, q.Done, q.Cancelled = byStatus[StatusRunning], byStatus[StatusFailed], byStatus[StatusDone], byStatus[StatusCancelled]
 		q.Waiting = byStatus[StatusWaiting]
-		q.Paused = paused[t]
+		q.Paused, q.PausedReason = paused[t], reasons[t]
 		if waiting[t] > 0 {
 			if q.Due, err = c.reduceCount(ctx, "due", []any{t}, []any{t, now}); err != nil {
 				return nil, err

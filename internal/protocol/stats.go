@@ -89,8 +89,10 @@ type QueueNow struct {
 	// seconds: the "are we keeping up" number. 0 when nothing is due, and
 	// for a paused type: its due jobs wait on purpose, they are not late.
 	OldestDueAge float64 `json:"oldest_due_age"`
-	// Paused: the type's workers claim nothing (see Client.Pause).
-	Paused bool `json:"paused"`
+	// Paused: the type's workers claim nothing (see Client.Pause), and
+	// PausedReason is the reason the pause was given, if any.
+	Paused       bool   `json:"paused"`
+	PausedReason string `json:"paused_reason,omitempty"`
 }
 
 // SiteDue is a job type's jobs due now at one owner site, in a database of
@@ -176,7 +178,7 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 			return nil, err
 		}
 	}
-	paused, err := c.Paused(ctx)
+	paused, reasons, err := c.pausedWhy(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +201,7 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 		}
 		ts.Queue.shift(shifts[typ])
 		if paused[typ] {
-			ts.Queue.Paused, ts.Queue.OldestDueAge = true, 0
+			ts.Queue.Paused, ts.Queue.PausedReason, ts.Queue.OldestDueAge = true, reasons[typ], 0
 		}
 		out.Types = append(out.Types, *ts)
 		if ts.Queue.Due > 0 {
