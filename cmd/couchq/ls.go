@@ -54,7 +54,9 @@ func (m *Main) runLs(ctx context.Context, log zerolog.Logger, args []string) err
 		return err
 	}
 	defer closeQueue()
-	batch, err := q.List(ctx, opts)
+	ask := opts
+	ask.Limit++ // one more than shown tells whether there are more
+	batch, err := q.List(ctx, ask)
 	if err != nil {
 		return err
 	}

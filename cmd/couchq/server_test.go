@@ -259,6 +259,14 @@ func TestListByStatusAcrossTypes(t *testing.T) {
 	if !strings.Contains(r.stdout, "z-1") || !strings.Contains(r.stdout, "done") {
 		t.Errorf("ls --status done --limit 1 missed the done job:\n%s", r.stdout)
 	}
+	// It is the only one: nothing more to show.
+	if strings.Contains(r.stdout, "--limit shows more") {
+		t.Errorf("ls --limit 1 of the one done job says there are more:\n%s", r.stdout)
+	}
+	r = c.run(t, "ls", "--status", "queued", "--limit", "1")
+	if !strings.Contains(r.stdout, "(first 1 jobs; --limit shows more)") {
+		t.Errorf("ls --limit 1 of several queued jobs does not say there are more:\n%s", r.stdout)
+	}
 	r = c.run(t, "ls", "--status", "queued", "--limit", "3", "--json")
 	var docs []map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &docs); err != nil || len(docs) != 3 {

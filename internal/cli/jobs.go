@@ -21,11 +21,20 @@ import (
 const lastErrorWidth = 50
 
 // PrintJobs writes batch as a table, or with asJSON as /api/jobs serves it
-// (forms.Jobs). limit is the most the listing asked for. The table has a
+// (forms.Jobs). limit is the most to show: a listing asks for one more, so
+// that a batch of more than limit says there are more, and one of exactly
+// limit does not. The table has a
 // SITE column, each job's owner, when a listed job has one: when the
 // database has sites (read here, for the default site's name), or a job
 // names a site all the same.
 func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *protocol.Batch, limit int, now time.Time, asJSON bool) error {
+	more := len(batch.Items)+len(batch.Malformed) > limit
+	if more {
+		trimmed := *batch
+		trimmed.Items = batch.Items[:min(len(batch.Items), limit)]
+		trimmed.Malformed = batch.Malformed[:min(len(batch.Malformed), limit-len(trimmed.Items))]
+		batch = &trimmed
+	}
 	if asJSON {
 		return WriteJSON(w, forms.Jobs(batch))
 	}
@@ -66,7 +75,7 @@ func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *prot
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if n >= limit {
+	if more {
 		if _, err := fmt.Fprintf(w, "(first %d jobs; --limit shows more)\n", n); err != nil {
 			return err
 		}
