@@ -20,7 +20,8 @@ Lists jobs ordered by type, status and id, as a table or, with --json, as
 an array of the stored documents.
 
 	--type TYPE       only jobs of this type
-	--status STATUS   only jobs in this status: queued, running, done, failed or cancelled
+	--status STATUS   only jobs in this status: waiting, queued, running, done,
+	                  failed or cancelled
 	--limit N         at most N jobs (default 100)
 `
 

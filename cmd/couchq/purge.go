@@ -25,7 +25,8 @@ are left alone; so is a job that changes while the purge runs.
 CouchDB keeps a tombstone (id and revision) for every deleted document, for
 replication, and compaction does not remove them: a queue that churns
 through millions of jobs grows its tombstones without end. Rotating to a
-fresh database and dropping the old one removes them; see the README.
+fresh database and dropping the old one removes them; see
+docs/operating.md, "Compaction, purging and rotation".
 
 With --json: {"deleted": N, "tombstones_added": N, "doc_del_count": M, ...}
 (doc_del_count only when the server reports it).

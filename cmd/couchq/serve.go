@@ -27,7 +27,7 @@ interrupted:
 	/            the dashboard: queues per type, plots over 1h, 24h or 7d,
 	             workers, failed jobs with their history; retry, cancel,
 	             pause and resume from the page (see below)
-	/metrics     Prometheus metrics (see the README for the list)
+	/metrics     Prometheus metrics (docs/operating.md lists them)
 	/api/stats   what 'couchq stats --json' prints; query parameters type,
 	             since and until as the flags of stats
 	/api/jobs    what 'couchq ls --json' prints; query parameters type,

@@ -83,7 +83,7 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                                 heartbeats and the changes feed is
 	                                 connected, else 503 with the reason
 	                       /metrics  Prometheus metrics couchq_worker_* (see
-	                                 the README) and the Go runtime's
+	                                 docs/workers.md) and the Go runtime's
 	                       No authentication: keep it on loopback or behind a
 	                       firewall (other addresses print a warning)
 
