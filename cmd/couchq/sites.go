@@ -163,6 +163,9 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 			return cli.ServerError(conn.URL, err)
 		}
 		if conn.json {
+			if reqs == nil {
+				reqs = []protocol.SiteRequest{} // none is [], as in every other list
+			}
 			return cli.WriteJSON(m.Stdout, reqs)
 		}
 		tw := cli.NewTable(m.Stdout)
@@ -244,6 +247,9 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 		return cli.ServerError(conn.URL, err)
 	}
 	if len(rows) == 0 {
+		if conn.json {
+			return cli.WriteJSON(m.Stdout, forms.SitesReport{Sites: []forms.Site{}})
+		}
 		_, err := fmt.Fprintln(m.Stdout, "the database has no sites: it is a single site (couchq sites add NAME)")
 		return err
 	}

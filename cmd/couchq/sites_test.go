@@ -53,6 +53,15 @@ func TestSitesCommands(t *testing.T) {
 	if r := a.run(t, "sites"); r.code != 0 || !strings.Contains(r.stdout, "no sites") {
 		t.Fatalf("sites before any: %+v", r)
 	}
+	// --json is JSON, none or not: no sites, no requests.
+	if r := a.run(t, "sites", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != `{
+  "sites": []
+}` {
+		t.Errorf("sites --json before any: %+v", r)
+	}
+	if r := a.run(t, "sites", "requests", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("sites requests --json before any: %+v", r)
+	}
 	// A database without sites stores a job for a site (it may be a
 	// producer not linked yet) and says that nothing there runs it.
 	single := a.withEnv("COUCHQ_DB", "single").mustInit(t)
