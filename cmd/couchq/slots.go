@@ -81,8 +81,11 @@ func (m *Main) runSlots(ctx context.Context, log zerolog.Logger, args []string) 
 	default:
 		return cli.Usagef("unknown subcommand %q: want ls, reserve or release", sub)
 	}
-	if ttl <= 0 || limit < 1 {
-		return cli.Usagef("--ttl must be positive and --limit at least 1")
+	if ttl <= 0 {
+		return cli.Usagef("invalid --ttl %s: must be positive", ttl)
+	}
+	if limit < 1 {
+		return cli.Usagef("invalid --limit %d: must be at least 1", limit)
 	}
 	if strings.Count(format, "%") != 1 || !strings.Contains(format, "d") {
 		return cli.Usagef("invalid --format %q: want one number verb, e.g. %%d or AAAA-%%04d", format)

@@ -56,6 +56,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad default in", "", []string{"enqueue", "--file", "-", "--in", "soon"}, `invalid --in "soon"`},
 		{"bad status", "", []string{"ls", "--status", "stuck"}, "want one of waiting, queued, running, done, failed, cancelled"},
 		{"bad limit", "", []string{"ls", "--limit", "0"}, "invalid --limit 0"},
+		{"slots ls limit 0", "", []string{"slots", "ls", "tickets", "--limit", "0"}, "invalid --limit 0: must be at least 1"},
+		{"slots negative ttl", "", []string{"slots", "reserve", "tickets", "--ttl", "-1m"}, "invalid --ttl -1m0s: must be positive"},
 		{"show without id", "", []string{"show"}, "missing job ID"},
 		{"show two ids", "", []string{"show", "a", "b"}, "want one job ID"},
 		{"bad db name", "", []string{"ls", "--db", "Jobs"}, `invalid --db "Jobs"`},

@@ -522,6 +522,9 @@ func Redact(rawURL string) string {
 		// Where a password would sit in a broken URL is anyone's guess.
 		return "(unparseable URL)"
 	}
+	if _, ok := u.User.Password(); !ok {
+		return rawURL // nothing to hide: shown as given, not re-encoded
+	}
 	return u.Redacted()
 }
 

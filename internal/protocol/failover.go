@@ -162,8 +162,11 @@ func (f *Failover) warnHung(i int, err error) {
 // already does), and the first URL, which carries any credentials.
 func failoverClient(rawURL string, hc *http.Client, log zerolog.Logger) (string, *http.Client, error) {
 	nodes := SplitNodeURLs(rawURL)
-	if len(nodes) <= 1 {
+	switch len(nodes) {
+	case 0:
 		return rawURL, hc, nil
+	case 1:
+		return nodes[0], hc, nil // "URL," is one node
 	}
 	if _, ok := hc.Transport.(*Failover); ok {
 		return nodes[0], hc, nil

@@ -126,3 +126,23 @@ func TestFailoverLeavesAHungNode(t *testing.T) {
 		t.Fatalf("the next request: served %d; log:\n%s", served.Load(), logged.String())
 	}
 }
+
+// One URL with a trailing comma is one node; a URL is shown as given
+// unless it carries a password to hide.
+func TestOneNodeURLsAndRedact(t *testing.T) {
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer live.Close()
+	base, _, err := failoverClient(live.URL+",", NewHTTPClient(), zerolog.Nop())
+	if err != nil || base != live.URL {
+		t.Fatalf("failoverClient of %q: %q, %v", live.URL+",", base, err)
+	}
+	for raw, want := range map[string]string{
+		"not a url":                  "not a url",
+		"http://admin:s3cret@h:5984": "http://admin:xxxxx@h:5984",
+		"http://h:5984/a b":          "http://h:5984/a b",
+	} {
+		if got := Redact(raw); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
