@@ -28,7 +28,8 @@ prints the report as one JSON object, for scripts.
 	--type TYPE     only this job type (and the workers that run it)
 	--since WHEN    start of the window: an age such as 1h, 6h, 24h or 7d, or an
 	                RFC 3339 time such as 2030-01-02T15:04:05Z (default 24h)
-	--until WHEN    end of the window, in the same forms (default now)
+	--until WHEN    end of the window, in the same forms (default now; a time
+	                after now counts as now)
 
 Times: wait is enqueue to first claim, service is enqueue to done or failed,
 execution is each attempt's run time; p50 and p95 are left out ("-") when

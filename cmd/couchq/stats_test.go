@@ -44,6 +44,14 @@ func TestStatsFromAKnownScript(t *testing.T) {
 		}
 	}
 
+	// A window that runs past now ends now: the future has no activity to
+	// spread the throughput over.
+	res = r.c.run(t, "stats", "--since", "2026-11-21T11:00:20Z", "--until", "2026-11-21T13:00:20Z")
+	expect(t, res, exitOK)
+	if !strings.Contains(res.stdout, "Window: 2026-11-21 11:00:20Z to 2026-11-21 12:00:20Z (1h0m0s)") || !strings.Contains(res.stdout, "2/h\n") {
+		t.Errorf("stats with --until after now:\n%s", res.stdout)
+	}
+
 	// A window after the script saw nothing happen; the queue is the same.
 	res = r.c.run(t, "stats", "--json", "--type", "mail", "--since", "5s")
 	expect(t, res, exitOK)

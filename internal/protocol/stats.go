@@ -162,7 +162,9 @@ type Stats struct {
 // so that each figure is one range query) and the worker registry.
 func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 	now := c.now()
-	if opts.Until.IsZero() {
+	if opts.Until.IsZero() || opts.Until.After(now) {
+		// Nothing has happened after now: a window that runs past it
+		// would spread its throughput over time to come.
 		opts.Until = now
 	}
 	if opts.Since.IsZero() {
