@@ -68,6 +68,9 @@ with CouchDB's bare "document is not valid" and enforces no roles either.
 Workers never change the choice, nor the language.
 `
 
+// maxShards bounds init --shards.
+const maxShards = 64
+
 func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("init", initUsage)
 	conn := addConnFlags(fs)
@@ -87,6 +90,11 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 	}
 	if shards < 0 {
 		return cli.Usagef("invalid --shards %d: the number of shards must be positive", shards)
+	}
+	if shards > maxShards {
+		// CouchDB makes every shard's file on every node at once: a
+		// mistyped 100000 ran for minutes and left a database unusable.
+		return cli.Usagef("invalid --shards %d: at most %d (a queue gains nothing from more: every request pays for each shard)", shards, maxShards)
 	}
 	opts := protocol.InitOptions{Shards: shards}
 	if validation != "" {

@@ -55,6 +55,7 @@ func TestInitShards(t *testing.T) {
 	if !strings.Contains(r.stderr, "invalid --shards -2") {
 		t.Errorf("init --shards -2: %q", r.stderr)
 	}
+	expect(t, c.run(t, "init", "--shards", "100000"), exitUsage, "invalid --shards 100000: at most 64")
 	r = c.run(t, "init", "--shards", "3", "--json")
 	expect(t, r, exitOK)
 	var res cli.InitResult
