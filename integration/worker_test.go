@@ -383,6 +383,10 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 	if it.Status != protocol.StatusQueued || it.Claimed || it.Attempts != 0 || !strings.HasSuffix(events(it), "released") {
 		t.Fatalf("slow job must be released without charging an attempt: %+v", it)
 	}
+	// Its entry names the attempt released, the first.
+	if e := it.History[len(it.History)-1]; e.Attempt != 1 {
+		t.Fatalf("the released entry names attempt %d, want 1 (the attempt released)", e.Attempt)
+	}
 	workers, err := tb.client.Workers(tb.ctx)
 	if err != nil || len(workers) != 0 {
 		t.Fatalf("registry after a clean exit: %v %d", err, len(workers))

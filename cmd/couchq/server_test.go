@@ -620,6 +620,13 @@ func TestPauseResume(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Types) != 1 || st.Types[0].Queue.PausedReason != "smtp down" {
 		t.Fatalf("stats --json of the paused type: %v\n%s", err, r.stdout)
 	}
+	// The control document is shown, and said to be no job.
+	r = c.run(t, "show", "control:mail")
+	expect(t, r, exitFailure, `control:mail is not a job: its type is "`)
+	if !strings.Contains(r.stdout, `"paused": true`) {
+		t.Errorf("show of the control document does not show it:\n%s", r.stdout)
+	}
+	expect(t, c.run(t, "show", "_design/couchq"), exitFailure, "_design/couchq is not a job: its type is missing")
 	r = c.run(t, "resume", "mail", "--json")
 	expect(t, r, exitOK)
 	var pr pauseResult

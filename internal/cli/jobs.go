@@ -141,21 +141,39 @@ func ShowJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, no
 	if err != nil {
 		return err
 	}
+	// A document that is no job at all (a design, control or worker
+	// document) is shown, and said to be no job: exit 1, as for one that
+	// is missing. A malformed WorkItem is a job, shown as it is.
+	var kind struct {
+		Type any `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &kind)
+	var notJob error
+	if kind.Type != "WorkItem" {
+		notJob = fmt.Errorf("%s is not a job: its type is %s, not \"WorkItem\"", id, typeOf(kind.Type))
+	}
 	if asJSON {
 		var buf bytes.Buffer
 		if err := json.Indent(&buf, raw, "", "  "); err != nil {
 			return fmt.Errorf("formatting job %s: %w", id, err)
 		}
 		buf.WriteByte('\n')
-		_, err := w.Write(buf.Bytes())
-		return err
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		return notJob
 	}
 	var it protocol.WorkItem
-	if err := json.Unmarshal(raw, &it); err != nil {
+	if err := json.Unmarshal(raw, &it); err != nil || notJob != nil {
 		// Show what is there: this is how an operator finds out what is
 		// wrong with a document the workers set aside.
-		fmt.Fprintf(w, "%s\n  not a valid job: %v\n\n", id, err)
-		return writeIndented(w, "document", raw)
+		if notJob == nil {
+			fmt.Fprintf(w, "%s\n  not a valid job: %v\n\n", id, err)
+		}
+		if err := writeIndented(w, "document", raw); err != nil {
+			return err
+		}
+		return notJob
 	}
 	// The default site, owner of the jobs that name none, is the sites
 	// document's.
@@ -342,4 +360,13 @@ func writeIndented(w io.Writer, title string, v json.RawMessage) error {
 	}
 	_, err := fmt.Fprintf(w, "%s\n  %s\n\n", title, buf.String())
 	return err
+}
+
+// typeOf is a document's type field as a message shows it.
+func typeOf(v any) string {
+	if v == nil {
+		return "missing"
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
 }

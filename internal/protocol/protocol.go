@@ -357,8 +357,10 @@ func (c *Client) Release(ctx context.Context, item *WorkItem, reason string) err
 		by := item.ClaimedBy
 		c.unclaim(next)
 		next.Status = StatusQueued
+		// The entry names the attempt released; the job's attempts then
+		// go back to what they were: a released attempt is not charged.
+		c.record(next, EventReleased, by, reason)
 		next.Attempts = max(next.Attempts-1, 0)
-		c.record(next, "released", by, reason)
 	})
 }
 
