@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	stdlog "log"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,6 +16,11 @@ func main() {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM) // before any signal can arrive unseen
 	go exitOnSecondSignal(sigs)
+	// net/http reports a few things through the standard logger (a server
+	// answering on an idle connection): lines of the log's own form, not
+	// bare text among them.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(newLogger(os.Stderr, isTerminal(os.Stderr)).With().Str("from", "go").Logger())
 	code := NewMain(os.Stdin, os.Stdout, os.Stderr).Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
