@@ -269,6 +269,20 @@ func TestSweepAndWorkers(t *testing.T) {
 		rows[1]["heartbeat_age"].(float64) < 59 || rows[1]["running"] == nil || rows[0]["pid"] != 1.0 {
 		t.Errorf("workers --json: %v", rows)
 	}
+	// A dead worker is forgotten once it is older than asked, and only
+	// then; an alive one never is.
+	r = c.run(t, "workers", "--forget-dead", "1h")
+	if r.code != 0 || strings.Count(strings.TrimSpace(r.stdout), "\n") != 2 || strings.Contains(r.stderr, "forgot") {
+		t.Errorf("workers --forget-dead 1h forgot a worker dead for a minute: %+v", r)
+	}
+	r = c.run(t, "workers", "--forget-dead", "30s")
+	if r.code != 0 || !strings.Contains(r.stderr, "forgot dead worker h/2/dead") || strings.Contains(r.stdout, "h/2/dead") || !strings.Contains(r.stdout, "h/1/alive") {
+		t.Errorf("workers --forget-dead 30s: %+v", r)
+	}
+	if r = c.run(t, "workers", "--json"); !strings.Contains(r.stdout, "h/1/alive") || strings.Contains(r.stdout, "h/2/dead") {
+		t.Errorf("the registry after forgetting the dead worker:\n%s", r.stdout)
+	}
+	expect(t, c.run(t, "workers", "--forget-dead", "-1h"), exitUsage, "invalid --forget-dead")
 }
 
 // An exec command does not get the CouchDB password the worker was given,

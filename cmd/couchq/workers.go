@@ -25,6 +25,13 @@ registry documents with heartbeat_age (seconds) and alive added.
 Columns: CLAIMANT (host/pid/worker-id, as in claimed_by), TYPES,
 CONCURRENCY (jobs of each type at once), RUNNING (jobs in flight at the
 last heartbeat), HEARTBEAT (how long ago) and STATE (alive or dead).
+
+A dead worker's document stays, so that it is seen (couchq_workers_dead),
+until it is forgotten:
+
+	--forget-dead AGE   remove the documents of dead workers whose last
+	                    heartbeat is older than AGE (e.g. 24h), then list
+	                    the rest; their jobs are the sweeper's either way
 `
 
 // workerRow is one registry document as printed with --json.
@@ -37,12 +44,17 @@ type workerRow struct {
 func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string) error {
 	fs := m.newFlagSet("workers", workersUsage)
 	conn := addConnFlags(fs)
+	var forget time.Duration
+	fs.DurationVar(&forget, "forget-dead", 0, "remove dead workers' documents older than this")
 	rest, err := m.parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
 		return cli.Usagef("unexpected argument %q", rest[0])
+	}
+	if forget < 0 {
+		return cli.Usagef("invalid --forget-dead %s: must not be negative", forget)
 	}
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
@@ -55,7 +67,15 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	}
 	rows := make([]workerRow, 0, len(infos))
 	for _, info := range infos {
-		rows = append(rows, newWorkerRow(info, m.Now()))
+		row := newWorkerRow(info, m.Now())
+		if forget > 0 && !row.Alive && row.HeartbeatAge > forget.Seconds() {
+			if err := q.DeleteWorker(ctx, info); err != nil {
+				return cli.ServerError(conn.URL, err)
+			}
+			fmt.Fprintf(m.Stderr, "forgot dead worker %s (last heartbeat %s ago)\n", info.Claimant, roundAge(time.Duration(row.HeartbeatAge*float64(time.Second))))
+			continue
+		}
+		rows = append(rows, row)
 	}
 	if conn.json {
 		return cli.WriteJSON(m.Stdout, rows)
