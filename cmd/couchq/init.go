@@ -23,7 +23,7 @@ database admin: only admins may write design documents and _security.
 	--workers LIST     users and roles that run workers: they may claim,
 	                   finish, cancel, retry, pause and sweep jobs
 	--producers LIST   users and roles that enqueue: they may create jobs
-	                   and edit jobs nobody holds, nothing else
+	                   and edit jobs that never ran, nothing else
 	--validation on|mango|off|auto
 	                   how CouchDB checks every write: on, couchq's
 	                   JavaScript validate_doc_update (says why a job is

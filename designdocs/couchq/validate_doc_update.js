@@ -57,8 +57,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
       allowed = fresh(oldDoc, oldDoc.attempts || 0) && fresh(newDoc, oldDoc.attempts || 0);
     }
     if (!allowed) {
-      throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones nobody holds, ' +
-        'but claiming, finishing, cancelling, deleting or editing a claimed job, and the queue\'s other documents, ' +
+      throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones that never ran, ' +
+        'but claiming, finishing, cancelling, deleting or editing a job that ran, and the queue\'s other documents, ' +
         'need the worker role (couchq init --workers)'});
     }
   }
