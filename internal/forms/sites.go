@@ -48,7 +48,9 @@ func Sites(ctx context.Context, src SitesSource, now time.Time) ([]Site, error) 
 	for _, name := range d.Names() {
 		r := Site{Site: name, Default: name == d.Default, TakenOverBy: d.Sites[name].TakenOverBy}
 		if hb, ok := beats[name]; ok {
-			age := now.Sub(protocol.FromUnix(hb.At)).Seconds()
+			// The site's clock wrote At: one a little ahead of this one's
+			// reads as a beat from the future, which is a beat just now.
+			age := max(now.Sub(protocol.FromUnix(hb.At)).Seconds(), 0)
 			r.HeartbeatAge = &age
 			r.CatchingUp = hb.CatchingUp
 		}
