@@ -69,7 +69,7 @@ func TestRetryCancelRequeue(t *testing.T) {
 	res = c.run(t, "cancel", "C")
 	expect(t, res, exitFailure, "couchq cancel: cancelling job C: job is not in a state this action applies to: status is already cancelled")
 	res = c.run(t, "show", "C")
-	for _, want := range []string{"status      cancelled", "last error  duplicate of A", "cancelled  by cli, error: duplicate of A"} {
+	for _, want := range []string{"status      cancelled", "last error  duplicate of A", "cancelled  by cli, note: duplicate of A"} {
 		if !strings.Contains(res.stdout, want) {
 			t.Errorf("show C lacks %q", want)
 		}

@@ -340,7 +340,14 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 			detail = append(detail, fmt.Sprintf("attempt %d", e.Attempt))
 		}
 		if e.Error != "" {
-			detail = append(detail, "error: "+OneLine(e.Error, 100))
+			// Only a failure's text is an error; the others say why
+			// (a cancel's reason, a takeover, a withdrawn branch's story).
+			label := "note: "
+			switch e.Event {
+			case protocol.EventFailed, protocol.EventRetryScheduled, protocol.EventLeaseExpired:
+				label = "error: "
+			}
+			detail = append(detail, label+OneLine(e.Error, 400))
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", at, e.Event, strings.Join(detail, ", "))
 	}
