@@ -1501,3 +1501,25 @@ func TestClusterLoneWriteWaitsForOthersToJoinIt(t *testing.T) {
 	client := cb.openThrough(t, 1, protocol.Config{WriteLinger: time.Second}, writes.through)
 	checkWriteLinger(t, cb.ctx, client, &writes, time.Second)
 }
+
+// A cancel through a node cut off from the others is stored on that
+// node's copy alone: it says so, rather than that the job was cancelled
+// already (its own write, read back), and the job is cancelled once the
+// cluster is whole.
+func TestClusterCancelThroughAMinoritySaysItMayNotStand(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	ids := cb.enqueue(t, "later", 1)
+	waitStored(t, cb.clients[2], ids[0], func(*protocol.WorkItem) bool { return true })
+	if err := cb.cl.Partition(cb.ctx, 3); err != nil {
+		t.Skipf("cannot cut a node off on this machine (tc on the loopback device needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = cb.cl.Heal(context.Background(), 3) })
+	_, err := cb.clients[2].CancelJob(cb.ctx, ids[0], "ops", "not needed")
+	if err == nil || !strings.Contains(err.Error(), "reached fewer than a majority of the copies") || strings.Contains(err.Error(), "already cancelled") {
+		t.Fatalf("cancel through the node cut off: %v", err)
+	}
+	if err := cb.cl.Heal(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	waitStored(t, cb.clients[0], ids[0], func(it *protocol.WorkItem) bool { return it.Status == protocol.StatusCancelled })
+}

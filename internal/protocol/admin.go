@@ -30,12 +30,20 @@ func (c *Client) operate(ctx context.Context, what, id string, allowed func(*Wor
 // operateOr is operate with forward, which writes the request for another
 // site's job (nil: the action cannot be forwarded).
 func (c *Client) operateOr(ctx context.Context, what, id string, allowed func(*WorkItem) error, change func(*WorkItem), forward func(*WorkItem) error) (*WorkItem, error) {
+	// uncertain: an earlier round's write reached fewer than a majority
+	// of a cluster's copies and could not be shown to stand (a node cut
+	// off from the others): what the job reads as now may be that write.
+	uncertain := false
 	for range 5 {
 		it, err := c.Get(ctx, id)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		if err := allowed(it); err != nil {
+			if uncertain {
+				return nil, fmt.Errorf("%s %s: the write reached fewer than a majority of the copies (a node cut off from the others?) and the job now reads %s, maybe from that write: it stands or is withdrawn once the cluster is whole; look again then (couchq show %s)",
+					what, id, it.Status, id)
+			}
 			return nil, fmt.Errorf("%s %s: %w", what, id, err)
 		}
 		elsewhere, err := c.forward(ctx, it)
@@ -57,6 +65,7 @@ func (c *Client) operateOr(ctx context.Context, what, id string, allowed func(*W
 		if !isStatus(err, http.StatusConflict) && !errors.Is(err, ErrClaimLost) {
 			return nil, fmt.Errorf("%s %s: %w", what, id, err)
 		}
+		uncertain = errors.Is(err, ErrClaimLost) // the 202 of put
 	}
 	return nil, fmt.Errorf("%s %s: the job kept changing under us; try again", what, id)
 }
