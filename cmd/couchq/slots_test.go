@@ -61,6 +61,14 @@ func TestSlotsCommand(t *testing.T) {
 		!strings.Contains(r.stdout, "AAAA-0041  free") || strings.Count(r.stdout, "  used  ") != 40 {
 		t.Errorf("slots ls:\n%s", r.stdout)
 	}
+	// Another format than the sequence's: the free slot is reused, then
+	// nothing, rather than the sequence starting again at 1.
+	r = c.run(t, "slots", "reserve", "tickets", "--format", "%d", "--as", "nightly")
+	if strings.TrimSpace(r.stdout) != "AAAA-0041" {
+		t.Errorf("reserve of the free slot with another format: %+v", r)
+	}
+	expect(t, c.run(t, "slots", "reserve", "tickets", "--format", "%d", "--as", "nightly"), exitFailure,
+		`the last slot used of tickets, "AAAA-0040", is not one this sequence makes`)
 	// Slots of a format without padding list in the sequence's order.
 	for range 11 {
 		r := c.run(t, "slots", "reserve", "plain", "--format", "%d")

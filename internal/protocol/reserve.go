@@ -43,7 +43,9 @@ type Sequence struct {
 	Name string
 	// Start is the first slot, where a sequence nothing is known of begins.
 	Start func() string
-	// Next is the candidate after slot.
+	// Next is the candidate after slot; empty when slot is not one the
+	// sequence makes (Reserve then refuses, rather than start again and
+	// hand out slots a second time).
 	Next func(slot string) string
 	// TTL is how long a reservation holds without Release; default
 	// SlotTTLDefault. A holder that dies leaves its slot reserved until
@@ -77,8 +79,8 @@ func NumberedSequence(name, format string, first int, ttl time.Duration) Sequenc
 		Start: func() string { return fmt.Sprintf(format, first) },
 		Next: func(slot string) string {
 			var n int
-			if _, err := fmt.Sscanf(slot, format, &n); err != nil {
-				return fmt.Sprintf(format, first)
+			if _, err := fmt.Sscanf(slot, format, &n); err != nil || fmt.Sprintf(format, n) != slot {
+				return "" // another format's slot
 			}
 			return fmt.Sprintf(format, n+1)
 		},
@@ -157,6 +159,10 @@ func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Res
 	slot, ordinal := seq.Start(), int64(1)
 	if marker != nil {
 		slot, ordinal = seq.Next(marker.LastUsed), marker.Ordinal+1
+		if slot == "" {
+			return nil, fmt.Errorf("%w: the last slot used of %s, %q, is not one this sequence makes (another format?): reserve with the format its slots were made with, or the sequence would start again and give out slots twice",
+				ErrInvalidSequence, seq.Name, marker.LastUsed)
+		}
 	}
 	for range reserveScanLimit {
 		r := c.newReservation(seq, slot, ordinal, holder)
@@ -181,7 +187,9 @@ func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Res
 				return okOrNil(r, ok), err
 			}
 		}
-		slot, ordinal = seq.Next(slot), ordinal+1
+		if slot, ordinal = seq.Next(slot), ordinal+1; slot == "" {
+			return nil, fmt.Errorf("%w: sequence %s made a slot its Next does not read", ErrInvalidSequence, seq.Name)
+		}
 	}
 	return nil, fmt.Errorf("reserving a slot of %s: %d slots in a row are taken", seq.Name, reserveScanLimit)
 }
