@@ -440,40 +440,8 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 	ctx, a, b := twoSites(t)
 	var rc siteRuns
-	slow := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
-		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
-		select {
-		case <-time.After(3 * time.Second):
-		case <-ctx.Done():
-		}
-		return nil
-	})
-	stopA := a.runSiteWorker(ctx, t, worker.Config{
-		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
-		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.Disabled),
-	})
-	// B's workers run all along (they claim none of A's jobs): A's copy has
-	// B's heartbeat, so A's workers will know whom to hear from when they
-	// start again.
-	b.startWorkers(ctx, t, &rc, 1, "render")
-	ids := a.enqueue(ctx, t, "render", "", 40)
-
-	// Wait for A's claims to reach B, then stop A's server under them.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		running, err := b.client.List(ctx, protocol.ListOptions{Worker: "render", Status: protocol.StatusRunning})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(running.Items) >= 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("A's claims did not reach B: %d running there", len(running.Items))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	stopA, ids := slowJobsRunningAtA(ctx, t, a, b, &rc)
+	// Stop A's server under its claims.
 	if err := a.srv.StopSite(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1465,35 +1433,7 @@ func TestSitesTakeoverMeetsAJobTheOldOwnerRequeued(t *testing.T) {
 func TestSitesWorkerThatOutlivesItsServerWaitsForTheOtherSites(t *testing.T) {
 	ctx, a, b := twoSites(t)
 	var rc siteRuns
-	slow := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
-		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
-		select {
-		case <-time.After(3 * time.Second):
-		case <-ctx.Done():
-		}
-		return nil
-	})
-	a.runSiteWorker(ctx, t, worker.Config{
-		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
-		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
-	})
-	b.startWorkers(ctx, t, &rc, 1, "render")
-	ids := a.enqueue(ctx, t, "render", "", 40)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		running, err := b.client.List(ctx, protocol.ListOptions{Worker: "render", Status: protocol.StatusRunning})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(running.Items) >= 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("A's claims did not reach B: %d running there", len(running.Items))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	_, ids := slowJobsRunningAtA(ctx, t, a, b, &rc)
 	// A's server stops; its worker does not.
 	if err := a.srv.StopSite(ctx); err != nil {
 		t.Fatal(err)
@@ -1519,4 +1459,41 @@ func TestSitesWorkerThatOutlivesItsServerWaitsForTheOtherSites(t *testing.T) {
 	// its server stopped) are settled by B, their owner, once B's link
 	// from A brings A's branches: CouchDB's replicator retries a link to
 	// a server that was down after a backoff of its own, minutes at most.
+}
+
+// slowJobsRunningAtA starts a worker at A whose jobs take 3 s, and one at
+// B that claims none of them (so that A's copy has B's heartbeat: A's
+// workers know whom to hear from), enqueues 40 jobs at A, and returns once
+// four of them run at A as B's copy has it: A's claims have reached B.
+func slowJobsRunningAtA(ctx context.Context, t *testing.T, a, b *testSite, rc *siteRuns) (stopA func(), ids []string) {
+	t.Helper()
+	slow := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		rc.handler("A").Handle(ctx, job) //nolint:errcheck // counts the run, never fails
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	stopA = a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"render": slow}, Concurrency: 4, ID: "A-0",
+		HeartbeatInterval: time.Second, LeaseDuration: 10 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.Disabled),
+	})
+	b.startWorkers(ctx, t, rc, 1, "render")
+	ids = a.enqueue(ctx, t, "render", "", 40)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		running, err := b.client.List(ctx, protocol.ListOptions{Worker: "render", Status: protocol.StatusRunning})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(running.Items) >= 4 {
+			return stopA, ids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A's claims did not reach B: %d running there", len(running.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -134,18 +134,15 @@ func (f *Failover) use(i int) {
 }
 
 func (f *Failover) warn(i int, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	now := time.Now()
-	if last, ok := f.warned[i]; ok && now.Sub(last) < f.warnEvery {
-		return
-	}
-	f.warned[i] = now
-	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).
-		Msg("CouchDB node unreachable; trying the next (reported at most once a minute per node)")
+	f.warnOnce(i, err, "CouchDB node unreachable; trying the next (reported at most once a minute per node)")
 }
 
 func (f *Failover) warnHung(i int, err error) {
+	f.warnOnce(i, err, "CouchDB node gave no answer in time; the next requests go to the next node (reported at most once a minute per node)")
+}
+
+// warnOnce logs msg about node i at most once per warnEvery.
+func (f *Failover) warnOnce(i int, err error, msg string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
@@ -153,8 +150,7 @@ func (f *Failover) warnHung(i int, err error) {
 		return
 	}
 	f.warned[i] = now
-	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).
-		Msg("CouchDB node gave no answer in time; the next requests go to the next node (reported at most once a minute per node)")
+	f.log.Warn().Err(err).Str("node", f.nodes[i].String()).Int("nodes", len(f.nodes)).Msg(msg)
 }
 
 // failoverClient returns hc unchanged for one URL; for a list it returns a
