@@ -61,8 +61,9 @@ func TestInitShardsOnOneNode(t *testing.T) {
 	if q, _ := shardsOf(ctx, t, client, asked); q != 3 {
 		t.Errorf("init --shards 3: q=%d, want 3", q)
 	}
-	if _, err := protocol.InitWith(ctx, client, asked, protocol.InitOptions{Shards: 5}, log); err != nil {
-		t.Fatal(err)
+	// Another number for it is refused, not ignored; it keeps its own.
+	if _, err := protocol.InitWith(ctx, client, asked, protocol.InitOptions{Shards: 5}, log); err == nil || !strings.Contains(err.Error(), "exists with 3 shards") {
+		t.Errorf("init --shards 5 of a database of 3 shards: %v, want it refused", err)
 	}
 	if q, _ := shardsOf(ctx, t, client, asked); q != 3 {
 		t.Errorf("init --shards 5 of a database of 3 shards: q=%d, want it kept", q)

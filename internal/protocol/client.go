@@ -379,7 +379,9 @@ func install(ctx context.Context, db *kivik.DB, want *designdocs.Doc, validation
 		if err != nil {
 			return "", err
 		}
-		if have != nil && have.Couchq.Schema == want.Couchq.Schema {
+		// Of this schema and in the language asked for: a different hash
+		// is then another build's. A language switch is a choice, made.
+		if have != nil && have.Couchq.Schema == want.Couchq.Schema && have.Language == want.Language {
 			// Compared as Install would write it: with the stored
 			// validation unless asked for another.
 			v := validation
