@@ -104,24 +104,19 @@ func (g *siteGate) wait(ctx context.Context) bool {
 	}
 }
 
-// closed reports whether the gate holds claims.
-func (g *siteGate) closed() bool {
+// waiting reports whether the gate holds claims for sites to be heard.
+func (g *siteGate) waiting() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.from == nil {
+		return false
+	}
 	select {
 	case <-g.open:
 		return false
 	default:
 		return true
 	}
-}
-
-// waiting reports whether the gate holds claims for sites to be heard.
-func (g *siteGate) waiting() bool {
-	g.mu.Lock()
-	from := g.from
-	g.mu.Unlock()
-	return from != nil && g.closed()
 }
 
 // sites are the sites waited for: a copy.
