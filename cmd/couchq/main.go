@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	stdlog "log"
 	"os"
 	"os/signal"
@@ -16,14 +17,18 @@ func main() {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM) // before any signal can arrive unseen
 	go exitOnSecondSignal(sigs)
-	// net/http reports a few things through the standard logger (a server
-	// answering on an idle connection): lines of the log's own form, not
-	// bare text among them.
-	stdlog.SetFlags(0)
-	stdlog.SetOutput(newLogger(os.Stderr, isTerminal(os.Stderr)).With().Str("from", "go").Logger())
+	routeStdlog(os.Stderr, isTerminal(os.Stderr))
 	code := NewMain(os.Stdin, os.Stdout, os.Stderr).Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
+}
+
+// routeStdlog sends the standard logger's lines to w in the log's own
+// form: net/http reports a few things through it (a server answering on an
+// idle connection), which would otherwise be bare text among them.
+func routeStdlog(w io.Writer, terminal bool) {
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(newLogger(w, terminal).With().Str("from", "go").Logger())
 }
 
 // exitOnSecondSignal exits at once with status 1 on the second SIGINT or

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/cli"
 	"github.com/couchq/couchq/internal/localserver"
 	"github.com/couchq/couchq/internal/protocol"
@@ -43,6 +44,37 @@ func TestInitIsIdempotent(t *testing.T) {
 	if res.DBCreated || res.DesignDoc != "unchanged" || res.Database != c.env["COUCHQ_DB"] {
 		t.Errorf("third init: %+v", res)
 	}
+}
+
+// A design document deleted by hand (from Fauxton, say) is named by the
+// commands that would read its views, and couchq init puts it back and
+// says so rather than calling the documents up to date.
+func TestInitRestoresDeletedDesignDocument(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := online(t).mustInit(t)
+	db := srv.Client(t).DB(c.env["COUCHQ_DB"])
+	var stored struct {
+		Rev string `json:"_rev"`
+	}
+	if err := db.Get(ctx, designdocs.OpsID).ScanDoc(&stored); err != nil {
+		t.Fatal(err)
+	}
+	rev := stored.Rev
+	// A PUT of a deletion, as Fauxton makes it: PouchDB Server answers
+	// DELETE of a design document "missing".
+	if _, err := db.Put(ctx, designdocs.OpsID, map[string]any{"_rev": rev, "_deleted": true}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, c.run(t, "stats"), exitFailure, "lacks couchq's design document "+designdocs.OpsID, "couchq init")
+	for _, want := range []string{"installed missing design documents " + designdocs.OpsID + " again", "up to date"} {
+		r := c.run(t, "init")
+		expect(t, r, exitOK)
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("init says %q, want %q", r.stdout, want)
+		}
+	}
+	expect(t, c.run(t, "stats"), exitOK)
 }
 
 // couchq init --shards creates the database with that many shards and

@@ -339,6 +339,14 @@ func (c *Conn) checkDesign(ctx context.Context, q *protocol.Client, log zerolog.
 		return fmt.Errorf("database %s on %s has the design documents of an older couchq (schema %d; this couchq needs %d): run `couchq init` as an admin",
 			c.DB, c.URL, have.Couchq.Schema, designdocs.SchemaVersion)
 	}
+	if missing, err := missingDesignDocs(ctx, q.DB(), designdocs.SweepID, designdocs.OpsID); err != nil {
+		return ServerError(c.URL, err)
+	} else if len(missing) > 0 {
+		// Deleted by hand, say from Fauxton: the views they hold would
+		// fail with CouchDB's bare "deleted".
+		return fmt.Errorf("database %s on %s lacks couchq's design document %s (deleted?): run `couchq init` as an admin to install it again",
+			c.DB, c.URL, strings.Join(missing, " and "))
+	}
 	if have.Couchq.Schema < designdocs.SchemaVersion {
 		log.Warn().Int("stored_schema", have.Couchq.Schema).Int("our_schema", designdocs.SchemaVersion).
 			Msg("the database's design documents are an older couchq's: a command that reads a view they lack fails until `couchq init` runs as an admin")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"strings"
 
 	"github.com/go-kivik/kivik/v4"
 	"github.com/rs/zerolog"
@@ -30,6 +32,9 @@ type InitResult struct {
 	Copies int `json:"copies,omitempty"`
 	// Security is the database's _security after --workers/--producers.
 	Security *protocol.SecurityObject `json:"security,omitempty"`
+	// Restored names the design documents init installed again beside a
+	// claim design document that was up to date: someone had deleted them.
+	Restored []string `json:"restored,omitempty"`
 }
 
 // InitDB runs protocol.Init and reports whether it had to create the database.
@@ -51,12 +56,22 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 			opts.Validation = designdocs.ValidationAuto
 		}
 	}
+	var missing []string
+	if exists {
+		if missing, err = missingDesignDocs(ctx, client.DB(conn.DB), designdocs.ID, designdocs.SweepID, designdocs.OpsID); err != nil {
+			return nil, ServerError(conn.URL, err)
+		}
+	}
 	outcome, err := protocol.InitWith(ctx, client, conn.DB, opts, log)
 	if err != nil {
 		return nil, ServerError(conn.URL, err)
 	}
 	res.DBCreated = !exists
 	res.DesignDoc = outcome
+	if outcome == designdocs.Unchanged && len(missing) > 0 {
+		// The outcome is the claim document's: say what else init put back.
+		res.Restored = missing
+	}
 	// Read back rather than assumed: a newer couchq's document may have
 	// been kept as it is.
 	stored, err := designdocs.Stored(ctx, client.DB(conn.DB))
@@ -75,6 +90,21 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 		}
 	}
 	return res, nil
+}
+
+// missingDesignDocs names the design documents of ids that db lacks
+// (deleted, say, from Fauxton).
+func missingDesignDocs(ctx context.Context, db *kivik.DB, ids ...string) ([]string, error) {
+	var missing []string
+	for _, id := range ids {
+		if _, err := db.GetRev(ctx, id); err != nil {
+			if kivik.HTTPStatus(err) != http.StatusNotFound {
+				return nil, fmt.Errorf("looking for design document %s: %w", id, err)
+			}
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
 }
 
 // PrintInit prints what init did, as JSON with asJSON.
@@ -98,6 +128,9 @@ func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
 		dd = fmt.Sprintf("upgraded design documents %s to schema %d", all, res.Schema)
 	case designdocs.Unchanged:
 		dd = fmt.Sprintf("design documents %s are up to date (schema %d)", all, res.Schema)
+		if len(res.Restored) > 0 {
+			dd = fmt.Sprintf("installed missing design documents %s again (schema %d)", strings.Join(res.Restored, ", "), res.Schema)
+		}
 	case designdocs.KeptNewer:
 		dd = fmt.Sprintf("kept design document %s: it comes from a newer couchq (ours is schema %d)", designdocs.ID, res.Schema)
 	case designdocs.KeptStored:

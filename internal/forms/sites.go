@@ -14,9 +14,10 @@ type Site struct {
 	Default bool   `json:"default"`
 	// HeartbeatAge is how long before now the site last beat, as this
 	// database has its heartbeat: how far behind this copy of the site
-	// is, plus up to a heartbeat interval (negative when the site's clock
-	// is ahead). null when no beat of it is here: none of its workers has
-	// run yet, or the links have not brought one.
+	// is, plus up to a heartbeat interval (0 when the site's clock is
+	// ahead and its beat reads as one from the future). null when no
+	// beat of it is here: none of its workers has run yet, or the links
+	// have not brought one.
 	HeartbeatAge *float64 `json:"heartbeat_age_seconds"`
 	// CatchingUp says the site's workers have started again after it was
 	// down and wait to hear from the other sites before they claim.

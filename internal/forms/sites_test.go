@@ -33,25 +33,30 @@ func TestSitesAndLinks(t *testing.T) {
 
 	src := fakeSites{
 		doc: &protocol.SitesDoc{Default: "B", Sites: map[string]protocol.SiteInfo{
-			"C": {}, "A": {TakenOverBy: "B"}, "B": {},
+			"C": {}, "A": {TakenOverBy: "B"}, "B": {}, "D": {},
 		}},
 		beats: map[string]protocol.SiteHeartbeat{
 			"B": {Site: "B", At: protocol.ToUnix(now.Add(-12 * time.Second))},
 			"C": {Site: "C", At: protocol.ToUnix(now.Add(-time.Second)), CatchingUp: true},
+			// A's clock runs 3 s ahead of this one.
+			"A": {Site: "A", At: protocol.ToUnix(now.Add(3 * time.Second))},
 		},
 	}
 	rows, err = Sites(ctx, src, now)
-	if err != nil || len(rows) != 3 {
+	if err != nil || len(rows) != 4 {
 		t.Fatalf("Sites: %+v, %v", rows, err)
 	}
-	if r := rows[0]; r.Site != "A" || r.Default || r.HeartbeatAge != nil || r.TakenOverBy != "B" {
-		t.Errorf("A: %+v", r)
+	if r := rows[0]; r.Site != "A" || r.Default || r.HeartbeatAge == nil || *r.HeartbeatAge != 0 || r.TakenOverBy != "B" {
+		t.Errorf("A, whose beat is from a clock ahead of this one's (age 0, not negative): %+v", r)
 	}
 	if r := rows[1]; r.Site != "B" || !r.Default || r.HeartbeatAge == nil || *r.HeartbeatAge != 12 {
 		t.Errorf("B: %+v", r)
 	}
 	if r := rows[2]; r.Site != "C" || !r.CatchingUp || rows[1].CatchingUp {
 		t.Errorf("C, catching up, or not in name order: %+v", rows)
+	}
+	if r := rows[3]; r.Site != "D" || r.HeartbeatAge != nil {
+		t.Errorf("D, which has not beaten: %+v", r)
 	}
 
 	links := Links([]protocol.LinkState{
@@ -62,10 +67,10 @@ func TestSitesAndLinks(t *testing.T) {
 		t.Errorf("Links: %+v", links)
 	}
 	var b strings.Builder
-	if err := WriteJSON(&b, SitesReport{Sites: rows[:1], Links: links[1:]}); err != nil {
+	if err := WriteJSON(&b, SitesReport{Sites: []Site{rows[0], rows[3]}, Links: links[1:]}); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"heartbeat_age_seconds": null`, `"taken_over_by": "B"`, `"changes_pending": null`, `"error": "unauthorized"`} {
+	for _, want := range []string{`"heartbeat_age_seconds": null`, `"heartbeat_age_seconds": 0`, `"taken_over_by": "B"`, `"changes_pending": null`, `"error": "unauthorized"`} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("JSON lacks %s:\n%s", want, b.String())
 		}
