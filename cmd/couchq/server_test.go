@@ -138,6 +138,14 @@ func TestInitValidationSwitch(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" || res.DesignDoc != "upgraded" {
 		t.Errorf("init --validation on: %v %+v", err, res)
 	}
+	// A switch within one schema is no upgrade.
+	for _, v := range []string{"off", "on"} {
+		r = c.run(t, "init", "--validation", v)
+		expect(t, r, exitOK)
+		if !strings.Contains(r.stdout, "rewrote design documents") || !strings.Contains(r.stdout, "validation "+v) {
+			t.Errorf("init --validation %s after the other: %q", v, r.stdout)
+		}
+	}
 	// Mango validation where the server runs it; elsewhere a clear refusal
 	// that leaves the database as it was.
 	r = c.run(t, "init", "--validation", "mango")

@@ -35,6 +35,10 @@ type InitResult struct {
 	// Restored names the design documents init installed again beside a
 	// claim design document that was up to date: someone had deleted them.
 	Restored []string `json:"restored,omitempty"`
+	// schemaBefore is the claim design document's schema before init, 0
+	// when there was none: an upgrade within one schema is a rewrite for
+	// another validation or language, and said so.
+	schemaBefore int
 }
 
 // InitDB runs protocol.Init and reports whether it had to create the database.
@@ -46,15 +50,16 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 	if err != nil {
 		return nil, ServerError(conn.URL, fmt.Errorf("checking database %s: %w", conn.DB, err))
 	}
-	if opts.Validation == designdocs.ValidationKept {
+	before, err := designdocs.Stored(ctx, client.DB(conn.DB))
+	if err != nil && exists {
+		return nil, ServerError(conn.URL, err)
+	}
+	if before != nil {
+		res.schemaBefore = before.Couchq.Schema
+	}
+	if opts.Validation == designdocs.ValidationKept && before == nil {
 		// A new database gets the cheapest validation the server runs.
-		stored, err := designdocs.Stored(ctx, client.DB(conn.DB))
-		if err != nil && exists {
-			return nil, ServerError(conn.URL, err)
-		}
-		if stored == nil {
-			opts.Validation = designdocs.ValidationAuto
-		}
+		opts.Validation = designdocs.ValidationAuto
 	}
 	var missing []string
 	if exists {
@@ -126,6 +131,9 @@ func PrintInit(w io.Writer, res *InitResult, asJSON bool) error {
 		dd = fmt.Sprintf("installed design documents %s (schema %d)", all, res.Schema)
 	case designdocs.Upgraded:
 		dd = fmt.Sprintf("upgraded design documents %s to schema %d", all, res.Schema)
+		if res.schemaBefore == res.Schema {
+			dd = fmt.Sprintf("rewrote design documents %s (schema %d)", all, res.Schema)
+		}
 	case designdocs.Unchanged:
 		dd = fmt.Sprintf("design documents %s are up to date (schema %d)", all, res.Schema)
 		if len(res.Restored) > 0 {
