@@ -12,7 +12,7 @@ import (
 // maxExported bounds the package's exported declarations, methods
 // included: every one is a promise kept forever, so the machinery lives in
 // internal/protocol and this package shows what applications call.
-const maxExported = 100
+const maxExported = 110
 
 // The public API stays small, and every exported name says what it is.
 func TestPublicAPIIsSmallAndDocumented(t *testing.T) {

@@ -70,3 +70,55 @@ func LinkSites(ctx context.Context, a, b SiteLink) error {
 	}
 	return protocol.LinkSites(ctx, eps[0], eps[1], ends)
 }
+
+// SiteLinkState is one link between two sites' databases as the
+// replicator of the server holding it reports it: its state, the changes
+// it has yet to copy, what it copied and what the target refused.
+type SiteLinkState = protocol.LinkState
+
+// SiteLinks lists the links this server holds for database db (an Apache
+// CouchDB server's replicator holds the links that pull into it; PouchDB
+// Server holds none it can report). Only a server admin may read them.
+func (s *Server) SiteLinks(ctx context.Context, db string) ([]SiteLinkState, error) {
+	return s.s.Links(ctx, db)
+}
+
+// UnlinkSites removes the links this server holds for database db, so
+// that nothing replicates into it until the sites are linked again (which
+// resumes from where the links were), and returns how many it removed.
+// It waits, up to a few seconds, for the replicator to stop them. PouchDB
+// Server runs a producer's links in its process and cannot cancel them:
+// there it returns an error and changes nothing.
+func (s *Server) UnlinkSites(ctx context.Context, db string) (int, error) {
+	if err := s.s.CanUnlink(db); err != nil {
+		return 0, err
+	}
+	return s.s.Unlink(ctx, db)
+}
+
+// SiteHeartbeat is a site's heartbeat as this database has it: when one of
+// the site's workers last wrote it (At, Unix seconds by the site's clock),
+// so how far behind this copy of the site is, plus up to a heartbeat
+// interval; and whether the site's workers, started again after it was
+// down, wait to hear from the other sites before they claim.
+type SiteHeartbeat = protocol.SiteHeartbeat
+
+// SiteHeartbeats reads the sites' heartbeats, by site name: a site none of
+// whose workers has run yet, or whose beat the links have not brought, has
+// none.
+func (c *Client) SiteHeartbeats(ctx context.Context) (map[string]SiteHeartbeat, error) {
+	return c.p().SiteHeartbeats(ctx)
+}
+
+// SiteRequest is a cancel or retry of a job asked at a site that does not
+// own it, or a pause or resume asked of another site (PauseAt): the
+// request the calls that return ErrForwarded write, which the owner's
+// workers apply once when the links bring it, recording whether they
+// applied or refused it, and why.
+type SiteRequest = protocol.SiteRequest
+
+// SiteRequests lists the requests this database has, oldest first: all of
+// them, or those for one job.
+func (c *Client) SiteRequests(ctx context.Context, job string) ([]SiteRequest, error) {
+	return c.p().Requests(ctx, job)
+}

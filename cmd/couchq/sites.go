@@ -141,10 +141,8 @@ func (m *Main) runSites(ctx context.Context, log zerolog.Logger, args []string) 
 		if err != nil {
 			return cli.ServerError(conn.URL, err)
 		}
-		if srv.Caps.Vendor != "couchdb" {
-			// PouchDB Server drives a producer's links in its own process
-			// (POST /_replicate), and cannot cancel them.
-			return fmt.Errorf("unlinking %s: this server has no replicator of its own (%s): its links run in its process until it stops, and it cannot cancel them; restart it to cut them, and link again to resume", conn.DB, srv.Caps.Vendor)
+		if err := srv.CanUnlink(conn.DB); err != nil {
+			return err
 		}
 		removed, err := srv.Unlink(ctx, conn.DB)
 		if err != nil {

@@ -426,6 +426,16 @@ func (s *Server) awaitLinkStopped(ctx context.Context, id string) {
 	}
 }
 
+// CanUnlink says why Unlink cannot cut db's links on this server: PouchDB
+// Server drives a producer's links in its own process (POST /_replicate)
+// and cannot cancel them, so Unlink would find none and cut nothing.
+func (s *Server) CanUnlink(db string) error {
+	if s.Caps.Vendor == "couchdb" {
+		return nil
+	}
+	return fmt.Errorf("unlinking %s: this server has no replicator of its own (%s): its links run in its process until it stops, and it cannot cancel them; restart it to cut them, and link again to resume", db, s.Caps.Vendor)
+}
+
 // unlinkWait bounds how long Unlink waits for the replicator to stop a
 // link's job.
 const unlinkWait = 10 * time.Second
