@@ -559,6 +559,11 @@ func TestStopHonoursItsContext(t *testing.T) {
 	if err := idle.Stop(tb.ctx); err != nil {
 		t.Fatalf("stopping a worker never started: %v", err)
 	}
+	// A Worker runs once: a Start after Stop would claim nothing (or, after
+	// a run, panic in a goroutine of its own), so it is refused.
+	if err := idle.Start(tb.ctx); err == nil || !strings.Contains(err.Error(), "it was stopped") {
+		t.Errorf("Start after Stop: %v", err)
+	}
 	if nothing, err := worker.New(nil, cfg); err != nil || nothing.Start(tb.ctx) == nil {
 		t.Fatalf("a worker of no queue client started (New: %v)", err)
 	}
@@ -568,6 +573,9 @@ func TestStopHonoursItsContext(t *testing.T) {
 	}
 	if err := w.Start(tb.ctx); err != nil {
 		t.Fatal(err)
+	}
+	if err := w.Start(tb.ctx); err == nil || !strings.Contains(err.Error(), "started already") {
+		t.Errorf("a second Start: %v", err)
 	}
 	job, _ := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "stubborn"})
 	select {
@@ -589,6 +597,10 @@ func TestStopHonoursItsContext(t *testing.T) {
 	if it, _ := tb.client.Get(tb.ctx, job.ID); it.Status != protocol.StatusQueued || it.Claimed {
 		t.Errorf("the stubborn job after Stop: %+v", it)
 	}
+	if err := w.Start(tb.ctx); err == nil || !strings.Contains(err.Error(), "it was stopped") {
+		t.Errorf("Start after a run and Stop: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // a panic of a restarted run would show by now
 }
 
 // Finished jobs are kept as done by default; DeleteDone deletes them, per

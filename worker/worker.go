@@ -55,6 +55,8 @@ type Worker struct {
 	// stopClaiming closes when Stop begins: no new claims after that.
 	stopClaiming chan struct{}
 	stopOnce     sync.Once
+	// begun is set by the first Start: a Worker runs once.
+	begun atomic.Bool
 	// jobsCtx is the parent of every job's context; cancelJobs is called
 	// (with errShutdown) when the shutdown timeout runs out.
 	jobsCtx    context.Context
@@ -181,10 +183,19 @@ func (w *Worker) Stats() Stats {
 
 // Start begins claiming and running jobs. It returns at once; the work goes
 // on until Stop is called or ctx ends (which stops claiming, like Stop, but
-// with no grace for running jobs).
+// with no grace for running jobs). A Worker runs once: Start after Start
+// or Stop returns an error; to run again, make another with New.
 func (w *Worker) Start(ctx context.Context) error {
 	if w.client == nil {
 		return errors.New("starting the worker: its queue client is nil (open one with couchq.Open or couchq.Connect)")
+	}
+	select {
+	case <-w.stopClaiming:
+		return errors.New("starting the worker: it was stopped, and a Worker runs once: make another with worker.New")
+	default:
+	}
+	if !w.begun.CompareAndSwap(false, true) {
+		return errors.New("starting the worker: it was started already, and a Worker runs once: make another with worker.New")
 	}
 	w.started = w.cfg.Now()
 	w.jobsCtx, w.cancelJobs = context.WithCancelCause(context.WithoutCancel(ctx))
@@ -310,7 +321,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // claims back to the queue without charging an attempt. A handler that
 // ignores the cancellation gets a heartbeat interval to return (half a
 // second once ctx has ended) before Stop releases its claim itself; its
-// result is then refused. Stop of a worker never started returns nil.
+// result is then refused. Stop of a worker never started returns nil, and
+// the worker cannot be started after it.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.stopOnce.Do(func() { close(w.stopClaiming) })
 	if w.cancelJobs == nil {
