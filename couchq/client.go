@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -35,8 +36,13 @@ type Config struct {
 	// Actor names who makes this client's writes in the jobs' activity
 	// logs (retries, cancels, pauses); default ActorDefault.
 	Actor string
-	// MaxAttempts applies to jobs without their own max_attempts; default
-	// MaxAttemptsDefault.
+	// MaxAttempts is how many attempts a job gets. Set, it is stored as
+	// max_attempts in the jobs this client enqueues without their own
+	// (NewJob.MaxAttempts), so that the workers that run them keep it
+	// whatever their own default; and it is the default of the workers
+	// given this client, for jobs that have none (written by hand, or by
+	// a client without it). Default MaxAttemptsDefault, which is not
+	// stored.
 	MaxAttempts int
 	// HistoryLimit bounds each job's activity log, the oldest entries going
 	// first (the enqueued entry stays); default HistoryLimitDefault.
@@ -100,14 +106,19 @@ func (s *Server) Init(ctx context.Context, db string, opts InitOptions) error {
 
 // Open returns a Client for the named database, which Init prepared.
 func (s *Server) Open(ctx context.Context, db string, cfg Config) (*Client, error) {
+	if cfg.MaxAttempts > math.MaxInt32 {
+		return nil, fmt.Errorf("opening database %s: %w: Config.MaxAttempts must be at most %d, got %d", db, ErrInvalidJob, math.MaxInt32, cfg.MaxAttempts)
+	}
 	q, err := s.s.Open(ctx, db, protocol.Config{
-		Logger:         cfg.Logger,
-		Actor:          cfg.Actor,
-		MaxAttempts:    cfg.MaxAttempts,
-		HistoryLimit:   cfg.HistoryLimit,
-		ReadYourWrites: cfg.ReadYourWrites,
-		Site:           cfg.Site,
-		BeforeEnqueue:  cfg.BeforeEnqueue,
+		Logger:      cfg.Logger,
+		Actor:       cfg.Actor,
+		MaxAttempts: cfg.MaxAttempts,
+		// Set by the application: the jobs it enqueues carry it.
+		EnqueueMaxAttempts: max(cfg.MaxAttempts, 0),
+		HistoryLimit:       cfg.HistoryLimit,
+		ReadYourWrites:     cfg.ReadYourWrites,
+		Site:               cfg.Site,
+		BeforeEnqueue:      cfg.BeforeEnqueue,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", db, err)

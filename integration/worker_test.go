@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -695,5 +696,58 @@ func TestSlowLeaseRenewalsWarnOnce(t *testing.T) {
 	}
 	if st := w.Stats(); st.SlowRenewals < 2 || runs.Load() != 1 {
 		t.Fatalf("slow renewals %d (want several), runs %d", st.SlowRenewals, runs.Load())
+	}
+}
+
+// A producer's Config.MaxAttempts is stored in the jobs it enqueues
+// without their own, so that a worker of another default keeps it.
+func TestProducerMaxAttemptsIsStoredInItsJobs(t *testing.T) {
+	tb := setup(t, protocol.Config{}) // tb.client, a worker's, has the default 25
+	user, password := server.Credentials()
+	srv, err := couchq.Connect(tb.ctx, server.URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{MaxAttempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited, err := producer.Enqueue(tb.ctx, couchq.NewJob{Worker: "flaky"})
+	if err != nil || limited.MaxAttempts != 2 {
+		t.Fatalf("a job of a producer with MaxAttempts 2: %+v %v", limited, err)
+	}
+	if own, err := producer.Enqueue(tb.ctx, couchq.NewJob{Worker: "other", MaxAttempts: 7}); err != nil || own.MaxAttempts != 7 {
+		t.Errorf("a job with its own max attempts: %+v %v", own, err)
+	}
+	if dflt, err := plain.Enqueue(tb.ctx, couchq.NewJob{Worker: "other"}); err != nil || dflt.MaxAttempts != 0 {
+		t.Errorf("a job of a producer without MaxAttempts: %+v %v, want none stored", dflt, err)
+	}
+	if _, err := srv.Open(tb.ctx, tb.db.Name(), couchq.Config{MaxAttempts: math.MaxInt32 + 1}); !errors.Is(err, couchq.ErrInvalidJob) {
+		t.Errorf("MaxAttempts above 2^31-1: %v", err)
+	}
+	var runs atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{"flaky": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		runs.Add(1)
+		return errors.New("always")
+	})})
+	startWorker(t, tb, cfg)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		it, err := tb.client.Get(tb.ctx, limited.ID)
+		if err == nil && it.Status == protocol.StatusFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job did not fail for good: %+v %v", it, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := runs.Load(); n != 2 {
+		t.Errorf("the job of a producer with MaxAttempts 2 ran %d times", n)
 	}
 }

@@ -66,7 +66,9 @@ func DecodePayload[T any](payload json.RawMessage) (T, error) {
 type SnoozeError = jobrun.SnoozeError
 
 // JobSnooze returns an error that puts the job back to queued, due after d,
-// without charging the attempt.
+// without charging the attempt. A d of zero or less makes it due at once;
+// since a snooze charges nothing, a handler that always snoozes runs the
+// job for ever. d is a time.Duration: JobSnooze(30) is 30 nanoseconds.
 func JobSnooze(d time.Duration) error { return &SnoozeError{Delay: d} }
 
 // CancelError stops the job for good: its status becomes cancelled.

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	pouchdbserver "github.com/couchq/couchq/tools/pouchdb-server"
 )
 
 const (
@@ -67,7 +69,8 @@ func modulePath(gomod []byte) string {
 }
 
 // ToolsDir returns the pouchdb-server npm project directory: $COUCHQ_POUCHDB_DIR if set, else
-// <repo root>/tools/pouchdb-server.
+// <repo root>/tools/pouchdb-server, else (a couchq binary run outside its repository) a directory
+// under the user's cache that holds the same pinned project, written there the first time.
 func ToolsDir() (string, error) {
 	if dir := os.Getenv(DirEnv); dir != "" {
 		abs, err := filepath.Abs(dir)
@@ -78,9 +81,46 @@ func ToolsDir() (string, error) {
 	}
 	root, err := FindRepoRoot()
 	if err != nil {
-		return "", err
+		dir, cacheErr := cachedToolsDir()
+		if cacheErr != nil {
+			return "", fmt.Errorf("%w; and %w", err, cacheErr)
+		}
+		return dir, nil
 	}
 	return filepath.Join(root, "tools", "pouchdb-server"), nil
+}
+
+// cachedToolsDir writes the pinned pouchdb-server project this binary
+// carries to a directory of the user's cache named after its lock file, so
+// that another couchq's pins install beside it, and returns it.
+func cachedToolsDir() (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("finding a directory to install PouchDB Server in (set %s): %w", DirEnv, err)
+	}
+	lock, err := pouchdbserver.Files.ReadFile("package-lock.json")
+	if err != nil {
+		return "", fmt.Errorf("reading the pinned PouchDB Server project: %w", err)
+	}
+	sum := sha256.Sum256(lock)
+	dir := filepath.Join(cache, "couchq", "pouchdb-server-"+hex.EncodeToString(sum[:6]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating %s for PouchDB Server: %w", dir, err)
+	}
+	for _, name := range []string{"package.json", "package-lock.json"} {
+		want, err := pouchdbserver.Files.ReadFile(name)
+		if err != nil {
+			return "", fmt.Errorf("reading the pinned PouchDB Server project: %w", err)
+		}
+		path := filepath.Join(dir, name)
+		if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+			continue
+		}
+		if err := writeFileAtomic(path, want); err != nil {
+			return "", fmt.Errorf("writing %s: %w", path, err)
+		}
+	}
+	return dir, nil
 }
 
 func binPath(dir string) string { return filepath.Join(dir, "node_modules", ".bin", "pouchdb-server") }

@@ -1,6 +1,7 @@
 package localserver
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -132,6 +133,35 @@ func TestToolsDirFromRepo(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "package.json")); err != nil {
 		t.Fatalf("ToolsDir() = %q: %v", dir, err)
+	}
+}
+
+// A couchq binary run outside its repository installs PouchDB Server from
+// the pinned project it carries, in the user's cache.
+func TestToolsDirOutsideTheRepo(t *testing.T) {
+	repoDir, err := ToolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(DirEnv, "")
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	t.Chdir(t.TempDir())
+	for range 2 { // the second time, over the files of the first
+		dir, err := ToolsDir()
+		if err != nil {
+			t.Fatalf("ToolsDir outside the repository: %v", err)
+		}
+		if !strings.HasPrefix(dir, filepath.Join(cache, "couchq", "pouchdb-server-")) {
+			t.Errorf("ToolsDir outside the repository = %s, want a directory under %s", dir, cache)
+		}
+		for _, name := range []string{"package.json", "package-lock.json"} {
+			have, err := os.ReadFile(filepath.Join(dir, name))
+			want, werr := os.ReadFile(filepath.Join(repoDir, name))
+			if err != nil || werr != nil || !bytes.Equal(have, want) {
+				t.Errorf("%s in %s: not the repository's (%v, %v)", name, dir, err, werr)
+			}
+		}
 	}
 }
 

@@ -54,6 +54,11 @@ type Config struct {
 	Actor string
 	// MaxAttempts applies to jobs without their own max_attempts.
 	MaxAttempts int
+	// EnqueueMaxAttempts, when above 0, is stored as max_attempts in the
+	// jobs this client enqueues without their own: a producer's choice
+	// (couchq.Config.MaxAttempts), which the workers that run them,
+	// whatever their own default, then keep.
+	EnqueueMaxAttempts int
 	// HistoryLimit bounds each job's history; the oldest entries go first,
 	// but the first "enqueued" entry is kept.
 	HistoryLimit int

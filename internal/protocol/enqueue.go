@@ -28,7 +28,8 @@ type NewJob struct {
 	Payload any
 	// At schedules the job; the zero time means due now.
 	At time.Time
-	// MaxAttempts overrides the workers' default for this job; 0 keeps it.
+	// MaxAttempts overrides the workers' default for this job; 0 keeps it,
+	// or takes the enqueuing client's Config.MaxAttempts when that is set.
 	MaxAttempts int
 	// Priority is 1 (runs first) to 5 (last); 0 is PriorityDefault (3).
 	Priority int
@@ -171,9 +172,13 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	if err != nil {
 		return nil, err
 	}
+	maxAttempts := j.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = c.cfg.EnqueueMaxAttempts
+	}
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
-		MaxAttempts: j.MaxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
+		MaxAttempts: maxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
 		Site: site, Trace: trace, extra: extra,
 	}
 	if err := c.dependencies(it, j); err != nil {
