@@ -206,7 +206,9 @@ const SlotTTLDefault = protocol.SlotTTLDefault
 
 // Errors a Client's calls return; test them with errors.Is.
 var (
-	// ErrNotFound: the job does not exist.
+	// ErrNotFound: the job does not exist (or the batch, site or
+	// reserved slot a call names). A database that does not exist is not
+	// ErrNotFound: the error carries CouchDB's 404.
 	ErrNotFound = protocol.ErrNotFound
 	// ErrInvalidJob: a job given to Enqueue cannot be stored; the error
 	// says which field and why.

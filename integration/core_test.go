@@ -616,3 +616,26 @@ func TestWorkersKeepAnotherBuildsDesignDocumentsOfTheirSchema(t *testing.T) {
 		t.Fatalf("a worker's install after init: %v %v, want unchanged", o, err)
 	}
 }
+
+// ErrNotFound is a job's absence, never the database's: code that drops a
+// job it is told is gone must not drop it for a deleted database.
+func TestNotFoundIsAJobsAbsenceNotTheDatabases(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	if _, err := tb.client.Get(tb.ctx, "job:none"); !errors.Is(err, protocol.ErrNotFound) {
+		t.Errorf("a job that does not exist: %v, want ErrNotFound", err)
+	}
+	it, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.kivik.DestroyDB(tb.ctx, tb.db.Name()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tb.client.Get(tb.ctx, it.ID)
+	if err == nil || errors.Is(err, protocol.ErrNotFound) || kivik.HTTPStatus(err) != http.StatusNotFound {
+		t.Errorf("a job of a database deleted: %v (status %d), want CouchDB's 404 and not ErrNotFound", err, kivik.HTTPStatus(err))
+	}
+	if _, err := tb.client.CancelJob(tb.ctx, it.ID, "cli", "gone"); err == nil || errors.Is(err, protocol.ErrNotFound) {
+		t.Errorf("cancelling a job of a database deleted: %v, want no ErrNotFound", err)
+	}
+}

@@ -559,10 +559,22 @@ func wrapLost(what, id string, err error) error {
 	if isStatus(err, http.StatusConflict) || errors.Is(err, ErrClaimLost) {
 		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrClaimLost, err)
 	}
-	if isStatus(err, http.StatusNotFound) {
+	if missingDoc(err) {
 		return fmt.Errorf("%s %s: %w (%w)", what, id, ErrNotFound, err)
 	}
 	return fmt.Errorf("%s %s: %w", what, id, err)
+}
+
+// missingDoc reports whether err is CouchDB's 404 for a document. A
+// database that does not exist is answered 404 too, and is no job's
+// absence: code that drops a job it is told is gone must not drop it for
+// a mistyped or deleted database.
+func missingDoc(err error) bool {
+	if !isStatus(err, http.StatusNotFound) {
+		return false
+	}
+	msg := err.Error() // Apache CouchDB's reason, and PouchDB Server's
+	return !strings.Contains(msg, "Database does not exist") && !strings.Contains(msg, "no_db_file")
 }
 
 // As returns a client of the same database, with the same configuration,

@@ -16,7 +16,9 @@ var ErrClaimConflict = errors.New("claim conflict: another worker claimed the jo
 // write that found out was not applied; the job's new state stands.
 var ErrClaimLost = errors.New("claim lost: the job was swept, cancelled or requeued")
 
-// ErrNotFound means the job document does not exist.
+// ErrNotFound means what a call names does not exist: a job (most
+// calls), or a batch, a site or a reserved slot (the calls that name
+// those). A database that does not exist is not ErrNotFound.
 var ErrNotFound = errors.New("job not found")
 
 // ErrInvalidJob means a job given to Enqueue cannot be stored; the error

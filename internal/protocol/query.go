@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -117,7 +116,7 @@ func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at t
 func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
 	var raw map[string]json.RawMessage
 	if err := c.db.Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&raw); err != nil {
-		if isStatus(err, http.StatusNotFound) {
+		if missingDoc(err) {
 			return nil, fmt.Errorf("reading job %s: %w (%w)", id, ErrNotFound, err)
 		}
 		return nil, fmt.Errorf("reading job %s: %w", id, err)
