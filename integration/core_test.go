@@ -312,10 +312,17 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		{`{"type":"WorkItem","worker":"a","progress":{"done":1,"note":7}}`, "progress must be an object"},
 		{`{"type":"WorkItem","worker":"a","progress":{"done":1,"at":"now"}}`, "progress must be an object"},
 	}
+	// Nested deeper than the engines' stacks allow: refused at 1,001 levels
+	// (the document itself is the first), kept at 1,000.
+	nested := func(levels int) string {
+		return `{"type":"WorkItem","worker":"a","payload":` + strings.Repeat("[", levels-1) + strings.Repeat("]", levels-1) + `}`
+	}
+	cases = append(cases, struct{ body, want string }{nested(protocol.MaxNesting + 1), "document nests objects and arrays more than 1000 levels deep"},
+		struct{ body, want string }{nested(20000), "document nests objects and arrays more than 1000 levels deep"})
 	for i, c := range cases {
 		code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/bad-%d", i), c.body)
 		if code != http.StatusForbidden || !strings.Contains(body, "forbidden") || !strings.Contains(body, c.want) {
-			t.Errorf("%s: got %d %s, want 403 forbidden mentioning %q", c.body, code, body, c.want)
+			t.Errorf("%.200s: got %d %s, want 403 forbidden mentioning %q", c.body, code, body, c.want)
 		}
 	}
 	for i, ok := range []string{
@@ -326,6 +333,7 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		`{"type":"WorkItem","worker":"a","progress":{"done":7}}`,
 		`{"type":"WorkItem","worker":"a","progress":null}`,
 		`{"type":"SomethingElse","worker":5}`,
+		nested(protocol.MaxNesting),
 	} {
 		if code, body := tb.raw(t, http.MethodPut, fmt.Sprintf("/good-%d", i), ok); code != http.StatusCreated {
 			t.Errorf("%s: got %d %s, want 201", ok, code, body)

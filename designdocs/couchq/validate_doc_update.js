@@ -251,6 +251,26 @@ function (newDoc, oldDoc, userCtx, secObj) {
       reject('progress', 'must be an object {done, total, note, at}: whole numbers done and total (done at most total when total is above 0), a string note, Unix seconds at; got ' + JSON.stringify(pr));
     }
   }
+  // Nesting (protocol.MaxNesting): JavaScript engines overflow their stack
+  // on a deeply nested document, and then every view of the database fails
+  // (QuickJS crashed at 20,000 levels) or the document is silently left out
+  // of the views (PouchDB Server, from about 2,000): one document would
+  // stop the queue or vanish from it. Walked without recursion, for the
+  // same reason.
+  var maxNesting = 1000;
+  var open = [[newDoc, 1]];
+  while (open.length > 0) {
+    var top = open.pop();
+    if (top[1] > maxNesting) {
+      reject('document', 'nests objects and arrays more than ' + maxNesting + ' levels deep');
+    }
+    for (var f in top[0]) {
+      var inner = top[0][f];
+      if (inner !== null && typeof inner === 'object') {
+        open.push([inner, top[1] + 1]);
+      }
+    }
+  }
   if (given(newDoc.history)) {
     if (!Array.isArray(newDoc.history)) {
       reject('history', 'must be an array, got ' + describe(newDoc.history));

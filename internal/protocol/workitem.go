@@ -313,6 +313,12 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return &MalformedError{Field: "document", Reason: "is not a JSON object: " + err.Error()}
 	}
+	if nesting(data) > MaxNesting {
+		// As validate_doc_update refuses it: views fail on such a document.
+		var id string
+		_ = json.Unmarshal(raw["_id"], &id)
+		return &MalformedError{ID: id, Field: "document", Reason: fmt.Sprintf("nests objects and arrays more than %d levels deep", MaxNesting)}
+	}
 	*w = WorkItem{}
 	p := fieldParser{raw: raw}
 	p.str("_id", &w.ID)
@@ -407,6 +413,38 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 		w.extra[k] = v
 	}
 	return nil
+}
+
+// MaxNesting is how deep a job may nest objects and arrays, the document
+// itself the first level: validate_doc_update refuses deeper ones, since
+// CouchDB's and PouchDB's JavaScript engines overflow their stacks on them
+// when they index them.
+const MaxNesting = 1000
+
+// nesting is how deep the JSON value data nests objects and arrays.
+func nesting(data []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, b := range data {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case b == '\\':
+				escaped = true
+			case b == '"':
+				inString = false
+			}
+		case b == '"':
+			inString = true
+		case b == '{' || b == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case b == '}' || b == ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 func nonNull(v json.RawMessage) json.RawMessage {

@@ -210,3 +210,21 @@ func TestFromUnixOutOfRange(t *testing.T) {
 		t.Errorf("FromUnix(1.5) = %s", got)
 	}
 }
+
+// A document nested deeper than MaxNesting is malformed, as
+// validate_doc_update has it; brackets inside strings do not count.
+func TestWorkItemNestedTooDeep(t *testing.T) {
+	doc := func(levels int, s string) string {
+		return `{"_id":"deep","type":"WorkItem","worker":"a","note":"` + s + `","payload":` +
+			strings.Repeat("[", levels-1) + strings.Repeat("]", levels-1) + `}`
+	}
+	var it WorkItem
+	if err := json.Unmarshal([]byte(doc(MaxNesting, `[[[{{\"[`)), &it); err != nil {
+		t.Errorf("%d levels, and brackets in a string: %v", MaxNesting, err)
+	}
+	err := json.Unmarshal([]byte(doc(MaxNesting+1, "")), &it)
+	var m *MalformedError
+	if !errors.As(err, &m) || m.ID != "deep" || m.Field != "document" || !strings.Contains(m.Reason, "more than 1000 levels deep") {
+		t.Errorf("%d levels: %v, want a MalformedError naming the document", MaxNesting+1, err)
+	}
+}
