@@ -935,3 +935,42 @@ func TestSweepLeavesAFinishedClaimedJobFinished(t *testing.T) {
 		t.Errorf("finished jobs due after a sweep: %v", due)
 	}
 }
+
+// A job within a claim's few hundred bytes of CouchDB's document size
+// limit cannot be claimed; the job claimed beside it still is, and the
+// error says why.
+func TestAJobTooLargeToClaimBlocksNoOther(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	const limit = 8000000 // Apache CouchDB's max_document_size by default
+	doc := map[string]any{"type": "WorkItem", "worker": "edge", "payload": map[string]string{"s": ""}}
+	body, _ := json.Marshal(doc)
+	doc["payload"] = map[string]string{"s": strings.Repeat("q", limit-150-len(body))}
+	if _, err := tb.client.DB().Put(tb.ctx, "big", doc); err != nil {
+		t.Fatal(err)
+	}
+	small, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "edge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := tb.client.Due(tb.ctx, "edge", 10)
+	if err != nil || len(batch.Items) != 2 {
+		t.Fatalf("due: %v %v", batch, err)
+	}
+	for _, res := range tb.client.ClaimMany(tb.ctx, batch.Items, "test/1/w", time.Minute) {
+		switch {
+		case res.Item != nil && res.Item.ID == small.ID:
+			if res.Err != nil {
+				t.Errorf("the small job beside the big one: %v", res.Err)
+			}
+		case res.Err == nil:
+			if server.Caps().Vendor == "couchdb" {
+				t.Errorf("the big job was claimed on a server that limits documents to %d bytes", limit)
+			}
+		case !strings.Contains(res.Err.Error(), "larger than the server stores"):
+			t.Errorf("the big job's claim: %v", res.Err)
+		}
+	}
+	if it, err := tb.client.Get(tb.ctx, small.ID); err != nil || !it.Claimed {
+		t.Errorf("the small job after the round: %+v %v", it, err)
+	}
+}

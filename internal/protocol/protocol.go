@@ -194,6 +194,10 @@ func (c *Client) claimError(id string, err error) error {
 		errors.Is(err, errNoMajority) || errors.Is(err, errBranchLive) {
 		return fmt.Errorf("claiming %s: %w (%w)", id, ErrClaimConflict, err)
 	}
+	if isStatus(err, http.StatusRequestEntityTooLarge) {
+		return fmt.Errorf("claiming %s: the job with its claim is larger than the server stores (CouchDB's max_document_size, 8 MB by default): "+
+			"it cannot run until it is made smaller or the limit raised: %w", id, err)
+	}
 	return fmt.Errorf("claiming %s: %w", id, err)
 }
 
@@ -498,6 +502,17 @@ func (c *Client) writeClaims(ctx context.Context, ids []string, docs []any) []ki
 		return []kivik.BulkResult{{ID: ids[0], Rev: rev, Error: err}}
 	}
 	bulk, err := c.db.BulkDocs(ctx, docs, c.claimOpts(true)...)
+	if isStatus(err, http.StatusRequestEntityTooLarge) {
+		// One claim made the request too large (a job within a claim's few
+		// hundred bytes of the server's max_document_size): claimed one by
+		// one, only that one fails, not every job of the round beside it.
+		out := make([]kivik.BulkResult, len(docs))
+		for k := range docs {
+			rev, err := c.db.Put(ctx, ids[k], docs[k], c.claimOpts(false)...)
+			out[k] = kivik.BulkResult{ID: ids[k], Rev: rev, Error: err}
+		}
+		return out
+	}
 	return alignBulk(ids, bulk, err)
 }
 
