@@ -243,11 +243,30 @@ func TestDependencyCyclesAreRefusedOrFailed(t *testing.T) {
 			t.Fatalf("%s: %d %s", id, status, body)
 		}
 	}
+	// And a cycle of two with no created_at: its grace starts when the
+	// sweeper first meets it.
+	for id, after := range map[string]string{"job:d1": "job:d2", "job:d2": "job:d1"} {
+		if status, body := tb.raw(t, http.MethodPut, "/"+id, fmt.Sprintf(`{"type":"WorkItem","worker":"w","after":[%q]}`, after)); status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", id, status, body)
+		}
+	}
 	if _, err := tb.client.SweepWaiting(tb.ctx, "sweeper", 100); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"job:d1", "job:d2"} {
+		if it, err := tb.client.Get(tb.ctx, id); err != nil || it.Status != protocol.StatusWaiting || it.CreatedAt == 0 {
+			t.Fatalf("%s of a cycle without created_at after a sweep: %+v %v, want waiting with its grace started", id, it, err)
+		}
+	}
+	later, err := protocol.New(tb.ctx, tb.db, protocol.Config{Now: func() time.Time { return time.Now().Add(2 * protocol.MissingDependencyGrace) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := later.SweepWaiting(tb.ctx, "sweeper", 100); err != nil {
+		t.Fatal(err)
+	}
 	failed := 0
-	for _, id := range []string{"job:c1", "job:c2", "job:c3"} {
+	for _, id := range []string{"job:c1", "job:c2", "job:c3", "job:d1", "job:d2"} {
 		it, err := tb.client.Get(tb.ctx, id)
 		switch {
 		case err != nil:
@@ -258,8 +277,8 @@ func TestDependencyCyclesAreRefusedOrFailed(t *testing.T) {
 			t.Errorf("%s of a cycle after a sweep: %s %q", id, it.Status, it.LastError)
 		}
 	}
-	if failed != 1 {
-		t.Errorf("%d jobs of the cycle failed, want 1 (the others cancelled by it)", failed)
+	if failed != 2 {
+		t.Errorf("%d jobs of the two cycles failed, want 1 each (the others cancelled by it)", failed)
 	}
 }
 

@@ -1255,6 +1255,17 @@ func (c *Client) endStuck(ctx context.Context, ids []string, jobs map[string]job
 	now := c.now()
 	for _, id := range ids {
 		it := jobs[id].item
+		handWritten := it != nil && !slices.ContainsFunc(it.History, func(e Event) bool { return e.Event == EventEnqueued })
+		if handWritten && it.Status == StatusWaiting && len(it.After) > 0 && it.CreatedAt == 0 && c.owns(it) == nil {
+			// Without created_at the grace starts now, as for a missing
+			// dependency: written down, so that the next pass counts it.
+			next := it.Clone()
+			next.CreatedAt = ToUnix(now)
+			if _, err := c.db.Put(ctx, next.ID, next, c.writeOpts()...); err != nil && !isStatus(err, http.StatusConflict) {
+				return n, fmt.Errorf("starting the grace of %s, which names no created_at: %w", it.ID, err)
+			}
+			continue
+		}
 		// Enqueues let no cycle form, so one has a job written by hand
 		// (no enqueued entry) on it: the walks start from those only, and
 		// from each once a revision.
