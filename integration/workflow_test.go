@@ -210,8 +210,12 @@ func TestEnqueueRefusesMissingAndSelfDependencies(t *testing.T) {
 	if !errors.As(res[3].Err, &de) || de.Dependency != "job:third" {
 		t.Fatalf("a dependency refused earlier in the call: %v", res[3].Err)
 	}
-	// A document of CouchDB's or couchq's own is no job.
-	for _, id := range []string{protocol.SequenceID("par"), "_design/couchq"} {
+	// A document of CouchDB's or couchq's own is no job, nor an
+	// application's own document.
+	if status, body := tb.raw(t, http.MethodPut, "/note1", `{"type":"Note","x":1}`); status != http.StatusCreated {
+		t.Fatalf("an application's document: %d %s", status, body)
+	}
+	for _, id := range []string{protocol.SequenceID("par"), "_design/couchq", "note1"} {
 		_, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", After: []string{id}})
 		if !errors.As(err, &de) || de.Dependency != id || de.HTTPStatus() != http.StatusUnprocessableEntity {
 			t.Errorf("waiting for %s: %v", id, err)

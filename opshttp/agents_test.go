@@ -92,6 +92,12 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, body = post("/api/jobs/doc-0/complete", alice, `{"result":{"approved":true}}`); code != http.StatusOK {
 		t.Errorf("complete: %d %s", code, body)
 	}
+	// Ids of no job: CouchDB's own, a design document, a job that is not there.
+	for _, id := range []string{"_all_docs", "_design%2Fcouchq", "nothing"} {
+		if code, body = post("/api/jobs/"+id+"/complete", alice, `{}`); code != http.StatusNotFound {
+			t.Errorf("completing %s: %d %s, want 404", id, code, body)
+		}
+	}
 	if code, body = post("/api/jobs/doc-1/fail", alice, `{"error":""}`); code != http.StatusBadRequest {
 		t.Errorf("fail without an error: %d %s", code, body)
 	}

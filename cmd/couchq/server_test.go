@@ -667,6 +667,12 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("show of the control document does not show it:\n%s", r.stdout)
 	}
 	expect(t, c.run(t, "show", "_design/couchq"), exitFailure, "_design/couchq is not a job: its type is missing")
+	// Nor do the commands that act on a job take one that is none, or a
+	// CouchDB endpoint: the answer says so, as for a job that is missing.
+	for _, cmd := range []string{"cancel", "retry", "requeue"} {
+		expect(t, c.run(t, cmd, "control:mail"), exitFailure, `control:mail is not a job: its type is "TypeControl"`)
+		expect(t, c.run(t, cmd, "_all_docs"), exitFailure, `"_all_docs": not a job's id`)
+	}
 	r = c.run(t, "resume", "mail", "--json")
 	expect(t, r, exitOK)
 	var pr pauseResult

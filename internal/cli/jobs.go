@@ -196,6 +196,11 @@ func ShowJob(ctx context.Context, w io.Writer, q *protocol.Client, id string, no
 // ReadDoc reads a document, trying "job:"+id when id alone is missing so
 // that the bare uuid of a generated id is enough. It returns the id found.
 func ReadDoc(ctx context.Context, db *kivik.DB, id string) (json.RawMessage, string, error) {
+	if strings.HasPrefix(id, "_") && !strings.HasPrefix(id, "_design/") && !strings.HasPrefix(id, "_local/") {
+		// A CouchDB endpoint (_all_docs, _changes): its GET answers no
+		// document.
+		return nil, id, fmt.Errorf("reading job %q: not a job's id (ids starting with _ are CouchDB's own): %w", id, ErrJobNotFound)
+	}
 	var raw json.RawMessage
 	err := db.Get(ctx, id).ScanDoc(&raw)
 	if IsNotFound(err) && !strings.HasPrefix(id, "job:") {

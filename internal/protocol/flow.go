@@ -190,9 +190,12 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 		}
 		earlier[it.ID] = true
 	}
-	exists := map[string]bool{}
+	exists, notJob := map[string]bool{}, map[string]bool{}
 	if len(keys) > 0 {
-		stored, err := c.readJobs(ctx, keys, false)
+		// Read with the documents: a document that is no job (an
+		// application's own, a control) would leave the job waiting until
+		// the sweeper failed it.
+		stored, err := c.readJobs(ctx, keys, true)
 		if err != nil {
 			for i := range errs {
 				errs[i] = fmt.Errorf("checking the jobs %s waits for: %w", items[i].ID, err)
@@ -201,6 +204,7 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 		}
 		for id, st := range stored {
 			exists[id] = st.exists
+			notJob[id] = st.exists && st.item == nil && st.malformed == nil
 		}
 	}
 	before := map[string]bool{}
@@ -217,6 +221,10 @@ func (c *Client) checkDependencies(ctx context.Context, items []*WorkItem, refus
 			}
 			if !before[d] && !exists[d] {
 				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "no such job (a dependency must be enqueued first)", Status: http.StatusUnprocessableEntity}
+				break
+			}
+			if !before[d] && notJob[d] {
+				errs[i] = &DependencyError{Job: it.ID, Dependency: d, Reason: "not a job: its document is of another type", Status: http.StatusUnprocessableEntity}
 				break
 			}
 		}

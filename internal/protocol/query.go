@@ -114,12 +114,22 @@ func (c *Client) Next(ctx context.Context, worker string, after time.Time) (at t
 // furthest. So a job finished on one branch reads as finished while a
 // claim conceded on another is still CouchDB's winner.
 func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
+	if id == "" || strings.HasPrefix(id, "_") {
+		// CouchDB's own endpoints (_all_docs) and design documents: a GET
+		// would answer something else than a document, or a design.
+		return nil, &describedError{fmt.Sprintf("reading job %q: not a job's id (ids starting with _ are CouchDB's own)", id), ErrNotFound}
+	}
 	var raw map[string]json.RawMessage
 	if err := c.db.Get(ctx, id, kivik.Param("conflicts", true)).ScanDoc(&raw); err != nil {
 		if missingDoc(err) {
 			return nil, fmt.Errorf("reading job %s: %w (%w)", id, ErrNotFound, err)
 		}
 		return nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	if t, typ := raw["type"], ""; json.Unmarshal(t, &typ) != nil || typ != DocType {
+		// Another kind of document (a control, a worker's registry entry,
+		// an application's own): no job of that id exists.
+		return nil, &describedError{fmt.Sprintf("reading job %s: %s is not a job: its type is %s, not %q", id, id, describeType(t), DocType), ErrNotFound}
 	}
 	conflicted := len(raw["_conflicts"]) > 0
 	delete(raw, "_conflicts") // not the job's: never written back
@@ -144,6 +154,14 @@ func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
 		}
 	}
 	return &it, nil
+}
+
+// describeType says what a document's type field holds.
+func describeType(t json.RawMessage) string {
+	if t == nil {
+		return "missing"
+	}
+	return string(t)
 }
 
 // asSettled is the leaf of a conflicted job that settling it keeps, read
