@@ -292,6 +292,8 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		{`{"type":"WorkItem"}`, "worker is required"},
 		{`{"type":"WorkItem","worker":5}`, "worker must be a string"},
 		{`{"type":"WorkItem","worker":""}`, "worker must not be empty"},
+		{`{"type":"WorkItem","worker":"nl\nx"}`, "worker must not contain control characters"},
+		{`{"type":"WorkItem","worker":"esc\u001b[31m"}`, "worker must not contain control characters"},
 		{`{"type":"WorkItem","worker":"a","date":"tomorrow"}`, "date must be a number"},
 		{`{"type":"WorkItem","worker":"a","status":"paused"}`, "status must be one of"},
 		{`{"type":"WorkItem","worker":"a","claimed":"yes"}`, "claimed must be a boolean"},

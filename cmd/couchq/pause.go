@@ -73,6 +73,8 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 		return cli.Usagef("missing job TYPE")
 	case len(rest) > 1:
 		return cli.Usagef("want one job TYPE, got %d", len(rest))
+	case cli.CheckTypeName(rest[0]) != nil:
+		return &cli.UsageError{Err: cli.CheckTypeName(rest[0])}
 	case rest[0] == "":
 		return cli.Usagef("the job TYPE must not be empty")
 	}

@@ -130,6 +130,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (newDoc.worker === '') {
     reject('worker', 'must not be empty');
   }
+  // Control characters (a newline, a terminal's escape) in a job type
+  // would break every table that lists it, or reach the terminal of the
+  // operator who reads it.
+  if (/[\u0000-\u001f\u007f]/.test(newDoc.worker)) {
+    reject('worker', 'must not contain control characters, got ' + JSON.stringify(newDoc.worker));
+  }
   if (given(newDoc.date) && !isNum(newDoc.date)) {
     reject('date', 'must be a number of Unix seconds (or null for now), got ' + describe(newDoc.date));
   }

@@ -122,6 +122,23 @@ func PrintEnqueued(w io.Writer, it *protocol.WorkItem, dup, asJSON bool) error {
 	return err
 }
 
+// CheckTypeName refuses a job type that no couchq worker command could
+// run: one with a comma (--type a,b runs two types), surrounding spaces
+// (--type trims them) or control characters.
+func CheckTypeName(typ string) error {
+	switch {
+	case typ == "":
+		return errors.New("the job type is empty")
+	case strings.Contains(typ, ","):
+		return fmt.Errorf("job type %q has a comma: couchq worker --type a,b runs two types, so no worker command would run it", typ)
+	case strings.TrimSpace(typ) != typ:
+		return fmt.Errorf("job type %q has surrounding spaces, which couchq worker --type trims: no worker command would run it", typ)
+	case protocol.HasControl(typ):
+		return fmt.Errorf("job type %q contains control characters", typ)
+	}
+	return nil
+}
+
 // NewJob validates s and turns it into a protocol.NewJob; errors name the
 // JSON field at fault.
 func (s JobSpec) NewJob(now time.Time) (protocol.NewJob, error) {
@@ -134,6 +151,9 @@ func (s JobSpec) NewJob(now time.Time) (protocol.NewJob, error) {
 	}
 	if job.Worker == "" {
 		return job, errors.New(`"type" is required: the job type, e.g. "email"`)
+	}
+	if err := CheckTypeName(job.Worker); err != nil {
+		return job, fmt.Errorf(`invalid "type": %w`, err)
 	}
 	if strings.HasPrefix(s.ID, "_") {
 		return job, fmt.Errorf(`invalid "id" %q: ids starting with _ are reserved by CouchDB`, s.ID)

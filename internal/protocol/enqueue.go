@@ -114,6 +114,9 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 		// of a type no worker asked for.
 		return nil, fmt.Errorf("%w: worker (the job type) %q is not valid UTF-8", ErrInvalidJob, j.Worker)
 	}
+	if HasControl(j.Worker) {
+		return nil, fmt.Errorf("%w: worker (the job type) %q contains control characters", ErrInvalidJob, j.Worker)
+	}
 	if j.MaxAttempts < 0 || j.MaxAttempts > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: max attempts must be from 0 (the default) to %d, got %d", ErrInvalidJob, math.MaxInt32, j.MaxAttempts)
 	}

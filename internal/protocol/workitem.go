@@ -332,6 +332,9 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	if p.err == nil && w.Worker == "" {
 		p.fail("worker", "is required: the job type, a non-empty string")
 	}
+	if p.err == nil && HasControl(w.Worker) {
+		p.fail("worker", fmt.Sprintf("must not contain control characters, got %q", w.Worker))
+	}
 	p.num("date", &w.Date)
 	w.Payload = nonNull(raw["payload"])
 	p.boolean("claimed", &w.Claimed)
@@ -413,6 +416,14 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 		w.extra[k] = v
 	}
 	return nil
+}
+
+// HasControl reports whether s holds a control character (U+0000 to
+// U+001F, U+007F), which a job type may not: validate_doc_update refuses
+// it, as it would break the tables that list the type or reach the
+// terminal of the operator who reads it.
+func HasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // MaxNesting is how deep a job may nest objects and arrays, the document

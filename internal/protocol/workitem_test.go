@@ -55,6 +55,7 @@ func TestWorkItemMalformedNamesTheField(t *testing.T) {
 		`{"type":"WorkItem"}`:                                "worker",
 		`{"type":"WorkItem","worker":5}`:                     "worker",
 		`{"type":"WorkItem","worker":""}`:                    "worker",
+		`{"type":"WorkItem","worker":"a\u0007"}`:             "worker",
 		`{"type":"WorkItem","worker":"a","date":"tomorrow"}`: "date",
 		`{"type":"WorkItem","worker":"a","status":"paused"}`: "status",
 		`{"type":"WorkItem","worker":"a","attempts":-1}`:     "attempts",
