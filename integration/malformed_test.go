@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -972,5 +973,34 @@ func TestAJobTooLargeToClaimBlocksNoOther(t *testing.T) {
 	}
 	if it, err := tb.client.Get(tb.ctx, small.ID); err != nil || !it.Claimed {
 		t.Errorf("the small job after the round: %+v %v", it, err)
+	}
+}
+
+// A job written with its attempts used up is failed without running, not
+// run as attempt 8 of 3.
+func TestAJobWithNoAttemptsLeftDoesNotRun(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	if status, body := tb.raw(t, http.MethodPut, "/spent", `{"type":"WorkItem","worker":"w","attempts":7,"max_attempts":3}`); status != http.StatusCreated {
+		t.Fatalf("%d %s", status, body)
+	}
+	var runs atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{"w": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+		runs.Add(1)
+		return nil
+	})})
+	cfg.Drain = true
+	w, err := worker.New((*couchq.Client)(tb.client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(tb.ctx); err != nil {
+		t.Fatal(err)
+	}
+	it, err := tb.client.Get(tb.ctx, "spent")
+	if err != nil || it.Status != protocol.StatusFailed || !strings.Contains(it.LastError, "no attempts left: this would be attempt 8 of 3") {
+		t.Errorf("the job with no attempts left: %+v %v", it, err)
+	}
+	if n := runs.Load(); n != 0 {
+		t.Errorf("its handler ran %d times", n)
 	}
 }

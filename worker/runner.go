@@ -793,7 +793,15 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	}()
 	log.Debug().Msg("job started")
 	began := time.Now()
-	err := r.invokeWithSlot(ctx, job, log)
+	var err error
+	if most := w.client.MaxAttempts(item); item.Attempts > most {
+		// Written with its attempts used up (by hand, or max_attempts
+		// lowered while it waited): no attempt is left to run.
+		err = JobFail(fmt.Errorf("no attempts left: this would be attempt %d of %d", item.Attempts, most))
+		log.Warn().Int("max_attempts", most).Msg("job claimed with no attempts left: failed without running")
+	} else {
+		err = r.invokeWithSlot(ctx, job, log)
+	}
 	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
 	<-hbStopped
