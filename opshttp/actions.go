@@ -135,7 +135,14 @@ func (s *server) actionAs(do func(ctx context.Context, r *http.Request, u sessio
 			// started without the site it claims for.
 			writeAPIError(w, http.StatusConflict, "the database has sites and this server claims for none: start it with couchq serve --site NAME (or COUCHQ_SITE)")
 			return
-		case errors.Is(err, protocol.ErrInvalidJob), errors.As(err, new(*badRequest)):
+		case errors.As(err, new(*badRequest)):
+			status := http.StatusBadRequest
+			if bad := new(badRequest); errors.As(err, &bad) && bad.status != 0 {
+				status = bad.status
+			}
+			writeAPIError(w, status, err.Error())
+			return
+		case errors.Is(err, protocol.ErrInvalidJob):
 			writeAPIError(w, http.StatusBadRequest, err.Error())
 			return
 		case err != nil:

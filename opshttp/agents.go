@@ -1,6 +1,7 @@
 package opshttp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,13 +30,21 @@ import (
 //
 // A job the agent does not hold is 409 with who holds it.
 
-// badRequest is a request body an endpoint cannot use: 400.
-type badRequest struct{ err error }
+// badRequest is a request body an endpoint cannot use: 400, or status
+// when set (413 for a body too large).
+type badRequest struct {
+	err    error
+	status int
+}
 
 func (e *badRequest) Error() string { return e.err.Error() }
 
 // maxAgentBody bounds a request body (a result is stored in the job).
 const maxAgentBody = 1 << 20
+
+// minAgentLease is the shortest lease an agent may ask for: one shorter
+// runs out before the agent has heard of its claim.
+const minAgentLease = 100 * time.Millisecond
 
 // agentLeaseDefault is an agent's lease when the request gives none.
 const agentLeaseDefault = time.Hour
@@ -43,14 +52,24 @@ const agentLeaseDefault = time.Hour
 // readBody decodes r's JSON body (an empty body is {}) into v.
 func readBody(r *http.Request, v any) error {
 	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxAgentBody))
+	if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+		return &badRequest{fmt.Errorf("the request body is larger than %d bytes: store a large result elsewhere and put where in the job's result", maxAgentBody), http.StatusRequestEntityTooLarge}
+	}
 	if err != nil {
-		return &badRequest{fmt.Errorf("reading the request body: %w", err)}
+		return &badRequest{err: fmt.Errorf("reading the request body: %w", err)}
 	}
 	if len(b) == 0 {
 		return nil
 	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return &badRequest{fmt.Errorf("the request body is not the JSON object wanted: %w", err)}
+	// Unknown fields are refused: a misspelt "leese" would otherwise be
+	// the default lease, silently.
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &badRequest{err: fmt.Errorf("the request body is not the JSON object wanted: %w", err)}
+	}
+	if dec.More() {
+		return &badRequest{err: errors.New("the request body is not the JSON object wanted: more than one JSON value")}
 	}
 	return nil
 }
@@ -62,7 +81,10 @@ func parseLease(s string) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
-		return 0, &badRequest{fmt.Errorf("invalid lease %q: want a positive duration like \"1h\"", s)}
+		return 0, &badRequest{err: fmt.Errorf("invalid lease %q: want a positive duration like \"1h\"", s)}
+	}
+	if d < minAgentLease {
+		return 0, &badRequest{err: fmt.Errorf("invalid lease %q: must be at least %s", s, minAgentLease)}
 	}
 	return d, nil
 }
@@ -130,7 +152,7 @@ func (s *server) agentFail(ctx context.Context, r *http.Request, u sessionUser) 
 		return nil, err
 	}
 	if req.Error == "" {
-		return nil, &badRequest{errors.New(`"error" is required: say what went wrong`)}
+		return nil, &badRequest{err: errors.New(`"error" is required: say what went wrong`)}
 	}
 	it, err := s.heldJob(ctx, r, u, false)
 	if err != nil {
@@ -174,7 +196,7 @@ func (s *server) agentProgress(ctx context.Context, r *http.Request, u sessionUs
 		return nil, err
 	}
 	if req.Done == nil {
-		return nil, &badRequest{errors.New(`"done" is required: the units done, 0 or more`)}
+		return nil, &badRequest{err: errors.New(`"done" is required: the units done, 0 or more`)}
 	}
 	it, err := s.heldJob(ctx, r, u, false)
 	if err != nil {

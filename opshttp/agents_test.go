@@ -104,8 +104,14 @@ func TestAgentEndpoints(t *testing.T) {
 	if code, body = post("/api/jobs/doc-1/fail", alice, `{"error":"off topic","no_retry":true}`); code != http.StatusOK {
 		t.Errorf("fail: %d %s", code, body)
 	}
-	if code, body = post("/api/claim", bob, `{"type":"review","lease":"forever"}`); code != http.StatusBadRequest {
-		t.Errorf("a bad lease: %d %s", code, body)
+	for _, bad := range []string{`{"type":"review","lease":"forever"}`, `{"type":"review","lease":"1ms"}`, `{"type":"review","leese":"2h"}`} {
+		if code, body = post("/api/claim", bob, bad); code != http.StatusBadRequest {
+			t.Errorf("claim %s: %d %s, want 400", bad, code, body)
+		}
+	}
+	if code, body = post("/api/jobs/doc-1/fail", alice, `{"error":"`+strings.Repeat("x", 2<<20)+`"}`); code != http.StatusRequestEntityTooLarge ||
+		!strings.Contains(body, "larger than 1048576 bytes") {
+		t.Errorf("a body of 2 MiB: %d %.300s, want 413", code, body)
 	}
 	if code, body = post("/api/claim", bob, `{"type":"review"}`); code != http.StatusOK || !strings.Contains(body, `"doc-2"`) {
 		t.Fatalf("bob's claim: %d %s", code, body)
