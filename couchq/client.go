@@ -217,6 +217,25 @@ func (c *Client) Cancel(ctx context.Context, id, reason string) (*WorkItem, erro
 	return c.p().CancelJob(ctx, id, c.actor(), reason)
 }
 
+// Requeue returns a running job to the queue at once, without waiting for
+// its lease to run out: for a job whose worker is gone. The attempt it was
+// running stays counted. Unless force is set it is refused, with
+// ErrWrongState saying why, while someone may still be running it: its
+// worker's heartbeat is fresh, or its claimant has no heartbeat of its own
+// (an agent) and its lease runs on. Any other status is ErrWrongState too.
+func (c *Client) Requeue(ctx context.Context, id string, force bool) (*WorkItem, error) {
+	if !force {
+		it, err := c.p().Get(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("requeueing job %s: %w", id, err)
+		}
+		if err := c.p().ClaimantGone(ctx, it); err != nil {
+			return nil, fmt.Errorf("requeueing job %s: %w", id, err)
+		}
+	}
+	return c.p().Requeue(ctx, id, c.actor())
+}
+
 // Purge deletes finished jobs and returns how many.
 func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 	return c.p().Purge(ctx, opts)

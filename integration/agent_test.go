@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -145,5 +146,30 @@ func TestShellAgentExample(t *testing.T) {
 		if it.Status != status || claimedBy != "alice" {
 			t.Errorf("%s: %s, claimed by %q; want %s by alice (history %s)", id, it.Status, claimedBy, status, events(it))
 		}
+	}
+}
+
+// Requeue through the Go API refuses a job its claimant may still be
+// running (an agent whose lease runs), unless forced, as couchq requeue
+// does.
+func TestGoRequeueRefusesALiveClaimant(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	q := (*couchq.Client)(tb.client)
+	job, err := q.Enqueue(tb.ctx, couchq.NewJob{Worker: "review"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Requeue(tb.ctx, job.ID, false); !errors.Is(err, couchq.ErrWrongState) {
+		t.Errorf("requeueing a queued job: %v, want ErrWrongState", err)
+	}
+	if claim, err := q.ClaimForAgent(tb.ctx, "review", 1, "agent-7", time.Hour); err != nil || len(claim.Claimed) != 1 {
+		t.Fatalf("the agent's claim: %+v %v", claim, err)
+	}
+	if _, err := q.Requeue(tb.ctx, job.ID, false); !errors.Is(err, couchq.ErrWrongState) || !strings.Contains(err.Error(), "its lease runs") {
+		t.Errorf("requeueing the job an agent holds: %v, want ErrWrongState naming its lease", err)
+	}
+	it, err := q.Requeue(tb.ctx, job.ID, true)
+	if err != nil || it.Status != couchq.StatusQueued || it.Claimed {
+		t.Errorf("requeueing it with force: %+v %v", it, err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/rs/zerolog"
 
@@ -54,23 +53,6 @@ func printActed(w io.Writer, it *protocol.WorkItem, asJSON bool, format string, 
 	}
 	_, err := fmt.Fprintf(w, format+"\n", args...)
 	return err
-}
-
-// claimantAlive reports whether the worker process that signed claimant
-// still heartbeats (protocol.WorkerInfo.Liveness). A claimant with no
-// registry document is not alive. age is the heartbeat's age in seconds.
-func claimantAlive(ctx context.Context, q *protocol.Client, claimant string, now time.Time) (alive, registered bool, age float64, err error) {
-	workers, err := q.Workers(ctx)
-	if err != nil {
-		return false, false, 0, err
-	}
-	for _, w := range workers {
-		if w.Claimant == claimant {
-			alive, age = w.Liveness(now)
-			return alive, true, age, nil
-		}
-	}
-	return false, false, 0, nil
 }
 
 // openJob is how every one-job command (cancel, requeue) starts: parse the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/rs/zerolog"
@@ -37,21 +38,12 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 		return err
 	}
 	defer closeQueue()
-	if before != nil && before.Status == protocol.StatusRunning && before.ClaimedBy != "" && !force {
-		alive, registered, age, err := claimantAlive(ctx, q, before.ClaimedBy, m.Now())
-		if err != nil {
-			return cli.ServerError(conn.URL, fmt.Errorf("requeueing job %s: checking its worker: %w", id, err))
-		}
-		if alive {
-			return fmt.Errorf("requeueing job %s: %w: its worker %s is alive (last heartbeat %s ago); requeueing would run it twice at once (--force to do it anyway)",
-				id, protocol.ErrWrongState, before.ClaimedBy, fmtSeconds(age))
-		}
-		// A claimant with no heartbeat of its own (an agent, which claims
-		// through couchq claim or the agents' API) is alive for all anyone
-		// knows until its lease runs out.
-		if left := before.Lease().Sub(m.Now()); !registered && left > 0 {
-			return fmt.Errorf("requeueing job %s: %w: its claimant %s has no worker heartbeat (an agent, say) and its lease runs %s more; requeueing would run it twice at once (wait for the lease, or --force to do it anyway)",
-				id, protocol.ErrWrongState, before.ClaimedBy, fmtSeconds(left.Seconds()))
+	if before != nil && !force {
+		if err := q.ClaimantGone(ctx, before); err != nil {
+			if errors.Is(err, protocol.ErrWrongState) {
+				return fmt.Errorf("requeueing job %s: %w (--force to do it anyway)", id, err)
+			}
+			return cli.ServerError(conn.URL, fmt.Errorf("requeueing job %s: %w", id, err))
 		}
 	}
 	it, err := q.Requeue(ctx, id, q.Config().Actor)

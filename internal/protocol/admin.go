@@ -151,6 +151,43 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 	return it, err
 }
 
+// ClaimantGone returns nil when nobody may still be running it: it is not
+// running, or its claimant's worker has stopped beating. Otherwise an
+// ErrWrongState says who may be: a worker whose heartbeat is fresh, or a
+// claimant with no heartbeat of its own (an agent, which claims through
+// couchq claim or the agents' API), alive for all anyone knows until its
+// lease runs out. Requeueing such a job would run it twice at once.
+func (c *Client) ClaimantGone(ctx context.Context, it *WorkItem) error {
+	if it.Status != StatusRunning || it.ClaimedBy == "" {
+		return nil
+	}
+	workers, err := c.Workers(ctx)
+	if err != nil {
+		return fmt.Errorf("checking the worker of job %s: %w", it.ID, err)
+	}
+	now := c.now()
+	for _, w := range workers {
+		if w.Claimant != it.ClaimedBy {
+			continue
+		}
+		if alive, age := w.Liveness(now); alive {
+			return fmt.Errorf("%w: its worker %s is alive (last heartbeat %s ago); requeueing would run it twice at once",
+				ErrWrongState, it.ClaimedBy, seconds(age))
+		}
+		return nil
+	}
+	if left := it.Lease().Sub(now); left > 0 {
+		return fmt.Errorf("%w: its claimant %s has no worker heartbeat (an agent, say) and its lease runs %s more; requeueing would run it twice at once: wait for the lease to run out",
+			ErrWrongState, it.ClaimedBy, seconds(left.Seconds()))
+	}
+	return nil
+}
+
+// seconds is s seconds, rounded to the second, as a duration reads.
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Second).String()
+}
+
 // Requeue returns a running job whose worker is gone to the queue at once,
 // without waiting for its lease to run out. The attempt it was running
 // stays counted.
