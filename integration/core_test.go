@@ -649,3 +649,19 @@ func TestNotFoundIsAJobsAbsenceNotTheDatabases(t *testing.T) {
 		t.Errorf("cancelling a job of a database deleted: %v, want no ErrNotFound", err)
 	}
 }
+
+// Bad arguments of the Go API get a clear error: a status that is none,
+// an id a document already has.
+func TestListAndEnqueueRefuseWhatCannotBe(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	if _, err := tb.client.List(tb.ctx, protocol.ListOptions{Status: "bogus"}); err == nil || !strings.Contains(err.Error(), `status "bogus" is none of waiting, queued`) {
+		t.Errorf("listing status bogus: %v", err)
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", ID: "job:mine"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "w", ID: "job:mine"})
+	if err == nil || !strings.Contains(err.Error(), "job:mine: a document with this id already exists") || kivik.HTTPStatus(err) != http.StatusConflict {
+		t.Errorf("enqueueing under an id taken: %v", err)
+	}
+}

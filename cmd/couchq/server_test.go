@@ -211,7 +211,7 @@ func TestEnqueueListShow(t *testing.T) {
 	if e.ID != "report-1" || e.Type != "report" || e.Rev == "" || e.DueAt == nil || time.Until(*e.DueAt) < 59*time.Minute {
 		t.Errorf("enqueue --json: %+v", e)
 	}
-	expect(t, c.run(t, "enqueue", "--type", "report", "--id", "report-1"), exitFailure, "report-1 already exists", "HTTP 409")
+	expect(t, c.run(t, "enqueue", "--type", "report", "--id", "report-1"), exitFailure, "job report-1: a document with this id already exists", "HTTP 409")
 
 	r = c.run(t, "ls")
 	expect(t, r, exitOK)

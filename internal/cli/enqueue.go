@@ -67,10 +67,8 @@ func EnqueueOne(ctx context.Context, q *protocol.Client, job protocol.NewJob) (i
 		return it, true, nil
 	case errors.Is(err, protocol.ErrInvalidJob):
 		return nil, false, &UsageError{Err: err}
-	case kivik.HTTPStatus(err) == http.StatusConflict && !IsNetError(err):
-		return nil, false, fmt.Errorf("a document with id %s already exists: %w", job.ID, err)
 	}
-	return nil, false, err
+	return nil, false, err // a document with the id already there says so
 }
 
 // NoteNoSites says on w that jobs for sites were stored in a database

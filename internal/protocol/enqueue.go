@@ -303,6 +303,9 @@ func refusedJob(err error) error {
 		return fmt.Errorf("%w: larger than the server takes (its max_document_size, or max_http_request_size for a request of several jobs): %w", ErrInvalidJob, err)
 	case isStatus(err, http.StatusForbidden) && strings.Contains(err.Error(), "invalid WorkItem"):
 		return fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	case isStatus(err, http.StatusConflict):
+		// An id of the caller's own (NewJob.ID) that a document has.
+		return fmt.Errorf("a document with this id already exists: %w", err)
 	}
 	return err
 }

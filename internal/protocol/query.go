@@ -156,6 +156,15 @@ func (c *Client) Get(ctx context.Context, id string) (*WorkItem, error) {
 	return &it, nil
 }
 
+// statusNames lists the statuses, comma-separated.
+func statusNames() string {
+	names := make([]string, 0, len(Statuses()))
+	for _, s := range Statuses() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
+}
+
 // describeType says what a document's type field holds.
 func describeType(t json.RawMessage) string {
 	if t == nil {
@@ -219,6 +228,9 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (*Batch, error) {
 // rows the view gave: conflicted jobs that will not settle as opts.Status
 // are left out of the batch but still take a row.
 func (c *Client) listFrom(ctx context.Context, opts ListOptions, skip int) (*Batch, int, error) {
+	if opts.Status != "" && !opts.Status.Valid() {
+		return nil, 0, fmt.Errorf("listing jobs: status %q is none of %s", opts.Status, statusNames())
+	}
 	if opts.Limit <= 0 {
 		opts.Limit = 100
 	}
