@@ -14,7 +14,7 @@ import (
 	"github.com/couchq/couchq/internal/protocol"
 )
 
-// Defaults for Config.
+// Defaults for Config, and the database couchq's commands use.
 const (
 	// MaxAttemptsDefault is how many times a job runs before it stays
 	// failed, for jobs that do not say.
@@ -58,9 +58,11 @@ type Config struct {
 	// site's unless NewJob.Site names another. Empty in a single database.
 	Site string
 	// BeforeEnqueue hooks run, in order, on every job the client enqueues
-	// (Enqueue, EnqueueMany, unique jobs, and the periodic jobs of workers
+	// (Enqueue, EnqueueMany, EnqueueBatch and its callback, unique jobs,
+	// the children a handler enqueues, and the periodic jobs of workers
 	// given the client) before it is checked and stored, with the
-	// caller's context: they may set its fields, such as a tenant in
+	// caller's context (for a child the handler's, for a periodic job the
+	// worker's, which carries none of the application's values): they may set its fields, such as a tenant in
 	// Extra or the caller's trace context in Trace (otelcouchq's
 	// EnqueueHook). A hook's error refuses the job, wrapped in an error
 	// that names the hook's place in the list.

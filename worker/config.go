@@ -49,7 +49,8 @@ type Config struct {
 	// Concurrency is how many jobs of each type run at once.
 	Concurrency int
 	// LeaseDuration is how long a claim holds without renewal. A worker
-	// that dies loses its jobs to the sweeper within about this long.
+	// that dies loses its jobs to the sweeper within about 1.5 times this
+	// (the lease, then up to a sweep interval).
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often running jobs' leases are renewed and
 	// the worker's registry document is updated; default LeaseDuration/3.
