@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
 
@@ -142,5 +144,25 @@ func eventually(ctx context.Context, t *testing.T, what string, cond func() bool
 			t.Fatalf("waited in vain for %s", what)
 		}
 		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// A job for a site, enqueued through the Go API in a database with no
+// sites document, is stored (a producer not linked yet), and the client
+// says once that no worker there runs it.
+func TestSitedJobInADatabaseWithoutSitesIsSaid(t *testing.T) {
+	var logged strings.Builder // written by this goroutine's calls only
+	tb := setup(t, protocol.Config{})
+	q, err := protocol.New(tb.ctx, tb.db, protocol.Config{Logger: zerolog.New(&logged)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if it, err := q.Enqueue(tb.ctx, protocol.NewJob{Worker: "any", Site: "mars"}); err != nil || it.Site != "mars" {
+			t.Fatalf("a job for site mars: %+v %v", it, err)
+		}
+	}
+	if n := strings.Count(logged.String(), "no worker here runs them"); n != 1 {
+		t.Errorf("warned %d times, want once:\n%s", n, logged.String())
 	}
 }

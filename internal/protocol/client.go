@@ -148,6 +148,9 @@ type Client struct {
 	membershipDenied sync.Once
 	// sites is what the client last read of the sites document (sites.go).
 	sites atomic.Pointer[siteState]
+	// warnedNoSites is set once the client has warned that it stored jobs
+	// for a site in a database without sites (checkSites).
+	warnedNoSites atomic.Bool
 	// flow is what the client knows of the database's waiting jobs (flow.go).
 	flow flowState
 }

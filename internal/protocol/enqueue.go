@@ -41,7 +41,11 @@ type NewJob struct {
 	Unique UniqueOpts
 	// Site names the job's owner, the one site whose workers may run it,
 	// in a database of several sites (sites.go). Empty means the
-	// enqueueing client's site (Config.Site), else the default site.
+	// enqueueing client's site (Config.Site), else the default site. A
+	// site the sites document does not list is refused; in a database
+	// with no sites document (a producer not linked yet) the job is
+	// stored, no worker there runs it, and the client logs a warning
+	// once.
 	Site string
 	// Trace is the W3C trace context the job's run continues (see
 	// WorkItem.Trace); an enqueue hook (Config.BeforeEnqueue) such as

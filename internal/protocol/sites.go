@@ -189,6 +189,13 @@ func (c *Client) checkSites(ctx context.Context, items []*WorkItem) []error {
 		return errs
 	}
 	if err := c.loadSites(ctx); err == nil && !slices.ContainsFunc(items, unlisted) {
+		if !c.siteView().multi && !c.warnedNoSites.Swap(true) {
+			// Right for a producer not linked yet; in a database that is
+			// no site, nothing will ever run these jobs.
+			i := slices.IndexFunc(items, sited)
+			c.log.Warn().Str("site", items[i].Site).Str("worker", items[i].Worker).
+				Msg("enqueueing jobs for a site in a database without sites: no worker here runs them, only the site's once a link carries them there (couchq sites link); said once per client")
+		}
 		return errs
 	}
 	if err := c.RefreshSites(ctx); err != nil {
