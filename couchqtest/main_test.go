@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/couchqtest"
 	"github.com/couchq/couchq/internal/couchtest"
 )
 
@@ -38,15 +39,7 @@ func openQueue(t *testing.T) (context.Context, *couchq.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := srv.UniqueDBName(t)
-	if err := s.Init(ctx, db, couchq.InitOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	q, err := s.Open(ctx, db, couchq.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ctx, q
+	return ctx, couchqtest.NewQueue(ctx, t, s, couchq.Config{})
 }
 
 // fakeTB records what a helper reports instead of failing the test, so
