@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
@@ -105,7 +107,7 @@ func (m *Main) parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, flag.ErrHelp
 		}
 		if err != nil {
-			return nil, &cli.UsageError{Err: err}
+			return nil, &cli.UsageError{Err: flagValueError(fs, err)}
 		}
 		rest := fs.Args()
 		consumed := len(args) - len(rest)
@@ -118,6 +120,38 @@ func (m *Main) parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// badFlagValue matches the flag package's error for a value its type
+// cannot parse, which says only "parse error".
+var badFlagValue = regexp.MustCompile(`^invalid value "(.*)" for flag -(\S+): parse error$`)
+
+// flagValueError says what a flag of fs wants, where the flag package's
+// error says only that its value did not parse.
+func flagValueError(fs *flag.FlagSet, err error) error {
+	m := badFlagValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	f := fs.Lookup(m[2])
+	if f == nil {
+		return err
+	}
+	getter, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err
+	}
+	switch getter.Get().(type) {
+	case time.Duration:
+		return fmt.Errorf("invalid --%s %q: want a duration such as 90s, 10m or 2h", m[2], m[1])
+	case int, int64, uint, uint64:
+		return fmt.Errorf("invalid --%s %q: want a whole number", m[2], m[1])
+	case float64:
+		return fmt.Errorf("invalid --%s %q: want a number", m[2], m[1])
+	case bool:
+		return fmt.Errorf("invalid --%s %q: want true or false", m[2], m[1])
+	}
+	return err
 }
 
 // resolve fills in the defaults from the environment and validates the

@@ -50,6 +50,8 @@ func TestUsageErrors(t *testing.T) {
 		{"type with a newline", "", []string{"enqueue", "--type", "nl\nx"}, `job type "nl\nx" contains control characters`},
 		{"file line type with a comma", `{"type":"a,b"}`, []string{"enqueue", "--file", "-"}, `stdin:1: invalid "type": job type "a,b" has a comma`},
 		{"pause type with a comma", "", []string{"pause", "a,b"}, `job type "a,b" has a comma`},
+		{"lease not a duration", "", []string{"worker", "--type", "a", "--handler", "noop", "--lease", "5x"}, `invalid --lease "5x": want a duration such as 90s`},
+		{"priority not whole", "", []string{"enqueue", "--type", "x", "--priority", "1.5"}, `invalid --priority "1.5": want a whole number`},
 		{"pause without type", "", []string{"pause"}, "missing job TYPE"},
 		{"periodic without subcommand", "", []string{"periodic"}, "missing subcommand"},
 		{"periodic unknown subcommand", "", []string{"periodic", "rm"}, `unknown subcommand "rm"`},
