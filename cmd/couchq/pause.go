@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/rs/zerolog"
 
@@ -87,6 +88,9 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 		return err
 	}
 	defer closeQueue()
+	if paused && at == "" {
+		m.noteUnknownType(ctx, q, typ)
+	}
 	if paused {
 		err = q.PauseAt(ctx, at, typ, q.Config().Actor, reason)
 	} else {
@@ -115,4 +119,24 @@ func (m *Main) setPaused(ctx context.Context, log zerolog.Logger, args []string,
 		_, err = fmt.Fprintf(m.Stdout, "resumed %s\n", typ)
 	}
 	return err
+}
+
+// noteUnknownType says on stderr when no job and no worker of typ is
+// known here: a pause of a misspelt type would otherwise pass unnoticed.
+// Pausing it still goes ahead (a type may be paused before its first
+// job); a failed look says nothing.
+func (m *Main) noteUnknownType(ctx context.Context, q *protocol.Client, typ string) {
+	if b, err := q.List(ctx, protocol.ListOptions{Worker: typ, Limit: 1}); err != nil || len(b.Items)+len(b.Malformed) > 0 {
+		return
+	}
+	workers, err := q.Workers(ctx)
+	if err != nil {
+		return
+	}
+	for _, w := range workers {
+		if slices.Contains(w.Types, typ) {
+			return
+		}
+	}
+	fmt.Fprintf(m.Stderr, "note: no job and no worker of type %s is known here (a typo?); pausing it anyway, so that its jobs wait once they come\n", typ)
 }

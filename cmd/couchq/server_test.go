@@ -645,6 +645,12 @@ func TestPauseResume(t *testing.T) {
 	if got := strings.TrimSpace(r.stdout); got != "paused mail: its workers stop claiming it; the jobs they hold finish" {
 		t.Fatalf("pause printed %q", got)
 	}
+	if strings.Contains(r.stderr, "note:") {
+		t.Errorf("pause of a type with jobs noted: %s", r.stderr)
+	}
+	// A type nothing here knows is paused too, with a note (a typo?).
+	expect(t, c.run(t, "pause", "emial"), exitOK, "note: no job and no worker of type emial is known here (a typo?)")
+	expect(t, c.run(t, "resume", "emial"), exitOK)
 	r = c.run(t, "ls")
 	expect(t, r, exitOK)
 	if !strings.Contains(r.stdout, "paused: mail (their workers claim nothing; 'couchq resume TYPE')") {
