@@ -616,6 +616,12 @@ func TestBatchCancel(t *testing.T) {
 	if err != nil || n != 12 {
 		t.Fatalf("cancelled %d (%v)", n, err)
 	}
+	if n, err := tb.client.CancelBatch(tb.ctx, id, "test", ""); err != nil || n != 0 {
+		t.Errorf("cancelling the cancelled batch again: %d %v, want 0 and no error", n, err)
+	}
+	if _, err := tb.client.CancelBatch(tb.ctx, "batch:none", "test", ""); !errors.Is(err, protocol.ErrNotFound) {
+		t.Errorf("cancelling a batch that never was: %v, want ErrNotFound", err)
+	}
 	select {
 	case p := <-ran:
 		if !strings.Contains(p, `"cancelled":12`) {

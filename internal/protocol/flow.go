@@ -1655,6 +1655,13 @@ func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, e
 	if _, err := c.releaseReady(ctx, []string{BatchCallbackID(id)}, by); err != nil {
 		return n, err
 	}
+	if n == 0 {
+		// Nothing to cancel: a batch that had finished, or none at all,
+		// which Batch says (a mistyped id must not read as done).
+		if _, err := c.Batch(ctx, id); errors.Is(err, ErrNotFound) {
+			return 0, err
+		}
+	}
 	return n, nil
 }
 
