@@ -1523,3 +1523,59 @@ func TestClusterCancelThroughAMinoritySaysItMayNotStand(t *testing.T) {
 	}
 	waitStored(t, cb.clients[0], ids[0], func(it *protocol.WorkItem) bool { return it.Status == protocol.StatusCancelled })
 }
+
+// A worker given every node's URL whose node is cut off from the rest of
+// the cluster moves to the majority side and runs the jobs enqueued there
+// during the cut: the node still answers, but stores its writes on its own
+// copies only (202) and its reads may wait for copies it cannot reach,
+// and a worker that stayed would run nothing until the cut healed.
+func TestClusterWorkerLeavesANodeCutOff(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	urls := cb.cl.NodeURLs()
+	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",") // node 3 first
+	// The node's writes answer 202 (stored on its copies only), or its
+	// reads, which ask the other copies, time out: either moves the worker.
+	moved := &lineCounter{phrase: "the next requests go to the next node", t: t}
+	log := zerolog.New(moved).Level(zerolog.WarnLevel)
+	hc := protocol.NewHTTPClient()
+	fo, err := protocol.NewFailover(hc.Transport, protocol.SplitNodeURLs(list), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.Transport = fo
+	user, password := cb.cl.Node(1).Credentials()
+	srv, err := protocol.ConnectHTTP(cb.ctx, list, user, password, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := srv.Open(cb.ctx, cb.dbName, protocol.Config{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rc runCounter
+	cfg := clusterWorker(log, map[string]worker.Handler{"cut": rc.handler("cut")})
+	cfg.ID = "cut"
+	runWorker(t, cb.ctx, client, cfg)
+	waitAllDone(t, cb.clients[0], cb.enqueue(t, "cut", 10), time.Minute)
+	if fo.Node() != urls[2] {
+		t.Fatalf("requests went to %s before the cut, want node 3's %s", fo.Node(), urls[2])
+	}
+	if err := cb.cl.Partition(cb.ctx, 3); err != nil {
+		t.Skipf("cannot cut a node off on this machine (tc on the loopback device needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = cb.cl.Heal(context.Background(), 3) })
+	during := cb.enqueue(t, "cut", 30) // through node 1, the majority side
+	waitAllDone(t, cb.clients[0], during, 2*time.Minute)
+	if fo.Node() == urls[2] {
+		t.Fatal("requests still go to the node cut off")
+	}
+	if moved.n.Load() == 0 {
+		t.Error("the move off the node cut off was not logged")
+	}
+	if err := cb.cl.Heal(cb.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if twice := rc.twice(); len(twice) > 0 {
+		t.Logf("jobs run more than once (a claim the cut caught): %v", twice)
+	}
+}

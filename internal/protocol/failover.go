@@ -35,7 +35,18 @@ type Failover struct {
 	mu     sync.Mutex
 	cur    int
 	warned map[int]time.Time
+	// accepted counts the writes in a row the node in use answered 202:
+	// stored on fewer copies than asked (minorityWrites).
+	accepted int
 }
+
+// minorityWrites is how many writes in a row answered 202 Accepted make
+// Failover move to the next node. A node cut off from the rest of its
+// cluster still answers, and stores every write on its own copies only:
+// requests that stayed there would run nothing for as long as the cut
+// lasts, while the majority side could. One 202 alone is no sign of that:
+// a write can find a copy that has not yet taken the document it changes.
+const minorityWrites = 3
 
 // NewFailover returns a Failover over next (nil: http.DefaultTransport) for
 // the given node URLs (credentials in them are ignored: the client sends
@@ -97,6 +108,7 @@ func (f *Failover) RoundTrip(req *http.Request) (*http.Response, error) {
 			if k > 0 {
 				f.use(i)
 			}
+			f.noteWrite(i, resp.StatusCode)
 			return resp, nil
 		}
 		if errors.Is(req.Context().Err(), context.DeadlineExceeded) && len(f.nodes) > 1 {
@@ -124,12 +136,40 @@ func unreached(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
+// noteWrite counts node i's 202 answers in a row, and moves to the next
+// node after minorityWrites of them (see minorityWrites). Other answers of
+// a write (201) end the run; reads (200) leave it as it is.
+func (f *Failover) noteWrite(i, status int) {
+	if len(f.nodes) < 2 || (status != http.StatusAccepted && status != http.StatusCreated) {
+		return
+	}
+	f.mu.Lock()
+	if f.cur != i {
+		f.mu.Unlock()
+		return // an answer from a node already left
+	}
+	if status == http.StatusCreated {
+		f.accepted = 0
+		f.mu.Unlock()
+		return
+	}
+	f.accepted++
+	move := f.accepted >= minorityWrites
+	f.mu.Unlock()
+	if move {
+		f.warnOnce(i, fmt.Errorf("%d writes in a row stored on fewer copies than asked (202 Accepted)", minorityWrites),
+			"CouchDB node may be cut off from the rest of its cluster; the next requests go to the next node (reported at most once a minute per node)")
+		f.use((i + 1) % len(f.nodes))
+	}
+}
+
 func (f *Failover) use(i int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cur != i {
 		f.log.Info().Str("node", f.nodes[i].String()).Msg("CouchDB requests now go to this node")
 		f.cur = i
+		f.accepted = 0
 	}
 }
 

@@ -127,6 +127,62 @@ func TestFailoverLeavesAHungNode(t *testing.T) {
 	}
 }
 
+// A node that stores writes on fewer copies than asked (202), as one cut
+// off from the rest of its cluster does, is left after a few in a row; a
+// lone 202 among 201s is not enough, and reads do not count.
+func TestFailoverLeavesANodeInTheMinority(t *testing.T) {
+	var minorityStatus atomic.Int32
+	minorityStatus.Store(http.StatusAccepted)
+	minority := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return // a read: 200
+		}
+		w.WriteHeader(int(minorityStatus.Load()))
+	}))
+	defer minority.Close()
+	var served atomic.Int32
+	majority := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer majority.Close()
+	var logged bytes.Buffer
+	f, err := NewFailover(nil, []string{minority.URL, majority.URL}, zerolog.New(&logged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: f}
+	do := func(method string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, minority.URL+"/db/job", strings.NewReader(`{}`))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	// 202, 201, 202, GET, 202: never three writes in a row.
+	for _, step := range []int32{http.StatusAccepted, http.StatusCreated, http.StatusAccepted, 0, http.StatusAccepted} {
+		if step == 0 {
+			do(http.MethodGet)
+			continue
+		}
+		minorityStatus.Store(step)
+		do(http.MethodPut)
+	}
+	if f.Node() != minority.URL {
+		t.Fatalf("left the node after writes of 202 that were not in a row")
+	}
+	do(http.MethodPut) // the third 202 in a row (the GET did not count)
+	if f.Node() != majority.URL || !strings.Contains(logged.String(), "may be cut off from the rest of its cluster") {
+		t.Fatalf("node in use %s after three 202s in a row; log:\n%s", f.Node(), logged.String())
+	}
+	if code := do(http.MethodPut); code != http.StatusCreated || served.Load() != 1 {
+		t.Errorf("the next write: %d, served by the majority node %d times", code, served.Load())
+	}
+}
+
 // One URL with a trailing comma is one node; a URL is shown as given
 // unless it carries a password to hide.
 func TestOneNodeURLsAndRedact(t *testing.T) {
