@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
 )
@@ -749,5 +750,84 @@ func TestProducerMaxAttemptsIsStoredInItsJobs(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if n := runs.Load(); n != 2 {
 		t.Errorf("the job of a producer with MaxAttempts 2 ran %d times", n)
+	}
+}
+
+// A job whose handler succeeds while CouchDB is down, for longer than a
+// lease and than the write of an outcome used to be tried, runs once: the
+// worker keeps its outcome and writes it when CouchDB answers again, and
+// its own sweep does not return the job it holds to the queue as a dead
+// claimant's.
+func TestAnOutcomeOutlivesAnOutage(t *testing.T) {
+	site := server.NewSite(t)
+	if site.Caps().Vendor != "couchdb" {
+		couchtest.Skip(t, "stopping a server mid-test needs a local Apache CouchDB release")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	user, password := site.Credentials()
+	conn, err := protocol.Connect(ctx, site.URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := protocol.Init(ctx, conn.Client, "outage", zerolog.Nop()); err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	client, err := conn.Open(ctx, "outage", protocol.Config{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}, 4), make(chan struct{})
+	var runs atomic.Int32
+	w, err := worker.New((*couchq.Client)(client), worker.Config{
+		Handlers: map[string]worker.Handler{"slow": worker.HandlerFunc(func(context.Context, *worker.Job) error {
+			runs.Add(1)
+			started <- struct{}{}
+			<-release
+			return nil
+		})},
+		LeaseDuration: 3 * time.Second, HeartbeatInterval: time.Second, SweepInterval: 500 * time.Millisecond,
+		QueryTimeout: 2 * time.Second, FeedTimeout: 2 * time.Second, FallbackPoll: time.Second, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop(context.Background()) }()
+	job, err := client.Enqueue(ctx, protocol.NewJob{Worker: "slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := site.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(release)               // the handler succeeds while CouchDB is down
+	time.Sleep(35 * time.Second) // past the lease, and the 30 s an outcome used to be tried
+	if err := site.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		it, err := client.Get(ctx, job.ID)
+		if err == nil && it.Status == protocol.StatusDone {
+			for _, e := range it.History {
+				if e.Event == protocol.EventLeaseExpired {
+					t.Errorf("the job's lease was swept while its worker held it: %+v", it.History)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job is not done after the outage: %+v %v", it, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // a second run, if any, would have started
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the job ran %d times across the outage, want once", n)
 	}
 }

@@ -25,9 +25,16 @@ const (
 	maxUnrepairable = 900
 )
 
-// finishTimeout bounds the write that records a job's outcome. It runs on a
-// context detached from shutdown so a stopping worker still records results.
+// finishTimeout bounds the writes that follow a job's outcome (and the
+// release of a job at shutdown). They run on a context detached from
+// shutdown so a stopping worker still records results.
 const finishTimeout = 30 * time.Second
+
+// outcomeTimeout bounds how long a worker tries to write a job's outcome
+// while CouchDB does not answer. The worker still holds the job meanwhile
+// (its own sweeps leave it alone), so an outage shorter than this costs
+// no second run of a job that ran; past it the job's lease decides.
+const outcomeTimeout = 10 * time.Minute
 
 // runner claims and runs jobs of one type.
 type runner struct {
@@ -842,14 +849,16 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		// outcome is written.
 		look = w.client.LookForDependents(fctx, item.ID)
 	}
-	if ferr := r.finish(fctx, item, job, err); ferr != nil {
+	octx, cancelOutcome := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
+	defer cancelOutcome()
+	if ferr := r.finish(octx, item, job, err); ferr != nil {
 		if errors.Is(ferr, protocol.ErrClaimLost) {
 			w.stats.lost.Add(1)
 			w.cfg.Metrics.claimsLostBy(r.typ, LostLease, 1)
 			log.Warn().Err(ferr).Msg("result refused: the claim was lost (swept or cancelled) before it was written")
 			return
 		}
-		log.Error().Err(ferr).Msg("could not record the job's outcome; the sweeper will retry it")
+		log.Error().Err(ferr).Msg("could not record the job's outcome: once its lease has run out a sweep returns it to the queue, and it runs again")
 		return
 	}
 	if item.Status.Terminal() {
@@ -962,7 +971,9 @@ func (r *runner) persist(ctx context.Context, item *protocol.WorkItem, deletes b
 		case permanent(err):
 			return err
 		}
-		r.w.log.Warn().Err(err).Str("job", item.ID).Dur("retry_in", backoff).Msg("recording the job's outcome failed; retrying")
+		if attempt%30 == 0 { // the first, then about every minute of a long outage
+			r.w.log.Warn().Err(err).Str("job", item.ID).Dur("retry_in", backoff).Int("tries", attempt+1).Msg("recording the job's outcome failed; retrying")
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -970,7 +981,7 @@ func (r *runner) persist(ctx context.Context, item *protocol.WorkItem, deletes b
 			return err
 		case <-t.C:
 		}
-		backoff = min(backoff*2, time.Second)
+		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 

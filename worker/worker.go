@@ -571,6 +571,20 @@ func (w *Worker) settle(ctx context.Context, quiet time.Duration) bool {
 	return err == nil && lerr == nil
 }
 
+// holds reports whether this worker still holds job id under claimant:
+// its handler runs, or its outcome waits to be written. Its sweeps leave
+// such a job alone even when its lease ran out (CouchDB was down, say):
+// the worker writes the outcome or renews the lease once it can.
+func (w *Worker) holds(id, claimant string) bool {
+	if claimant != w.by {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.running[id]
+	return ok
+}
+
 // sweepLoop returns expired claims to the queue every SweepInterval.
 // A drain sweeps at once (now): cron runs of --drain may be every worker
 // there is, and each may end before a sweep interval has passed. swept is
@@ -588,7 +602,7 @@ func (w *Worker) sweepLoop(ctx context.Context, now bool, swept func()) {
 			return
 		}
 		sctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-		res, err := w.client.Sweep(sctx, w.by, 0)
+		res, err := w.client.SweepHolding(sctx, w.by, 0, w.holds)
 		cancel()
 		swept()
 		if err != nil {

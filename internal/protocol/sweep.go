@@ -52,10 +52,20 @@ type SweepResult struct {
 // one revision, and a conflict between two finished branches has no
 // expired claim to lead the sweeper to it.
 func (c *Client) Sweep(ctx context.Context, by string, limit int) (SweepResult, error) {
+	return c.SweepHolding(ctx, by, limit, nil)
+}
+
+// SweepHolding is Sweep by a worker that holds jobs itself: an expired
+// claim for which holds(id, claimant) is true is left alone. A worker
+// whose lease ran out while CouchDB was down still holds the job, and
+// writes its outcome (or renews it) once CouchDB answers again: its own
+// sweep must not return it to the queue as a dead claimant's first, which
+// would run it again.
+func (c *Client) SweepHolding(ctx context.Context, by string, limit int, holds func(id, claimant string) bool) (SweepResult, error) {
 	if limit <= 0 {
 		limit = 500
 	}
-	res, err := c.sweepLeases(ctx, by, limit)
+	res, err := c.sweepLeases(ctx, by, limit, holds)
 	if err != nil {
 		return res, err
 	}
@@ -116,7 +126,7 @@ func (c *Client) settleConflicts(ctx context.Context, by string, limit int, res 
 }
 
 // sweepLeases is Sweep's first half: expired and malformed claims.
-func (c *Client) sweepLeases(ctx context.Context, by string, limit int) (SweepResult, error) {
+func (c *Client) sweepLeases(ctx context.Context, by string, limit int, holds func(id, claimant string) bool) (SweepResult, error) {
 	var res SweepResult
 	now := c.now()
 	// Malformed claims sort first (a lease that is not a number reads as
@@ -144,7 +154,11 @@ func (c *Client) sweepLeases(ctx context.Context, by string, limit int) (SweepRe
 			}
 			repaired++
 		}
-		if err := c.sweepItems(ctx, by, now, batch.Items, &res); err != nil {
+		items := batch.Items
+		if holds != nil {
+			items = slices.DeleteFunc(slices.Clone(items), func(it *WorkItem) bool { return holds(it.ID, it.ClaimedBy) })
+		}
+		if err := c.sweepItems(ctx, by, now, items, &res); err != nil {
 			return res, err
 		}
 		if len(batch.Items) > 0 || repaired == 0 || len(batch.Malformed) < limit {
