@@ -140,12 +140,15 @@ func (e *Exec) Handle(ctx context.Context, job *worker.Job) error {
 	cmd.Stderr = stderr
 	cmd.WaitDelay = grace
 	useProcessGroup(cmd)
+	unlock := dieWithWorker(cmd)
 
 	if err := cmd.Start(); err != nil {
+		unlock()
 		return fmt.Errorf("exec %s: starting: %w", name, err)
 	}
 	waitErr := cmd.Wait()
 	killProcessGroup(cmd)
+	unlock()
 
 	// ErrWaitDelay alone means the command exited 0 but left processes
 	// holding its output open; the command itself succeeded.

@@ -71,6 +71,7 @@ func TestProcesses(t *testing.T) {
 		run  func(t *testing.T, bin string)
 	}{
 		{"KilledWorkerJobsRunElsewhere", testKilledWorker},
+		{"KilledWorkerTakesItsCommand", testKilledWorkerCommand},
 		{"FrozenWorkerResultRefused", testFrozenWorker},
 		{"ServerRestartMidRun", testServerRestart},
 		{"GracefulShutdown", testGracefulShutdown},
@@ -1034,4 +1035,47 @@ printf '{"id":"%s","attempt":%s,"arg":"%s"}\n' "$COUCHQ_JOB_ID" "$COUCHQ_ATTEMPT
 	if l, ok := procs[0].findLog("attempt failed", "hook-500"); !ok || l.str("level") != "warn" || l.str("status") != "failed" {
 		t.Errorf("the webhook worker's log of the final failure: %v", l)
 	}
+}
+
+// A worker killed outright (kill -9) takes the exec command it ran with it
+// (on Linux), rather than leave it running beside the job's next run once
+// the lease has run out.
+func testKilledWorkerCommand(t *testing.T, bin string) {
+	if runtime.GOOS != "linux" {
+		t.Skip("only Linux kills a child with its parent (Pdeathsig)")
+	}
+	tb := setup(t, protocol.Config{})
+	dir := t.TempDir()
+	script := filepath.Join(dir, "job.sh")
+	// exec so that the command is the shell's own process: sleep itself.
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho $$ > \"$PIDDIR/pid\"\nexec sleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "long"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startProcEnv(t, bin, withEnv(procEnv(tb.db.Name()), "PIDDIR", dir), "worker",
+		procWorkerArgs("long", "exec", "--exec", script)...)
+	var pid int
+	waitFor(t, time.Minute, "the job's command to start", func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "pid"))
+		if err != nil {
+			return false
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // its group, if it outlived the test
+	w.signal(t, syscall.SIGKILL)
+	waitFor(t, 10*time.Second, "the command of the killed worker to die with it", func() bool {
+		if syscall.Kill(pid, 0) != nil {
+			return true
+		}
+		// Dead but not yet reaped by whoever adopted it: a zombie.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		return err == nil && strings.HasPrefix(rest, "Z")
+	})
+	t.Logf("job %s: its command %d died with its worker", job.ID, pid)
 }
