@@ -677,15 +677,13 @@ func (lc *lineCounter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// A worker given every node's URL (the CLI's comma-separated --url) goes on
-// through the other nodes while the one it used is down, and says so once,
-// not once per request.
-func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
-	cb := setupCluster(t, protocol.Config{})
+// nodeThreeFirst opens the bundle's database through every node's URL,
+// node 3's first, as the CLI's comma-separated --url does; requests fail
+// over through the returned Failover, which logs to log.
+func nodeThreeFirst(t *testing.T, cb *clusterBundle, log zerolog.Logger) (*protocol.Client, *protocol.Failover) {
+	t.Helper()
 	urls := cb.cl.NodeURLs()
-	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",") // node 3 first
-	warnings := &lineCounter{phrase: "CouchDB node unreachable", t: t}
-	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
+	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",")
 	hc := protocol.NewHTTPClient()
 	fo, err := protocol.NewFailover(hc.Transport, protocol.SplitNodeURLs(list), log)
 	if err != nil {
@@ -701,6 +699,18 @@ func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return client, fo
+}
+
+// A worker given every node's URL (the CLI's comma-separated --url) goes on
+// through the other nodes while the one it used is down, and says so once,
+// not once per request.
+func TestClusterFailoverBetweenNodeURLs(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	urls := cb.cl.NodeURLs()
+	warnings := &lineCounter{phrase: "CouchDB node unreachable", t: t}
+	log := zerolog.New(warnings).Level(zerolog.WarnLevel)
+	client, fo := nodeThreeFirst(t, cb, log)
 	var rc runCounter
 	cfg := clusterWorker(log, map[string]worker.Handler{"fo": rc.handler("fo")})
 	cfg.ID = "fo"
@@ -1532,26 +1542,11 @@ func TestClusterCancelThroughAMinoritySaysItMayNotStand(t *testing.T) {
 func TestClusterWorkerLeavesANodeCutOff(t *testing.T) {
 	cb := setupCluster(t, protocol.Config{})
 	urls := cb.cl.NodeURLs()
-	list := strings.Join([]string{urls[2], urls[0], urls[1]}, ",") // node 3 first
 	// The node's writes answer 202 (stored on its copies only), or its
 	// reads, which ask the other copies, time out: either moves the worker.
 	moved := &lineCounter{phrase: "the next requests go to the next node", t: t}
 	log := zerolog.New(moved).Level(zerolog.WarnLevel)
-	hc := protocol.NewHTTPClient()
-	fo, err := protocol.NewFailover(hc.Transport, protocol.SplitNodeURLs(list), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc.Transport = fo
-	user, password := cb.cl.Node(1).Credentials()
-	srv, err := protocol.ConnectHTTP(cb.ctx, list, user, password, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := srv.Open(cb.ctx, cb.dbName, protocol.Config{Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, fo := nodeThreeFirst(t, cb, log)
 	var rc runCounter
 	cfg := clusterWorker(log, map[string]worker.Handler{"cut": rc.handler("cut")})
 	cfg.ID = "cut"
