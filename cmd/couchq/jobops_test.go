@@ -307,3 +307,13 @@ func TestDocDelCount(t *testing.T) {
 		ts.Close()
 	}
 }
+
+// A requeue of a job's last attempt says that it has none left: the worker
+// that claims it fails it without running it.
+func TestRequeueOfTheLastAttemptSaysSo(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	expect(t, c.run(t, "enqueue", "--type", "once", "--max-attempts", "1", "--id", "job:once"), exitOK)
+	expect(t, c.run(t, "claim", "--type", "once", "--as", "agent-1"), exitOK)
+	expect(t, c.run(t, "requeue", "--force", "job:once"), exitOK, "note: job job:once has no attempts left (1 of 1)", "couchq retry job:once")
+}

@@ -50,6 +50,10 @@ func (m *Main) runRequeue(ctx context.Context, log zerolog.Logger, args []string
 	if err != nil {
 		return cli.ServerError(conn.URL, err)
 	}
+	if most := q.MaxAttempts(it); it.Attempts >= most && !conn.json {
+		fmt.Fprintf(m.Stderr, "note: job %s has no attempts left (%d of %d): the worker that claims it fails it without running it; 'couchq retry %s' once it has failed counts its attempts afresh\n",
+			it.ID, it.Attempts, most, it.ID)
+	}
 	if before != nil && before.ClaimedBy != "" {
 		return printActed(m.Stdout, it, conn.json, "requeued %s (it was claimed by %s; attempt %d stays counted)", it.ID, before.ClaimedBy, it.Attempts)
 	}

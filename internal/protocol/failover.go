@@ -38,6 +38,10 @@ type Failover struct {
 	// accepted counts the writes in a row the node in use answered 202:
 	// stored on fewer copies than asked (minorityWrites).
 	accepted int
+	// leftMinority is when requests last left each node for its 202s: a
+	// node left again within warnEvery is kept (the others are no better,
+	// as with two nodes of three down), not left at every third write.
+	leftMinority map[int]time.Time
 }
 
 // minorityWrites is how many writes in a row answered 202 Accepted make
@@ -58,7 +62,7 @@ func NewFailover(next http.RoundTripper, nodeURLs []string, log zerolog.Logger) 
 	if len(nodeURLs) == 0 {
 		return nil, errors.New("failover: no node URLs")
 	}
-	f := &Failover{next: next, log: log, warnEvery: FailoverWarnEveryDefault, warned: map[int]time.Time{}}
+	f := &Failover{next: next, log: log, warnEvery: FailoverWarnEveryDefault, warned: map[int]time.Time{}, leftMinority: map[int]time.Time{}}
 	for _, raw := range nodeURLs {
 		u, err := url.Parse(strings.TrimSpace(raw))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -155,6 +159,14 @@ func (f *Failover) noteWrite(i, status int) {
 	}
 	f.accepted++
 	move := f.accepted >= minorityWrites
+	if move {
+		f.accepted = 0
+		if last, ok := f.leftMinority[i]; ok && time.Since(last) < f.warnEvery {
+			move = false // back here within the minute: the others are no better
+		} else {
+			f.leftMinority[i] = time.Now()
+		}
+	}
 	f.mu.Unlock()
 	if move {
 		f.warnOnce(i, fmt.Errorf("%d writes in a row stored on fewer copies than asked (202 Accepted)", minorityWrites),

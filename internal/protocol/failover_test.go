@@ -140,10 +140,11 @@ func TestFailoverLeavesANodeInTheMinority(t *testing.T) {
 		w.WriteHeader(int(minorityStatus.Load()))
 	}))
 	defer minority.Close()
-	var served atomic.Int32
+	var served, majorityStatus atomic.Int32
+	majorityStatus.Store(http.StatusCreated)
 	majority := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
-		w.WriteHeader(http.StatusCreated)
+		w.WriteHeader(int(majorityStatus.Load()))
 	}))
 	defer majority.Close()
 	var logged bytes.Buffer
@@ -180,6 +181,23 @@ func TestFailoverLeavesANodeInTheMinority(t *testing.T) {
 	}
 	if code := do(http.MethodPut); code != http.StatusCreated || served.Load() != 1 {
 		t.Errorf("the next write: %d, served by the majority node %d times", code, served.Load())
+	}
+	// With no majority anywhere (two nodes of three down) every node
+	// answers 202: a node left within the minute is kept, not left again
+	// at every third write.
+	majorityStatus.Store(http.StatusAccepted)
+	minorityStatus.Store(http.StatusAccepted)
+	for range 3 {
+		do(http.MethodPut)
+	}
+	if f.Node() != minority.URL {
+		t.Fatalf("node in use %s after three 202s from the other node", f.Node())
+	}
+	for range 6 {
+		do(http.MethodPut)
+	}
+	if f.Node() != minority.URL {
+		t.Errorf("left again within the minute the node it had left for its 202s: now %s", f.Node())
 	}
 }
 
