@@ -41,7 +41,7 @@ func TestOpsUsageErrors(t *testing.T) {
 		{[]string{"serve", "--addr", "9090"}, `invalid --addr "9090"`},
 		{[]string{"serve", "--addr", "127.0.0.1:99999"}, "not a number from 0 to 65535"},
 		{[]string{"serve", "--cache", "-1s"}, "must not be negative"},
-		{[]string{"serve", "--settle", "soon"}, `invalid value "soon" for flag -settle`},
+		{[]string{"serve", "--settle", "soon"}, `invalid --settle "soon": want a duration such as 90s`},
 		{[]string{"serve", "extra"}, `unexpected argument "extra"`},
 		{[]string{"stats", "--json", "--db", "Bad"}, `invalid --db "Bad"`},
 	} {
