@@ -40,7 +40,8 @@ const (
 )
 
 // Config configures a Worker. The zero value of every field but Handlers
-// means its default; see WithDefaults. How many attempts a job gets is the
+// means its default; see WithDefaults. A negative value is refused by New
+// except where a field's doc gives it a meaning. How many attempts a job gets is the
 // queue client's setting (couchq.Config.MaxAttempts, or the job's own
 // max_attempts), so that the workers and the sweeper agree on it.
 type Config struct {
@@ -231,6 +232,26 @@ func (c Config) WithDefaults() Config {
 }
 
 // validate reports configuration no worker could run with.
+// checkNegative refuses a negative value where it means nothing: the
+// defaults would otherwise stand in for it silently (a ShutdownTimeout of
+// -1 meant as "no grace" would give 30 s).
+func (c Config) checkNegative() error {
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{
+		{"Concurrency", c.Concurrency < 0}, {"ClaimBatch", c.ClaimBatch < 0}, {"PickAmong", c.PickAmong < 0},
+		{"LeaseDuration", c.LeaseDuration < 0}, {"HeartbeatInterval", c.HeartbeatInterval < 0},
+		{"ProgressInterval", c.ProgressInterval < 0}, {"ShutdownTimeout", c.ShutdownTimeout < 0},
+		{"FeedTimeout", c.FeedTimeout < 0}, {"QueryTimeout", c.QueryTimeout < 0}, {"FallbackPoll", c.FallbackPoll < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("worker config: %s is negative: leave it 0 for its default", f.name)
+		}
+	}
+	return nil
+}
+
 func (c Config) validate() error {
 	if len(c.TakeOver) > 0 && c.TakeOverAfter < 3*c.HeartbeatInterval {
 		return fmt.Errorf("worker config: TakeOverAfter %s must be at least three heartbeats (%s): a site must miss several before it counts as gone", c.TakeOverAfter, 3*c.HeartbeatInterval)

@@ -55,6 +55,25 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+// A negative value where it means nothing is refused by New, not taken
+// for the default.
+func TestNewRefusesNegativeSettings(t *testing.T) {
+	ok := HandlerFunc(func(context.Context, *Job) error { return nil })
+	for name, cfg := range map[string]Config{
+		"ShutdownTimeout": {ShutdownTimeout: -1},
+		"Concurrency":     {Concurrency: -1},
+		"LeaseDuration":   {LeaseDuration: -time.Second},
+	} {
+		cfg.Handlers = map[string]Handler{"a": ok}
+		if _, err := New(nil, cfg); err == nil || err.Error() != "worker config: "+name+" is negative: leave it 0 for its default" {
+			t.Errorf("%s negative: %v", name, err)
+		}
+	}
+	if _, err := New(nil, Config{Handlers: map[string]Handler{"a": ok}, SweepInterval: -1}); err != nil {
+		t.Errorf("a negative SweepInterval (no sweeps) refused: %v", err)
+	}
+}
+
 func TestSteeringErrorsSurviveWrapping(t *testing.T) {
 	out := jobrun.Decide(errors.Join(errors.New("ctx"), JobSnooze(time.Minute)), 1, 5)
 	if out.Kind != jobrun.Snoozed || out.Delay != time.Minute {

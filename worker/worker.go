@@ -114,6 +114,9 @@ type Worker struct {
 // queue works on.
 func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 	client := (*protocol.Client)(queue)
+	if err := cfg.checkNegative(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
