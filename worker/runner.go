@@ -30,10 +30,11 @@ const (
 // shutdown so a stopping worker still records results.
 const finishTimeout = 30 * time.Second
 
-// outcomeTimeout bounds how long a worker tries to write a job's outcome
-// while CouchDB does not answer. The worker still holds the job meanwhile
-// (its own sweeps leave it alone), so an outage shorter than this costs
-// no second run of a job that ran; past it the job's lease decides.
+// outcomeTimeout bounds how long a running worker tries to write a job's
+// outcome while CouchDB does not answer (Stop ends the tries sooner). The
+// worker still holds the job meanwhile (its own sweeps leave it alone), so
+// an outage shorter than this costs no second run of a job that ran; past
+// it the job's lease decides.
 const outcomeTimeout = 10 * time.Minute
 
 // runner claims and runs jobs of one type.
@@ -684,7 +685,10 @@ type runningJob struct {
 	item     *protocol.WorkItem
 	cancel   context.CancelCauseFunc
 	finished bool // the outcome was written (or given up): no more writes
-	started  time.Time
+	// outcome is set once the handler has returned: mu is then held for
+	// the outcome's write, which tries for up to outcomeTimeout.
+	outcome atomic.Bool
+	started time.Time
 	// slot is the fleet-wide run slot the job holds (FleetConcurrency),
 	// renewed with its lease and released when it ends.
 	slot *protocol.RunSlot
@@ -814,6 +818,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	<-hbStopped
 	handlerDone()
 
+	rj.outcome.Store(true) // before mu: releaseStuck must not wait for the write
 	rj.mu.Lock()
 	defer rj.mu.Unlock()
 	if rj.finished {
@@ -851,6 +856,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	}
 	octx, cancelOutcome := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
 	defer cancelOutcome()
+	defer context.AfterFunc(w.stopped, cancelOutcome)() // a stopped worker writes nothing more
 	if ferr := r.finish(octx, item, job, err); ferr != nil {
 		if errors.Is(ferr, protocol.ErrClaimLost) {
 			w.stats.lost.Add(1)
@@ -1194,7 +1200,12 @@ func (w *Worker) releaseStuck(ctx context.Context) {
 	}
 	w.mu.Unlock()
 	for _, rj := range stuck {
-		rj.mu.Lock()
+		if !lockUnlessWritingOutcome(rj) {
+			// Its handler returned: the job's goroutine writes the outcome
+			// (while CouchDB does not answer, for up to outcomeTimeout), or
+			// gives the job up to the sweeper. Stop does not wait for it.
+			continue
+		}
 		if !rj.finished {
 			rj.finished = true
 			if err := w.client.Release(ctx, rj.item, "handler did not stop at shutdown"); err != nil {
@@ -1203,6 +1214,23 @@ func (w *Worker) releaseStuck(ctx context.Context) {
 		}
 		rj.mu.Unlock()
 	}
+}
+
+// lockUnlessWritingOutcome locks rj.mu, unless the job's outcome is being
+// written (or is about to be): then it reports false, having locked
+// nothing. A renewal in flight holds mu a moment only, and is waited for.
+func lockUnlessWritingOutcome(rj *runningJob) bool {
+	for !rj.mu.TryLock() {
+		if rj.outcome.Load() {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if rj.outcome.Load() {
+		rj.mu.Unlock() // its goroutine writes the outcome next
+		return false
+	}
+	return true
 }
 
 // quarantine marks malformed documents failed so they stop occupying the

@@ -57,6 +57,11 @@ type Worker struct {
 	stopOnce     sync.Once
 	// begun is set by the first Start: a Worker runs once.
 	begun atomic.Bool
+	// stopped ends when Stop has done all it does: the outcomes still
+	// being tried then (CouchDB not answering) are given up, so that a
+	// stopped worker writes nothing more.
+	stopped     context.Context
+	markStopped context.CancelFunc
 	// jobsCtx is the parent of every job's context; cancelJobs is called
 	// (with errShutdown) when the shutdown timeout runs out.
 	jobsCtx    context.Context
@@ -144,6 +149,7 @@ func New(queue *couchq.Client, cfg Config) (*Worker, error) {
 		gate:         siteGate{open: make(chan struct{})},
 		running:      map[string]*runningJob{},
 	}
+	w.stopped, w.markStopped = context.WithCancel(context.Background())
 	types := make([]string, 0, len(cfg.Handlers))
 	for typ := range cfg.Handlers {
 		types = append(types, typ)
@@ -368,6 +374,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	w.cancelJobs(errShutdown)
+	w.markStopped()
 	// Only a started worker added its slots, and a second Stop must not
 	// take them away again.
 	w.health.mu.Lock()
