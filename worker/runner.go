@@ -793,7 +793,10 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	w := r.w
 	item := rj.item
 	log := w.log.With().Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Logger()
-	job := jobrun.New(item, w.client.MaxAttempts(item), rj, w.cfg.Now)
+	most := w.client.MaxAttempts(item)
+	// Read before the heartbeat starts: its renewals write the item.
+	attempt := item.Attempts
+	job := jobrun.New(item, most, rj, w.cfg.Now)
 	jobrun.Attach(job, w.client)
 
 	hbDone := make(chan struct{})
@@ -805,10 +808,10 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	log.Debug().Msg("job started")
 	began := time.Now()
 	var err error
-	if most := w.client.MaxAttempts(item); item.Attempts > most {
+	if attempt > most {
 		// Written with its attempts used up (by hand, or max_attempts
 		// lowered while it waited): no attempt is left to run.
-		err = JobFail(fmt.Errorf("no attempts left: this would be attempt %d of %d", item.Attempts, most))
+		err = JobFail(fmt.Errorf("no attempts left: this would be attempt %d of %d", attempt, most))
 		log.Warn().Int("max_attempts", most).Msg("job claimed with no attempts left: failed without running")
 	} else {
 		err = r.invokeWithSlot(ctx, job, log)
