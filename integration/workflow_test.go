@@ -159,6 +159,9 @@ func TestDependencyFailurePolicies(t *testing.T) {
 	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "fine", After: []string{parent.ID}, OnDependencyFailure: "maybe"}); !errors.Is(err, protocol.ErrInvalidJob) {
 		t.Fatalf("an unknown policy: %v", err)
 	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "fine", OnDependencyFailure: protocol.DependencyRun}); !errors.Is(err, protocol.ErrInvalidJob) || !strings.Contains(err.Error(), "needs After") {
+		t.Fatalf("a policy without After: %v", err)
+	}
 	it := waitStatus(t, tb, cancelled.ID, protocol.StatusCancelled, 10*time.Second)
 	if !strings.Contains(it.LastError, parent.ID) || !strings.Contains(it.LastError, "on_dependency_failure is cancel") {
 		t.Fatalf("cancelled dependent's error: %q", it.LastError)

@@ -149,6 +149,12 @@ func (c *Client) dependencies(it *WorkItem, j NewJob) error {
 	if !validDependencyPolicy(j.OnDependencyFailure) {
 		return fmt.Errorf("%w: on dependency failure must be %q or %q, got %q", ErrInvalidJob, DependencyCancel, DependencyRun, j.OnDependencyFailure)
 	}
+	if j.OnDependencyFailure != "" && len(j.After) == 0 {
+		// As couchq enqueue refuses it: a policy for dependencies on a job
+		// that has none is a mistake (an After list lost on the way), not
+		// a setting.
+		return fmt.Errorf("%w: on dependency failure %q needs After: it applies only to a job that waits for others", ErrInvalidJob, j.OnDependencyFailure)
+	}
 	it.OnDependencyFailure = j.OnDependencyFailure
 	seen := map[string]bool{}
 	for _, d := range j.After {
