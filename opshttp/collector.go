@@ -123,12 +123,12 @@ func newMetricDescs() metricDescs {
 		workerHeartbeatAge: prometheus.NewDesc("couchq_worker_heartbeat_age_seconds", "How long ago a worker process last reported.", claimant, nil),
 		siteHeartbeatAge: prometheus.NewDesc("couchq_site_heartbeat_age_seconds",
 			"How long ago the site's workers last wrote its heartbeat, as this database has it: how far behind this copy of that site is, plus up to a heartbeat interval. "+
-				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it); none for a site taken over by another. "+
+				"One series per site of the sites document whose heartbeat has reached this database: a site none of whose workers has run yet, or whose link never delivered, has none (alert on absent() for it); none for a site taken over by another, until it beats again. "+
 				"None for a database without sites.", []string{"site"}, nil),
 
 		siteDue: prometheus.NewDesc("couchq_site_queue_due",
 			"Queued jobs due now by owner site and type, in a database of sites: the backlog that site's workers have to claim, and what a site's autoscaler scales on (couchq_queue_due counts every site's). "+
-				"A series for every site of the sites document not taken over, 0 when it has none due; none for a database without sites.", []string{"site", "type"}, nil),
+				"A series for every site of the sites document not taken over (or come back since), 0 when it has none due; none for a database without sites.", []string{"site", "type"}, nil),
 
 		up: prometheus.NewDesc("couchq_up",
 			"1 if the last refresh from CouchDB succeeded, else 0; the gauges are left out while it is 0.", nil, nil),
@@ -261,8 +261,9 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range c.snap.sites {
 		// A taken-over site's jobs run elsewhere: its silence is expected,
-		// and a series growing for ever would only trip alerts.
-		if s.TakenOverBy != "" {
+		// and a series growing for ever would only trip alerts. One that
+		// came back runs its new jobs again, and is watched as before.
+		if s.TakenOverBy != "" && !s.Returned {
 			continue
 		}
 		if s.HeartbeatAge != nil {

@@ -118,6 +118,27 @@ func TestHandlerSites(t *testing.T) {
 	if f := scrape(t, hs)["couchq_site_heartbeat_age_seconds"]; f != nil {
 		t.Errorf("a taken-over site still has a heartbeat age: %v", f)
 	}
+	if f := scrape(t, hs)["couchq_site_queue_due"]; f == nil || len(f.GetMetric()) != 1 {
+		t.Errorf("want B's due series only after the takeover: %v", f)
+	}
+
+	// A comes back: its workers beat again and run the jobs enqueued for
+	// it since, so it is watched again, and the report says it came back.
+	clock.Add(5 * time.Second)
+	a, err := protocol.New(ctx, db, protocol.Config{Site: "A", Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(2 * time.Second)
+	m = scrape(t, hs)
+	m.Check(t, 2, "couchq_site_heartbeat_age_seconds", "site=A")
+	m.Check(t, 0, "couchq_site_queue_due", "site=A", "type=mail")
+	if report, _ = getSites(t, hs.URL); report.Sites[0].TakenOverBy != "B" || !report.Sites[0].Returned || report.Sites[1].Returned {
+		t.Errorf("/api/sites after A came back: %+v", report)
+	}
 }
 
 // A client opened through a Server, as couchq serve's is, reads the links

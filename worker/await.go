@@ -38,7 +38,7 @@ const awaitStale = readyHeartbeats
 // waits to hear from, each with its heartbeat's revision as this database
 // has it: none when the site's workers beat until a moment ago (its copy
 // is as current as its links) or never beat (a new site), else every
-// other site that has beaten and runs its own jobs (runsItsOwn). A heartbeat that
+// other site that has beaten and runs its own jobs (protocol.RunsItsOwn). A heartbeat that
 // says the site is catching up counts as stale: another worker of the
 // site is waiting already, and this one must not claim before it.
 func sitesToAwait(own string, sites *protocol.SitesDoc, beats map[string]protocol.SiteHeartbeat, now time.Time, interval time.Duration) (map[string]string, time.Duration) {
@@ -56,7 +56,7 @@ func sitesToAwait(own string, sites *protocol.SitesDoc, beats map[string]protoco
 	from := map[string]string{}
 	for name, info := range sites.Sites {
 		b, ok := beats[name]
-		if name == own || !ok || !runsItsOwn(info, b) {
+		if name == own || !ok || !protocol.RunsItsOwn(info, b) {
 			continue
 		}
 		from[name] = b.Rev
@@ -65,15 +65,6 @@ func sitesToAwait(own string, sites *protocol.SitesDoc, beats map[string]protoco
 		return nil, 0
 	}
 	return from, silent
-}
-
-// runsItsOwn reports whether a site whose heartbeat is hb runs its own
-// jobs: it was never taken over, or it has beaten since it was (it came
-// back, and its workers run the jobs enqueued for it since). The times
-// come from two sites' clocks, which need only roughly agree: a takeover
-// is a matter of minutes.
-func runsItsOwn(info protocol.SiteInfo, hb protocol.SiteHeartbeat) bool {
-	return info.TakenOverBy == "" || hb.At > info.TakenOverAt
 }
 
 // siteGate holds the worker's claims (and sweeps and periodic ticks)

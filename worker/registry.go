@@ -169,7 +169,7 @@ func (w *Worker) takeOverSilentSites(ctx context.Context) {
 		hb, beat := beats[site]
 		// A site taken over before is taken over again once it came back
 		// (it beat since) and went silent again: its new jobs wait for it.
-		if !ok || site == w.client.Site() || (info.TakenOverBy != "" && (!beat || !runsItsOwn(info, hb))) {
+		if !ok || site == w.client.Site() || (info.TakenOverBy != "" && (!beat || !protocol.RunsItsOwn(info, hb))) {
 			continue
 		}
 		last := protocol.FromUnix(info.AddedAt) // never beat: silent since it joined

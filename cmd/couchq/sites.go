@@ -288,7 +288,11 @@ func (m *Main) listSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 				beat += " (catching up: not claiming yet)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, r.TakenOverBy)
+		takenOver := r.TakenOverBy
+		if r.Returned {
+			takenOver += " (came back since: runs its new jobs)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Site, map[bool]string{true: "yes"}[r.Default], beat, takenOver)
 	}
 	fmt.Fprintln(tw)
 	if linksHidden != "" {

@@ -25,6 +25,9 @@ type Site struct {
 	// TakenOverBy names the site that took this one's jobs; "" while it
 	// runs its own.
 	TakenOverBy string `json:"taken_over_by"`
+	// Returned says a site taken over has beaten since: it came back, and
+	// its workers run the jobs enqueued for it since.
+	Returned bool `json:"returned,omitempty"`
 }
 
 // SitesSource is what Sites reads; *protocol.Client is one.
@@ -54,6 +57,7 @@ func Sites(ctx context.Context, src SitesSource, now time.Time) ([]Site, error) 
 			age := max(now.Sub(protocol.FromUnix(hb.At)).Seconds(), 0)
 			r.HeartbeatAge = &age
 			r.CatchingUp = hb.CatchingUp
+			r.Returned = r.TakenOverBy != "" && protocol.RunsItsOwn(d.Sites[name], hb)
 		}
 		rows = append(rows, r)
 	}

@@ -722,3 +722,12 @@ func (c *Client) failUnknownSites(ctx context.Context, by string) (int, error) {
 	}
 	return failed, nil
 }
+
+// RunsItsOwn reports whether a site whose heartbeat is hb runs its own
+// jobs: it was never taken over, or it has beaten since it was (it came
+// back, and its workers run the jobs enqueued for it since). The times
+// come from two sites' clocks, which need only roughly agree: a takeover
+// is a matter of minutes.
+func RunsItsOwn(info SiteInfo, hb SiteHeartbeat) bool {
+	return info.TakenOverBy == "" || hb.At > info.TakenOverAt
+}
