@@ -224,7 +224,9 @@ func (c *Client) Cancel(ctx context.Context, id, reason string) (*WorkItem, erro
 // running stays counted. Unless force is set it is refused, with
 // ErrWrongState saying why, while someone may still be running it: its
 // worker's heartbeat is fresh, or its claimant has no heartbeat of its own
-// (an agent) and its lease runs on. Any other status is ErrWrongState too.
+// (an agent) and its lease runs on. Any other status is ErrWrongState too,
+// and so is another site's job: whether its claimant is gone is known at
+// its owner (the worker registry stays at each site), so requeue it there.
 func (c *Client) Requeue(ctx context.Context, id string, force bool) (*WorkItem, error) {
 	if !force {
 		it, err := c.p().Get(ctx, id)

@@ -788,7 +788,15 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 	if err := b.client.PauseAt(ctx, "A", "fourth", "ops@B", ""); !errors.As(err, &again) || again.Request.ID != first.Request.ID {
 		t.Fatalf("a second pause while the first is pending: %v, want request %s again", err, first.Request.ID)
 	}
+	// A pause of "fifth" asked at B, then a resume at A of the type,
+	// which is not paused there: A's own word still comes later and wins.
+	if err := b.client.PauseAt(ctx, "A", "fifth", "ops@B", ""); !errors.Is(err, protocol.ErrForwarded) {
+		t.Fatal(err)
+	}
 	time.Sleep(10 * time.Millisecond)
+	if err := a.client.ResumeAt(ctx, "A", "fifth", "ops@A"); err != nil {
+		t.Fatal(err)
+	}
 	if err := a.client.PauseAt(ctx, "A", "other", "ops@A", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -817,7 +825,8 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 			states[r.Action+" "+r.Worker] = r.State
 		}
 		want := map[string]string{"pause mail": protocol.RequestApplied, "resume mail": protocol.RequestApplied, "pause other": protocol.RequestRefused,
-			"pause third": protocol.RequestApplied, "resume third": protocol.RequestApplied, "pause fourth": protocol.RequestApplied}
+			"pause third": protocol.RequestApplied, "resume third": protocol.RequestApplied, "pause fourth": protocol.RequestApplied,
+			"pause fifth": protocol.RequestRefused}
 		if len(reqs) == len(want) && maps.Equal(states, want) {
 			break
 		}
@@ -828,6 +837,9 @@ func TestSitesPauseAndResumeAtAnotherSite(t *testing.T) {
 	}
 	if pausedAt(a, "other") {
 		t.Error("a pause superseded by the site's own resume was applied")
+	}
+	if pausedAt(a, "fifth") {
+		t.Error("a pause made before the site's own resume of the type, which was not paused, was applied")
 	}
 	if pausedAt(a, "third") || !pausedAt(a, "fourth") {
 		t.Errorf("third paused %v (want resumed), fourth paused %v (want paused)", pausedAt(a, "third"), pausedAt(a, "fourth"))

@@ -218,6 +218,23 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatalf("sites requests of a job: %+v", r)
 	}
 
+	// A requeue is not asked of another site (whether the claimant is gone
+	// is known at the owner): refused at A, saying so and not calling it
+	// a claim conflict; nothing is written.
+	r = b.run(t, "enqueue", "--type", "held")
+	held := strings.TrimSpace(r.stdout)
+	if r := b.run(t, "claim", "--type", "held", "--as", "agent-b"); r.code != 0 || !strings.Contains(r.stdout, held) {
+		t.Fatalf("claim at B: %+v", r)
+	}
+	waitFor(t, time.Minute, func() bool {
+		r := a.run(t, "show", held, "--json")
+		return r.code == 0 && strings.Contains(r.stdout, `"status": "running"`)
+	})
+	r = a.run(t, "requeue", held, "--force")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "it belongs to site B, and this is not asked of another site; run it there") || strings.Contains(r.stderr, "claimed") {
+		t.Fatalf("requeue at A of B's running job: %+v", r)
+	}
+
 	// A pause of thumb at B, asked at A: B's workers apply it.
 	expect(t, a.run(t, "pause", "thumb", "--at", "no way"), exitUsage, "invalid --at")
 	expect(t, a.run(t, "pause", "thumb", "--at", "Z"), exitUsage, "pause of thumb at site Z: site Z is not one of the sites (A, B)")

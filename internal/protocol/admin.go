@@ -52,7 +52,9 @@ func (c *Client) operateOr(ctx context.Context, what, id string, allowed func(*W
 		}
 		if elsewhere {
 			if forward == nil {
-				return nil, fmt.Errorf("%s %s: %w: it belongs to site %s; run it there", what, id, ErrNotOwner, c.Owner(it))
+				// Not ErrNotOwner, which is a claim's conflict with another
+				// worker: nobody claimed anything here.
+				return nil, fmt.Errorf("%s %s: %w: it belongs to site %s, and this is not asked of another site; run it there", what, id, ErrWrongState, c.Owner(it))
 			}
 			return it, forward(it)
 		}

@@ -60,7 +60,7 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 		err := c.db.Get(ctx, ctl.ID).ScanDoc(&ctl)
 		switch {
 		case isStatus(err, http.StatusNotFound):
-			if !paused {
+			if !paused && !c.recordsEveryChange() {
 				return nil // never paused
 			}
 		case err != nil:
@@ -71,7 +71,10 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 			return fmt.Errorf("%s %s: the document %s is not its control document (type %q, worker %q); move it to another id first",
 				what, typ, ctl.ID, ctl.Type, ctl.Worker)
 		case ctl.Paused == paused && (ctl.Reason == reason || reason == ""):
-			return nil // a pause without a reason keeps the one given before
+			if !c.recordsEveryChange() {
+				return nil
+			}
+			reason = ctl.Reason // a pause without a reason keeps the one given before
 		}
 		ctl.Paused, ctl.ChangedAt, ctl.ChangedBy, ctl.Reason = paused, ToUnix(c.now()), by, reason
 		_, err = c.db.Put(ctx, ctl.ID, ctl, c.writeOpts()...)
@@ -85,6 +88,16 @@ func (c *Client) setPaused(ctx context.Context, typ string, paused bool, by, rea
 		return nil
 	}
 	return fmt.Errorf("%s %s: its control document changed %d times under us; try again", what, typ, controlRounds)
+}
+
+// recordsEveryChange reports whether a pause or resume that changes
+// nothing is recorded all the same: at a site of several, where a request
+// from another site made before it must lose to it (applyTypeRequest
+// judges by the control's last change), a resume of a type that is not
+// paused is still this site's word on it.
+func (c *Client) recordsEveryChange() bool {
+	_, haveSites := c.SiteListed("")
+	return c.cfg.Site != "" || haveSites
 }
 
 // Controls reads the control documents of types (every type's when none is
