@@ -107,8 +107,14 @@ func TestSitesCommands(t *testing.T) {
 		t.Fatalf("links after two refused: %+v", r)
 	}
 	r = a.run(t, "sites", "link", "--peer-url", b0.URL(), "--peer-site", "B", "--peer-user", buser, "--peer-password-file", pwFile)
-	if r.code != 0 || strings.Contains(r.stdout+r.stderr, bpw) {
+	if r.code != 0 || strings.Contains(r.stdout+r.stderr, bpw) || r.stderr != "" {
 		t.Fatalf("sites link: %+v", r)
+	}
+	// Linked again through a list of nodes: the links take the first, and
+	// say that the site is cut off while that one is down.
+	r = a.run(t, "sites", "link", "--peer-url", b0.URL()+","+b0.URL(), "--peer-site", "B", "--peer-user", buser, "--peer-password-file", pwFile)
+	if r.code != 0 || !strings.Contains(r.stderr, "note: the links reach site B through its first node, "+b0.URL()+", alone") {
+		t.Fatalf("sites link through a list of nodes: %+v", r)
 	}
 	// The sites document reaches B through the link.
 	waitFor(t, time.Minute, func() bool {
