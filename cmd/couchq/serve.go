@@ -70,7 +70,10 @@ users.
 The counters (couchq_*_total and the timing summaries) are kept by this
 process: the first scrape counts the whole activity log in the database and
 later ones add what happened since. They restart with the process, as any
-process's counters do; purging jobs does not lower them.
+process's counters do; purging jobs does not lower them. In a queue of
+several sites, other sites' activity arrives over the links: what arrives
+later than --settle after it happened (a cut link, an offline producer) is
+not added; raise --settle to the lag to allow for, or count at the owner.
 
 With --json the line saying where it listens is a JSON object.
 
