@@ -719,3 +719,59 @@ func TestGetReadsAConflictAsItWillBeSettled(t *testing.T) {
 		t.Fatal("Get kept _conflicts in the job, which a write would send back")
 	}
 }
+
+// A job done on one branch and cancelled on another written over the same
+// claim (a cancel made through a copy that had not seen the outcome yet)
+// reads and settles as done, though CouchDB picks the cancel: the handler
+// ran to the end, and the cancel was made of a job already run.
+func TestSettleKeepsDoneOverACancelOfTheSameClaim(t *testing.T) {
+	cb := setupConflict(t)
+	it := cb.enqueued(t, "done-or-cancelled")
+	claimed := cb.claimDirectly(t, it, "host-a/1/a")
+	done := claimed.Clone()
+	if err := cb.client.Complete(cb.ctx, done, nil); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := claimed.Clone()
+	cancelled.Claimed, cancelled.ClaimedBy, cancelled.ClaimedAt, cancelled.LeaseUntil = false, "", 0, 0
+	cancelled.Status, cancelled.FinishedAt = protocol.StatusCancelled, protocol.ToUnix(cb.clock.Now())
+	cancelled.History = append(cancelled.History, protocol.Event{
+		At: cb.clock.Now().UTC().Format(protocol.HistoryTimeFormat), Event: protocol.EventCancelled, By: "ops"})
+	doc := asDoc(t, cancelled)
+	pos, claimHash, _ := strings.Cut(claimed.Rev, "-")
+	if pos != "2" || !strings.HasPrefix(done.Rev, "3-") {
+		t.Fatalf("claim %s, done %s: want generations 2 and 3", claimed.Rev, done.Rev)
+	}
+	var hash string
+	for hash == "" || "3-"+hash <= done.Rev {
+		hash = fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	}
+	doc["_rev"] = "3-" + hash
+	doc["_revisions"] = map[string]any{"start": 3, "ids": []string{hash, claimHash}}
+	cb.injectRevision(t, doc)
+	winner := map[string]any{}
+	if err := cb.db.Get(cb.ctx, it.ID).ScanDoc(&winner); err != nil {
+		t.Fatal(err)
+	}
+	if winner["status"] != "cancelled" {
+		t.Fatalf("CouchDB's winner is %v (%v), want the cancel", winner["_rev"], winner["status"])
+	}
+	if got, err := cb.client.Get(cb.ctx, it.ID); err != nil || got.Status != protocol.StatusDone || got.Rev != done.Rev {
+		t.Fatalf("Get: %+v %v, want the done branch %s", got, err, done.Rev)
+	}
+	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
+	if err != nil || res.Settled != 1 {
+		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
+	}
+	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
+	if len(live) != 1 || live[0].Status != protocol.StatusDone {
+		t.Fatalf("leaves after the sweep: %+v, want one done", live)
+	}
+	withdrawn := false
+	for _, e := range live[0].Item.History {
+		withdrawn = withdrawn || (e.Event == protocol.EventClaimWithdrawn && strings.Contains(e.Error, "cancelled"))
+	}
+	if !withdrawn {
+		t.Fatalf("the kept branch's history does not list the withdrawn cancel: %+v", live[0].Item.History)
+	}
+}

@@ -825,8 +825,16 @@ func keptLeaf(live []Leaf) int {
 	return keep
 }
 
-// settleRank orders the leaves of a conflicted job: a finished one stays;
-// else a conceded claim, then a queued leaf, then an expired claim.
+// settleRank orders the leaves of a conflicted job: a finished one stays,
+// done before failed before cancelled; else a conceded claim, then a
+// queued leaf, then an expired claim.
+//
+// Among finished leaves, the one that says the work was done wins: two
+// can only meet when they were written over one revision, such as a
+// worker's outcome and an operator's cancel (or a failure) made through a
+// copy that had not seen it. On one copy the later of the two is refused;
+// here the handler ran to the end whichever came first, and a cancel
+// there was made of a job that had already been run.
 //
 // A conceded claim outranks what its claim found beside it because the
 // claim may have withdrawn that: a claim withdraws every stale branch (a
@@ -841,6 +849,10 @@ func settleRank(l *Leaf) int {
 	switch {
 	case l.Item == nil:
 		return 0
+	case l.Status == StatusDone:
+		return 6
+	case l.Status == StatusFailed:
+		return 5
 	case l.Status.Terminal():
 		return 4
 	case l.conceded():
