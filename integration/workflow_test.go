@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -594,8 +595,10 @@ func TestBatchCountedAgainWhenQuiet(t *testing.T) {
 	}
 }
 
-// Cancelling a batch cancels its unfinished jobs; the callback then runs
-// with them counted cancelled.
+// Cancelling a batch cancels its unfinished jobs, a page of them in one
+// write (one cancel after another chased the workers running the batch),
+// and what waited for them follows at once; the callback then runs with
+// them counted cancelled.
 func TestBatchCancel(t *testing.T) {
 	tb := setup(t, protocol.Config{})
 	ran := make(chan string, 10)
@@ -603,8 +606,9 @@ func TestBatchCancel(t *testing.T) {
 		"later":   worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
 		"collect": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { ran <- string(job.Payload); return nil }),
 	}))
+	const size = 600 // more than a page
 	var jobs []protocol.NewJob
-	for range 12 {
+	for range size {
 		jobs = append(jobs, protocol.NewJob{Worker: "later", At: time.Now().Add(time.Hour)})
 	}
 	id, err := tb.client.EnqueueBatch(tb.ctx, jobs, protocol.NewJob{Worker: "collect"})
@@ -612,12 +616,33 @@ func TestBatchCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := tb.client.Batch(tb.ctx, id)
-	if err != nil || b.Pending != 12 || b.Callback.Status != protocol.StatusWaiting {
+	if err != nil || b.Pending != size || b.Callback.Status != protocol.StatusWaiting {
 		t.Fatalf("batch before the cancel: %+v (%v)", b, err)
 	}
-	n, err := tb.client.CancelBatch(tb.ctx, id, "test", "")
-	if err != nil || n != 12 {
+	// A job outside the batch waits for one of its jobs.
+	some, err := tb.client.List(tb.ctx, protocol.ListOptions{Worker: "later", Limit: 1})
+	if err != nil || len(some.Items) != 1 {
+		t.Fatalf("a job of the batch: %+v %v", some, err)
+	}
+	dependent := mustEnqueue(t, tb, protocol.NewJob{Worker: "later", After: []string{some.Items[0].ID}})
+
+	var writes writeLog
+	client := clientThrough(t, tb, protocol.Config{}, writes.through)
+	n, err := client.CancelBatch(tb.ctx, id, "test", "")
+	if err != nil || n != size {
 		t.Fatalf("cancelled %d (%v)", n, err)
+	}
+	var pages []string // besides the releases of the dependent and the callback
+	for _, w := range writes.sizes() {
+		if w != "_bulk_docs 1" {
+			pages = append(pages, w)
+		}
+	}
+	if !slices.Equal(pages, []string{"_bulk_docs 500", "_bulk_docs 100"}) {
+		t.Errorf("the cancels went as %v; want a page of 500 in one write, then the other 100", writes.sizes())
+	}
+	if it, err := tb.client.Get(tb.ctx, dependent.ID); err != nil || it.Status != protocol.StatusCancelled {
+		t.Errorf("the job waiting for a cancelled one, once the cancel returned: %+v %v", it, err)
 	}
 	if n, err := tb.client.CancelBatch(tb.ctx, id, "test", ""); err != nil || n != 0 {
 		t.Errorf("cancelling the cancelled batch again: %d %v, want 0 and no error", n, err)
@@ -627,10 +652,10 @@ func TestBatchCancel(t *testing.T) {
 	}
 	select {
 	case p := <-ran:
-		if !strings.Contains(p, `"cancelled":12`) {
+		if !strings.Contains(p, fmt.Sprintf(`"cancelled":%d`, size)) {
 			t.Fatalf("callback payload: %s", p)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(20 * time.Second):
 		t.Fatal("the callback did not run after the batch was cancelled")
 	}
 }

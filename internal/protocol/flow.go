@@ -1629,37 +1629,54 @@ func (c *Client) EnqueueBatch(ctx context.Context, jobs []NewJob, callback NewJo
 
 // CancelBatch cancels every job of a batch that has not finished; the
 // callback is then released as for any batch whose jobs all finished. It
-// returns how many it cancelled.
+// returns how many it cancelled (another site's jobs count once asked of
+// their owner).
+//
+// The jobs go a page at a time, each page cancelled in one _bulk_docs
+// write: one cancel after another chased the workers running the batch,
+// which ran most of it while the cancel went. A job whose write fails
+// (a worker's claim or outcome in between, a write short of a majority of
+// a cluster's copies) is cancelled again on its own, as CancelJob does; a
+// job that still cannot be is reported at the end, after the rest.
 func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, error) {
 	if reason == "" {
 		reason = "batch " + id + " cancelled by operator"
 	}
 	n := 0
+	var failed []error
+	after := ""
 	for {
-		ids, err := rowIDs(c.view(ctx, "batches", kivik.Params(map[string]any{
-			"reduce": false, "key": []any{id, "pending"}, "limit": 500,
-		})))
+		params := map[string]any{"reduce": false, "key": []any{id, "pending"}, "limit": cancelBatchPage}
+		if after != "" {
+			// From the last page's last job on: listed again when the
+			// index still has it pending (its write failed), not when it
+			// has taken the cancel, so it is left out by id, not skipped.
+			params["startkey_docid"], params["limit"] = after, cancelBatchPage+1
+		}
+		ids, err := rowIDs(c.view(ctx, "batches", kivik.Params(params)))
 		if err != nil {
 			return n, fmt.Errorf("listing the unfinished jobs of batch %s: %w", id, err)
 		}
-		progress := 0
-		for _, jid := range ids {
-			_, err := c.CancelJob(ctx, jid, by, reason) // releases the callback after the last
-			if errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
-				continue // finished meanwhile
-			}
-			if err != nil {
-				return n, err
-			}
-			progress++
-			n++
+		full := len(ids) == params["limit"]
+		if after != "" && len(ids) > 0 && ids[0] == after {
+			ids = ids[1:]
 		}
-		if progress == 0 {
+		if len(ids) == 0 {
+			break
+		}
+		after = ids[len(ids)-1]
+		cancelled, errs := c.cancelMany(ctx, ids, by, reason)
+		n += cancelled
+		failed = append(failed, errs...)
+		if !full {
 			break
 		}
 	}
 	if _, err := c.releaseReady(ctx, []string{BatchCallbackID(id)}, by); err != nil {
 		return n, err
+	}
+	if len(failed) > 0 {
+		return n, fmt.Errorf("cancelling batch %s: cancelled %d jobs, and %d could not be (run it again): %w", id, n, len(failed), errors.Join(failed...))
 	}
 	if n == 0 {
 		// Nothing to cancel: a batch that had finished, or none at all,
@@ -1669,6 +1686,88 @@ func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, e
 		}
 	}
 	return n, nil
+}
+
+// cancelBatchPage is how many of a batch's jobs CancelBatch cancels in one
+// write.
+const cancelBatchPage = 500
+
+// cancelMany cancels the unfinished jobs of ids in one _bulk_docs write,
+// releases what waited for them, and returns how many it cancelled and
+// the errors of those it could not. A job finished or gone meanwhile is
+// skipped; one that cannot be written so (another site's, a malformed
+// one, a write that failed) goes through CancelJob on its own.
+func (c *Client) cancelMany(ctx context.Context, ids []string, by, reason string) (int, []error) {
+	jobs, err := c.readJobs(ctx, ids, true)
+	if err != nil {
+		return 0, []error{err}
+	}
+	var alone []string
+	var nexts []*WorkItem
+	for _, jid := range ids {
+		st := jobs[jid]
+		switch {
+		case !st.exists || (st.item != nil && st.item.Status.Terminal()):
+			continue // finished or deleted since it was listed
+		case st.item == nil:
+			alone = append(alone, jid) // CancelJob says what is wrong with it
+			continue
+		}
+		if elsewhere, err := c.forward(ctx, st.item); err != nil || elsewhere {
+			alone = append(alone, jid) // asked of its owner, by request
+			continue
+		}
+		next := st.item.Clone()
+		c.unclaim(next)
+		next.Status = StatusCancelled
+		next.LastError = truncate(reason)
+		next.FinishedAt = ToUnix(c.now())
+		c.record(next, EventCancelled, by, reason)
+		nexts = append(nexts, next)
+	}
+	n := 0
+	var cancelled []string
+	if len(nexts) > 0 {
+		docs := make([]any, len(nexts))
+		wids := make([]string, len(nexts))
+		for i, next := range nexts {
+			docs[i], wids[i] = next, next.ID
+		}
+		wctx, trace := c.traced(ctx)
+		results, err := c.db.BulkDocs(wctx, docs, c.bulkOpts()...)
+		for i, r := range c.resendUnexplained(ctx, docs, wids, results, err) {
+			if r.Error != nil || trace.uncommitted(r.ID, r.Rev) {
+				alone = append(alone, wids[i])
+				continue
+			}
+			nexts[i].Rev = r.Rev
+			cancelled = append(cancelled, wids[i])
+			n++
+		}
+	}
+	if len(cancelled) > 0 {
+		// What waited for them follows now rather than at the next sweep.
+		deps, docs, err := c.dependents(ctx, cancelled)
+		if err == nil && len(deps) > 0 {
+			_, _, _, err = c.releaseRead(ctx, deps, docs, by)
+		}
+		if err != nil {
+			c.log.Warn().Err(err).Int("jobs", len(cancelled)).Msg("could not release what waited for the cancelled jobs; the sweeper will")
+		}
+	}
+	var errs []error
+	for _, jid := range alone {
+		_, err := c.CancelJob(ctx, jid, by, reason) // releases what waited for it
+		switch {
+		case errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound):
+			// finished meanwhile
+		case err == nil || errors.Is(err, ErrForwarded):
+			n++
+		default:
+			errs = append(errs, err)
+		}
+	}
+	return n, errs
 }
 
 // ChildID is the id of the child a running job's handler enqueues under
