@@ -179,6 +179,9 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	rb.refused(t, "producer taking the claim away", err, producerOnly)
 	_, err = rb.producer.DB().Delete(ctx, held.ID, held.Rev)
 	rb.refused(t, "producer deleting a job", err, producerOnly)
+	// ...nor destroy it by writing a document of no couchq type over it.
+	_, err = rb.producer.DB().Put(ctx, held.ID, map[string]any{"_rev": held.Rev, "note": "gone"})
+	rb.refused(t, "producer writing a plain document over a running job", err, producerOnly)
 	rb.refused(t, "producer pausing a type", rb.producer.Pause(ctx, "mail", "producer", ""), producerOnly)
 	// Writing a finished job from scratch is refused too.
 	_, err = rb.producer.DB().Put(ctx, "forged", map[string]any{"type": "WorkItem", "worker": "mail", "status": "done", "finished_at": 1})
@@ -195,6 +198,9 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	if err := rb.worker.Pause(ctx, "mail", "worker", "maintenance"); err != nil {
 		t.Errorf("worker pausing: %v", err)
 	}
+	ctl := rawDoc(t, rb.producer, protocol.ControlID("mail"))
+	_, err = rb.producer.DB().Put(ctx, protocol.ControlID("mail"), map[string]any{"_rev": ctl["_rev"], "hello": 1})
+	rb.refused(t, "producer writing a plain document over a pause", err, producerOnly)
 	if err := rb.admin.Resume(ctx, "mail", "admin"); err != nil {
 		t.Errorf("admin resuming: %v", err)
 	}

@@ -27,7 +27,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var roleRules = secObj && secObj.couchq;
   var isAdmin = userCtx && ((userCtx.roles || []).indexOf('_admin') >= 0 || inGroup(secObj && secObj.admins));
   var docType = (newDoc._deleted === true && oldDoc) ? oldDoc.type : newDoc.type;
-  if (roleRules && !isAdmin && couchqDocs.indexOf(docType) >= 0 && !inGroup(roleRules.workers)) {
+  // What a write replaces counts as much as what it writes: a job (or a
+  // pause) written over with a document of no couchq type is destroyed.
+  var oldType = (oldDoc && oldDoc._deleted !== true) ? oldDoc.type : undefined;
+  var touchesCouchq = couchqDocs.indexOf(docType) >= 0 || couchqDocs.indexOf(oldType) >= 0;
+  if (roleRules && !isAdmin && touchesCouchq && !inGroup(roleRules.workers)) {
     var who = (userCtx && userCtx.name) ? 'user ' + userCtx.name : 'an anonymous user';
     if (!inGroup(roleRules.producers)) {
       throw ({forbidden: who + ' is neither a couchq worker nor a producer of this database (couchq init --workers/--producers)'});
