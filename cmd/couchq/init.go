@@ -137,6 +137,11 @@ func (m *Main) runInit(ctx context.Context, log zerolog.Logger, args []string) e
 		// which init has not given roles.)
 		opts.Roles = m.hasRoles(ctx, conn, log)
 	}
+	if !setRoles && (opts.Validation == designdocs.ValidationOff || opts.Validation == designdocs.ValidationMango) && m.hasRoles(ctx, conn, log) {
+		// As with the flags: the roles stored earlier would silently stop
+		// being enforced.
+		return cli.Usagef("--validation %s on %s, whose _security names couchq's workers and producers, would leave those roles unenforced: only validation on enforces them (to give them up, remove the \"couchq\" section of the database's _security first)", opts.Validation, conn.DB)
+	}
 	res, err := cli.InitDB(ctx, client, &conn.Conn, opts, log)
 	if err != nil {
 		return err

@@ -163,6 +163,24 @@ func TestInitValidationSwitch(t *testing.T) {
 	}
 }
 
+// Roles stored by an earlier init refuse validation off or mango too,
+// though the flags are not given again: the roles would silently stop
+// being enforced.
+func TestInitValidationOffRefusedOverStoredRoles(t *testing.T) {
+	t.Parallel()
+	c := online(t)
+	expect(t, c.run(t, "init", "--workers", "someone"), exitOK)
+	for _, v := range []string{"off", "mango"} {
+		expect(t, c.run(t, "init", "--validation", v), exitUsage, "would leave those roles unenforced", `remove the "couchq" section`)
+	}
+	r := c.run(t, "init", "--json")
+	expect(t, r, exitOK)
+	var res cli.InitResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Validation != "on" {
+		t.Errorf("init after the refusals: %v %+v", err, res)
+	}
+}
+
 // couchq init --language sets the design documents' language, init
 // without it keeps it, and a language CouchDB does not know is refused
 // before anything is written.
