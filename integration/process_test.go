@@ -814,10 +814,13 @@ func testGracefulShutdown(t *testing.T, bin string) {
 		typ, path, timeout string
 		signals            int
 		code               int
+		sig                syscall.Signal
 	}{
-		{"finish", "/second", "10s", 1, 0},
-		{"release", "/forever", "500ms", 1, 0},
-		{"abandon", "/forever", "30s", 2, 1},
+		{"finish", "/second", "10s", 1, 0, syscall.SIGTERM},
+		{"release", "/forever", "500ms", 1, 0, syscall.SIGTERM},
+		{"abandon", "/forever", "30s", 2, 1, syscall.SIGTERM},
+		// A closed terminal or SSH session: stops as SIGTERM does.
+		{"hangup", "/forever", "500ms", 1, 0, syscall.SIGHUP},
 	}
 	type run struct {
 		proc *cliProc
@@ -832,7 +835,7 @@ func testGracefulShutdown(t *testing.T, bin string) {
 	}
 	for i, c := range cases {
 		waitFor(t, 10*time.Second, c.typ+" job to be in flight", func() bool { return h.count(runs[i].id) == 1 })
-		runs[i].proc.signal(t, syscall.SIGTERM)
+		runs[i].proc.signal(t, c.sig)
 		runs[i].sent = time.Now()
 		if c.signals == 2 {
 			waitFor(t, 5*time.Second, "the worker to start stopping", func() bool {
@@ -858,13 +861,13 @@ func testGracefulShutdown(t *testing.T, bin string) {
 			if it.Status != protocol.StatusDone || it.Attempts != 1 || events(it) != "enqueued claimed done" {
 				t.Errorf("finish: %s, attempts %d, history %s; want done in its first attempt", it.Status, it.Attempts, events(it))
 			}
-		case "release":
+		case "release", "hangup":
 			if it.Status != protocol.StatusQueued || it.Claimed || it.Attempts != 0 || events(it) != "enqueued claimed released" {
-				t.Errorf("release: %s, claimed %v, attempts %d, history %s; want released, no attempt charged",
-					it.Status, it.Claimed, it.Attempts, events(it))
+				t.Errorf("%s: %s, claimed %v, attempts %d, history %s; want released, no attempt charged",
+					c.typ, it.Status, it.Claimed, it.Attempts, events(it))
 			}
 			if took > 5*time.Second {
-				t.Errorf("release: took %s to exit with a 500ms shutdown timeout", took)
+				t.Errorf("%s: took %s to exit with a 500ms shutdown timeout", c.typ, took)
 			}
 		case "abandon":
 			if !strings.Contains(p.stderr.String(), "couchq: terminated again: exiting now") {

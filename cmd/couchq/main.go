@@ -13,9 +13,13 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP (a closed terminal or SSH session) stops as SIGTERM does: by
+	// default it ended the process at once, a worker's claims left to
+	// their leases and its commands' children running.
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM) // before any signal can arrive unseen
+	signal.Notify(sigs, stopSignals...) // before any signal can arrive unseen
 	go exitOnSecondSignal(sigs)
 	routeStdlog(os.Stderr, isTerminal(os.Stderr))
 	code := NewMain(os.Stdin, os.Stdout, os.Stderr).Run(ctx, os.Args[1:])
@@ -31,8 +35,8 @@ func routeStdlog(w io.Writer, terminal bool) {
 	stdlog.SetOutput(newLogger(w, terminal).With().Str("from", "go").Logger())
 }
 
-// exitOnSecondSignal exits at once with status 1 on the second SIGINT or
-// SIGTERM: the first one cancels the command's context and lets it stop
+// exitOnSecondSignal exits at once with status 1 on the second SIGINT,
+// SIGTERM or SIGHUP: the first one cancels the command's context and lets it stop
 // gracefully (a worker finishes or releases its jobs), which an operator
 // may not want to wait for. It counts on its own channel, which the signal
 // package feeds alongside NotifyContext's, so no signal is missed between

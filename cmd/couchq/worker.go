@@ -23,7 +23,7 @@ init does), wakes on the _changes feed, renews its leases while jobs run,
 retries failures with backoff and sweeps the expired leases of dead
 workers. Logs go to stderr, at info level unless --log-level says otherwise.
 
-The first SIGINT or SIGTERM stops claiming and lets running jobs finish
+The first SIGINT, SIGTERM or SIGHUP stops claiming and lets running jobs finish
 for up to --shutdown-timeout; jobs still running then are cancelled and
 released back to the queue (no attempt charged). A second signal exits at
 once with status 1: the claims left behind return to the queue when their
