@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +133,12 @@ type httpError int
 func (e httpError) Error() string   { return "status" }
 func (e httpError) HTTPStatus() int { return int(e) }
 
+// refusal is a 403 with CouchDB's reason.
+type refusal string
+
+func (e refusal) Error() string   { return "Forbidden: " + string(e) }
+func (e refusal) HTTPStatus() int { return http.StatusForbidden }
+
 func TestOutcomeWritesRetryOnlyWhatARetryCanFix(t *testing.T) {
 	for status, want := range map[int]bool{400: true, 403: true, 409: true, 408: false, 429: false, 500: false, 502: false, 503: false} {
 		if got := permanent(httpError(status)); got != want {
@@ -140,6 +147,21 @@ func TestOutcomeWritesRetryOnlyWhatARetryCanFix(t *testing.T) {
 	}
 	if permanent(errors.New("connection reset")) {
 		t.Error("an error without a status is a transport failure: retry it")
+	}
+	// The worker's user refused (a password or role changed) is retried
+	// until an operator puts it right; the document refused is not.
+	for msg, want := range map[string]bool{
+		"You are not allowed to access this db.": false,
+		"user w is neither a couchq worker nor a producer of this database (couchq init --workers/--producers)": false,
+		"user w is a couchq producer: producers may create jobs":                                                false,
+		"invalid WorkItem: result nests objects and arrays more than 1000 levels deep":                          true,
+	} {
+		if got := permanent(refusal(msg)); got != want {
+			t.Errorf("403 %q: permanent %v, want %v", msg, got, want)
+		}
+	}
+	if permanent(httpError(http.StatusUnauthorized)) {
+		t.Error("401 (a password changed): retry it")
 	}
 	for rev, gen := range map[string]int{"1-abc": 1, "12-f": 12, "": 0, "x": 0} {
 		if got := revGeneration(rev); got != gen {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -995,11 +996,32 @@ func (r *runner) persist(ctx context.Context, item *protocol.WorkItem, deletes b
 }
 
 // permanent reports errors a retry cannot fix: the server understood the
-// request and refused it (4xx), or the write itself was invalid.
+// request and refused it (4xx), or the write itself was invalid. A refusal
+// of the worker's user rather than of the write (its password changed, its
+// role or membership taken away) is an operator's to put right, which
+// tries for the outcome's while can outlast: given up at once, the job
+// went back to the queue and ran again as soon as the worker was let in.
 func permanent(err error) bool {
 	status := kivik.HTTPStatus(err)
+	switch {
+	case status == http.StatusUnauthorized:
+		return false
+	case status == http.StatusForbidden && userRefused(err.Error()):
+		return false
+	}
 	// kivik reports a connection that failed as 502; 408 and 429 pass.
 	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
+
+// userRefused reports whether a 403's message refuses the user, not the
+// document: CouchDB's member check, or the roles of couchq's validation.
+func userRefused(msg string) bool {
+	for _, who := range []string{"not allowed to access this db", "is neither a couchq worker nor a producer", "is a couchq producer"} {
+		if strings.Contains(msg, who) {
+			return true
+		}
+	}
+	return false
 }
 
 // appliedEarlier reports whether an earlier try of a write that now gets
