@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -30,8 +31,9 @@ A dead worker's document stays, so that it is seen (couchq_workers_dead),
 until it is forgotten:
 
 	--forget-dead AGE   remove the documents of dead workers whose last
-	                    heartbeat is older than AGE (e.g. 24h), then list
-	                    the rest; their jobs are the sweeper's either way
+	                    heartbeat is older than AGE (e.g. 24h; 0 for every
+	                    dead worker), then list the rest; their jobs are the
+	                    sweeper's either way
 `
 
 // workerRow is one registry document as printed with --json.
@@ -56,6 +58,8 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	if forget < 0 {
 		return cli.Usagef("invalid --forget-dead %s: must not be negative", forget)
 	}
+	forgetting := false // --forget-dead 0 forgets every dead worker
+	fs.Visit(func(f *flag.Flag) { forgetting = forgetting || f.Name == "forget-dead" })
 	q, _, closeQueue, err := m.connect(ctx, conn, log)
 	if err != nil {
 		return err
@@ -68,7 +72,7 @@ func (m *Main) runWorkers(ctx context.Context, log zerolog.Logger, args []string
 	rows := make([]workerRow, 0, len(infos))
 	for _, info := range infos {
 		row := newWorkerRow(info, m.Now())
-		if forget > 0 && !row.Alive && row.HeartbeatAge > forget.Seconds() {
+		if forgetting && !row.Alive && row.HeartbeatAge >= forget.Seconds() {
 			if err := q.DeleteWorker(ctx, info); err != nil {
 				return cli.ServerError(conn.URL, err)
 			}
