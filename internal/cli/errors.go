@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/go-kivik/kivik/v4"
 )
@@ -67,6 +68,11 @@ func DescribeError(err error) string {
 	if errors.As(err, &sc) && !IsNetError(err) {
 		if status := sc.HTTPStatus(); status != 0 {
 			msg += fmt.Sprintf(" (HTTP %d %s)", status, http.StatusText(status))
+		}
+		if strings.Contains(msg, "could not be processed in a reasonable amount of time") {
+			// CouchDB's answer when a view read waits too long: most often
+			// for its index to take a large change, which goes on behind.
+			msg += "; CouchDB may still be indexing a large change (a bulk enqueue, a new database): try again in a while"
 		}
 	}
 	return msg

@@ -53,3 +53,19 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+type timeoutAnswer struct{}
+
+func (timeoutAnswer) Error() string {
+	return "Internal Server Error: The request could not be processed in a reasonable amount of time."
+}
+func (timeoutAnswer) HTTPStatus() int { return 500 }
+
+// CouchDB's answer to a view read that waited too long says what it most
+// often means.
+func TestDescribeErrorOfAViewTimeout(t *testing.T) {
+	got := DescribeError(timeoutAnswer{})
+	if !strings.Contains(got, "(HTTP 500 Internal Server Error); CouchDB may still be indexing a large change") {
+		t.Errorf("DescribeError: %q", got)
+	}
+}
