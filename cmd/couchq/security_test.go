@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -92,6 +93,18 @@ func TestInitRolesFromTheCommandLine(t *testing.T) {
 	// Only an admin sets roles.
 	r = w.run(t, "init", "--workers", worker)
 	expect(t, r, exitFailure, "only an admin may write _security")
+	// ...or changes the design documents: a worker's init asking for the
+	// other language changes nothing, and says so rather than succeed.
+	r = admin.run(t, "init", "--json")
+	var stored struct {
+		Language string `json:"language"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &stored); err != nil {
+		t.Fatalf("init --json: %v\n%s", err, r.stdout)
+	}
+	other := map[string]string{"javascript": "javascript_quickjs", "javascript_quickjs": "javascript"}[stored.Language]
+	r = w.run(t, "init", "--language", other)
+	expect(t, r, exitFailure, "were not changed", "only an admin may write design documents")
 	r = admin.run(t, "init", "--workers", "_admin")
 	expect(t, r, exitUsage, "do not start with _")
 	r = admin.run(t, "init", "--producers", " , ")

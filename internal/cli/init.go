@@ -88,6 +88,14 @@ func InitDB(ctx context.Context, client *kivik.Client, conn *Conn, opts protocol
 	}
 	res.Language = stored.Language
 	res.Validation = stored.ValidationOf()
+	if outcome == designdocs.KeptStored {
+		// A change asked for and not made is no success.
+		asked := opts.Validation != designdocs.ValidationKept && opts.Validation != designdocs.ValidationAuto && opts.Validation != res.Validation
+		if asked || (opts.Language != "" && string(opts.Language) != res.Language) {
+			return nil, fmt.Errorf("the design documents of %s were not changed: they keep validation %s and language %s, since only an admin may write design documents (connect as a server or database admin)",
+				conn.DB, res.Validation, res.Language)
+		}
+	}
 	if res.DBCreated {
 		// Only said, so a failed read is no failed init.
 		if info, err := client.DB(conn.DB).Stats(ctx); err == nil && info.Cluster != nil {
