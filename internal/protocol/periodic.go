@@ -211,12 +211,16 @@ func (c *Client) TickPeriodic(ctx context.Context, p Periodic, ticks Ticks, by s
 // of the last lateGrace; older ones were missed while nothing ran.
 const lateGrace = 10 * time.Second
 
-// collapseMissed applies CatchUpOnce to the due ticks: the recent ones
-// (within lateGrace) all stay; missed ones become one job, the latest,
-// unless a recent tick already covers them.
+// collapseMissed applies CatchUpOnce to the due ticks (two or more): the
+// recent ones (within lateGrace, or within one tick's interval when the
+// ticks come more often) all stay; missed ones become one job, the
+// latest, unless a recent tick already covers them. Without the interval
+// a schedule of every 5 s ran the two or three ticks of its last 10 s at
+// once after every outage, and at every run of a --drain worker from cron.
 func (c *Client) collapseMissed(name string, due []time.Time, now time.Time) []time.Time {
+	grace := min(lateGrace, due[len(due)-1].Sub(due[len(due)-2]))
 	first := len(due)
-	for first > 0 && now.Sub(due[first-1]) <= lateGrace {
+	for first > 0 && now.Sub(due[first-1]) <= grace {
 		first--
 	}
 	missed, recent := due[:first], due[first:]
