@@ -641,15 +641,7 @@ func TestSweepSettlesAJobFinishedOnTwoBranches(t *testing.T) {
 		t.Fatalf("conflicts view: %d rows (%v), want 1", listed, err)
 	}
 
-	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
-	if err != nil || res.Settled != 1 {
-		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
-	}
-	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
-	if len(live) != 1 || live[0].Status != protocol.StatusDone {
-		t.Fatalf("leaves after the sweep: %+v, want one done", live)
-	}
-	h := live[0].Item.History
+	h := cb.sweepSettlesDone(t, it.ID)
 	var keptBy string
 	done := 0
 	for _, e := range h {
@@ -759,19 +751,27 @@ func TestSettleKeepsDoneOverACancelOfTheSameClaim(t *testing.T) {
 	if got, err := cb.client.Get(cb.ctx, it.ID); err != nil || got.Status != protocol.StatusDone || got.Rev != done.Rev {
 		t.Fatalf("Get: %+v %v, want the done branch %s", got, err, done.Rev)
 	}
+	h := cb.sweepSettlesDone(t, it.ID)
+	withdrawn := false
+	for _, e := range h {
+		withdrawn = withdrawn || (e.Event == protocol.EventClaimWithdrawn && strings.Contains(e.Error, "cancelled"))
+	}
+	if !withdrawn {
+		t.Fatalf("the kept branch's history does not list the withdrawn cancel: %+v", h)
+	}
+}
+
+// sweepSettlesDone sweeps, wanting the conflicted job id settled as done
+// on one branch, and returns that branch's history.
+func (cb *conflictBundle) sweepSettlesDone(t *testing.T, id string) []protocol.Event {
+	t.Helper()
 	res, err := cb.client.Sweep(cb.ctx, "sweeper", 100)
 	if err != nil || res.Settled != 1 {
 		t.Fatalf("sweep: %+v %v, want one job settled", res, err)
 	}
-	live := liveLeaves(t, cb.ctx, cb.client, it.ID)
+	live := liveLeaves(t, cb.ctx, cb.client, id)
 	if len(live) != 1 || live[0].Status != protocol.StatusDone {
 		t.Fatalf("leaves after the sweep: %+v, want one done", live)
 	}
-	withdrawn := false
-	for _, e := range live[0].Item.History {
-		withdrawn = withdrawn || (e.Event == protocol.EventClaimWithdrawn && strings.Contains(e.Error, "cancelled"))
-	}
-	if !withdrawn {
-		t.Fatalf("the kept branch's history does not list the withdrawn cancel: %+v", live[0].Item.History)
-	}
+	return live[0].Item.History
 }
