@@ -137,13 +137,8 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 			return fmt.Errorf("%w: status is already %s", ErrWrongState, it.Status)
 		}
 		return nil
-	}, func(next *WorkItem) {
-		c.unclaim(next)
-		next.Status = StatusCancelled
-		next.LastError = truncate(reason)
-		next.FinishedAt = ToUnix(c.now())
-		c.record(next, EventCancelled, by, reason)
-	}, func(it *WorkItem) error { return c.request(ctx, it, requestCancel, by, reason) })
+	}, func(next *WorkItem) { c.cancel(next, by, reason) },
+		func(it *WorkItem) error { return c.request(ctx, it, requestCancel, by, reason) })
 	if err == nil && it.Status == StatusCancelled {
 		// What waited for it follows now rather than at the next sweep.
 		if ferr := c.Finished(ctx, it, by); ferr != nil {
@@ -151,6 +146,15 @@ func (c *Client) CancelJob(ctx context.Context, id, by, reason string) (*WorkIte
 		}
 	}
 	return it, err
+}
+
+// cancel makes next, an unfinished job, cancelled by by for reason.
+func (c *Client) cancel(next *WorkItem, by, reason string) {
+	c.unclaim(next)
+	next.Status = StatusCancelled
+	next.LastError = truncate(reason)
+	next.FinishedAt = ToUnix(c.now())
+	c.record(next, EventCancelled, by, reason)
 }
 
 // ClaimantGone returns nil when nobody may still be running it: it is not

@@ -1646,18 +1646,21 @@ func (c *Client) CancelBatch(ctx context.Context, id, by, reason string) (int, e
 	var failed []error
 	after := ""
 	for {
-		params := map[string]any{"reduce": false, "key": []any{id, "pending"}, "limit": cancelBatchPage}
+		limit := cancelBatchPage
+		params := map[string]any{"reduce": false, "key": []any{id, "pending"}}
 		if after != "" {
 			// From the last page's last job on: listed again when the
 			// index still has it pending (its write failed), not when it
 			// has taken the cancel, so it is left out by id, not skipped.
-			params["startkey_docid"], params["limit"] = after, cancelBatchPage+1
+			params["startkey_docid"] = after
+			limit++
 		}
+		params["limit"] = limit
 		ids, err := rowIDs(c.view(ctx, "batches", kivik.Params(params)))
 		if err != nil {
 			return n, fmt.Errorf("listing the unfinished jobs of batch %s: %w", id, err)
 		}
-		full := len(ids) == params["limit"]
+		full := len(ids) == limit
 		if after != "" && len(ids) > 0 && ids[0] == after {
 			ids = ids[1:]
 		}
@@ -1718,11 +1721,7 @@ func (c *Client) cancelMany(ctx context.Context, ids []string, by, reason string
 			continue
 		}
 		next := st.item.Clone()
-		c.unclaim(next)
-		next.Status = StatusCancelled
-		next.LastError = truncate(reason)
-		next.FinishedAt = ToUnix(c.now())
-		c.record(next, EventCancelled, by, reason)
+		c.cancel(next, by, reason)
 		nexts = append(nexts, next)
 	}
 	n := 0
