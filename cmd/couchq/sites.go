@@ -218,13 +218,14 @@ func (m *Main) linkSites(ctx context.Context, log zerolog.Logger, conn *connFlag
 	}
 	_, err = fmt.Fprintf(m.Stdout, "linked site %s (%s) and site %s (%s) both ways\n", site, conn.URL, peerSite, peer.URL)
 	for _, end := range []struct {
-		site, raw string
-		at        protocol.SiteEndpoint
-	}{{site, conn.RawURL, a}, {peerSite, peer.RawURL, b}} {
+		raw   string
+		at    protocol.SiteEndpoint
+		other string
+	}{{conn.RawURL, a, peerSite}, {peer.RawURL, b, site}} {
 		if strings.Contains(end.raw, ",") {
 			// CouchDB's replicator takes one URL for each end.
 			fmt.Fprintf(m.Stderr, "note: the links reach site %s through its first node, %s, alone: while that node is down the site is cut off from site %s. Link a cluster through an address that reaches any of its nodes (a load balancer)\n",
-				end.site, end.at.URL, map[string]string{site: peerSite, peerSite: site}[end.site])
+				end.at.Site, end.at.URL, end.other)
 		}
 	}
 	return err
