@@ -1574,3 +1574,27 @@ func TestClusterWorkerLeavesANodeCutOff(t *testing.T) {
 		t.Logf("jobs run more than once (a claim the cut caught): %v", twice)
 	}
 }
+
+// Stats on the cluster, its view ranges asked in one request of several,
+// gives each type its own figures, read through another node than the
+// jobs were written through.
+func TestClusterStatsOfManyTypes(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	const types = 12
+	addStatsTypes(cb.ctx, t, cb.clients[0], 0, types)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := cb.clients[1].Stats(cb.ctx, protocol.StatsOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wrong := statsTypesWrong(st, types)
+		if wrong == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the writes: %s", wrong)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

@@ -1,15 +1,19 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-kivik/kivik/v4"
 
 	"github.com/couchq/couchq/designdocs"
+	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -462,5 +466,104 @@ func TestCountersCountJobsCouchqDidNotEnqueueAndLeaveOutWaitingOnes(t *testing.T
 	clk.Set(t0.Add(5 * time.Minute))
 	if d := depth("wt"); d != 2 {
 		t.Errorf("two jobs released: depth %d, want 2", d)
+	}
+}
+
+// countingRequests counts the requests that pass through it.
+type countingRequests struct {
+	next http.RoundTripper
+	n    atomic.Int64
+}
+
+func (c *countingRequests) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// addStatsTypes writes, through c, jobs of the types type-<from> up to
+// type-<to> (excluded): of each, a job done, a job due and a job scheduled
+// in an hour.
+func addStatsTypes(ctx context.Context, t *testing.T, c *protocol.Client, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		typ := fmt.Sprintf("type-%02d", i)
+		for _, id := range []string{"done", "due"} {
+			if _, err := c.Enqueue(ctx, protocol.NewJob{ID: typ + "-" + id, Worker: typ}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Enqueue(ctx, protocol.NewJob{ID: typ + "-later", Worker: typ, At: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		it, err := c.Get(ctx, typ+"-done")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it, err = c.Claim(ctx, it, "host/1/w1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Complete(ctx, it, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// statsTypesWrong says how st differs from the figures of addStatsTypes'
+// types, from type-00 up to type-<types> (excluded); "" when it does not.
+func statsTypesWrong(st *protocol.Stats, types int) string {
+	if len(st.Types) != types {
+		return fmt.Sprintf("%d types in the stats, want %d", len(st.Types), types)
+	}
+	var wrong []string
+	for _, ts := range st.Types {
+		q := ts.Queue
+		if ts.Added != 3 || ts.Started != 1 || ts.Finished != 1 || ts.Wait.Count != 1 || ts.Service.Count != 1 || ts.Execution.Count != 1 ||
+			ts.Wait.P50 == nil || q.Due != 1 || q.Scheduled != 1 || q.Done != 1 || q.OldestDueAge <= 0 {
+			wrong = append(wrong, fmt.Sprintf("%s: %+v", ts.Type, ts))
+		}
+	}
+	if len(wrong) > 0 {
+		return fmt.Sprintf("want of each type 3 added, 1 started and finished, one of each timing with percentiles, 1 due, 1 scheduled, 1 done, an oldest due age; got\n%s", strings.Join(wrong, "\n"))
+	}
+	return ""
+}
+
+// Stats (a metrics scrape, `couchq stats`) costs as many requests at 40
+// job types as at 2 where the server answers several view ranges in one
+// request, and gives each type its own figures either way.
+func TestStatsRequestsDoNotGrowWithTypes(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var counter *countingRequests
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		counter = &countingRequests{next: next}
+		return counter
+	})
+	stats := func(types int) int64 {
+		t.Helper()
+		if _, err := client.Stats(tb.ctx, protocol.StatsOptions{}); err != nil { // indexes brought up to date
+			t.Fatal(err)
+		}
+		before := counter.n.Load()
+		st, err := client.Stats(tb.ctx, protocol.StatsOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests := counter.n.Load() - before
+		if wrong := statsTypesWrong(st, types); wrong != "" {
+			t.Fatal(wrong)
+		}
+		t.Logf("stats of %d types: %d requests", types, requests)
+		return requests
+	}
+	addStatsTypes(tb.ctx, t, tb.client, 0, 2)
+	few := stats(2)
+	addStatsTypes(tb.ctx, t, tb.client, 2, 40)
+	many := stats(40)
+	if server.Kind() == couchtest.KindPouchDB {
+		t.Logf("%s answers one view range a request: %d requests at 2 types, %d at 40", server.Kind(), few, many)
+		return
+	}
+	if many != few {
+		t.Errorf("stats took %d requests at 40 types, %d at 2: want as many", many, few)
 	}
 }

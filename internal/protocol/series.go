@@ -338,10 +338,11 @@ type TypeQueue struct {
 	QueueNow
 }
 
-// Queues reads every type's queue as of now in a few queries per type:
-// the counts by status of all types in one, the waiting jobs of all types
-// in one, and per type the due count and the oldest due job. Stats gives
-// the same figures with a window's activity, at many more queries a type.
+// Queues reads every type's queue as of now in a few queries, whatever the
+// number of types: the counts by status of all types in one, the waiting
+// jobs of all types in one, and the due count and the oldest due job of
+// every type with any in one each where the server takes several ranges in
+// a request (else one per type).
 func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 	now := ToUnix(c.now())
 	counts, shifts, err := c.counts(ctx)
@@ -373,7 +374,24 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 	for t := range waiting {
 		types[t] = true
 	}
+	var dueOf []string // types with waiting jobs: how many are due now?
+	var dueRanges [][2]any
+	for t := range types {
+		if t != "" && waiting[t] > 0 {
+			dueOf = append(dueOf, t)
+			dueRanges = append(dueRanges, [2]any{[]any{t}, []any{t, now}})
+		}
+	}
+	due, err := c.reduceCounts(ctx, "due", dueRanges)
+	if err != nil {
+		return nil, err
+	}
+	dueNow := map[string]int64{}
+	for i, t := range dueOf {
+		dueNow[t] = due[i]
+	}
 	out := make([]TypeQueue, 0, len(types))
+	var late []string // types with due jobs, not paused: how late?
 	for t := range types {
 		if t == "" {
 			continue
@@ -383,21 +401,22 @@ func (c *Client) Queues(ctx context.Context) ([]TypeQueue, error) {
 		q.Running, q.Failed, q.Done, q.Cancelled = byStatus[StatusRunning], byStatus[StatusFailed], byStatus[StatusDone], byStatus[StatusCancelled]
 		q.Waiting = byStatus[StatusWaiting]
 		q.Paused, q.PausedReason = paused[t], reasons[t]
-		if waiting[t] > 0 {
-			if q.Due, err = c.reduceCount(ctx, "due", []any{t}, []any{t, now}); err != nil {
-				return nil, err
-			}
-			q.Scheduled = waiting[t] - q.Due
-		}
+		q.Due = dueNow[t]
+		q.Scheduled = waiting[t] - q.Due
 		// A conflicted job the due view lists under CouchDB's pick but
 		// that will settle otherwise is not due (nor the reverse).
 		q.Due = max(q.Due+shifts[t][StatusQueued], 0)
 		if q.Due > 0 && !q.Paused {
-			if q.OldestDueAge, err = c.oldestDueAge(ctx, t, now); err != nil {
-				return nil, err
-			}
+			late = append(late, t)
 		}
 		out = append(out, q)
+	}
+	ages, err := c.oldestDueAges(ctx, late, now)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].OldestDueAge = ages[out[i].Type]
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Type < out[j].Type })
 	return out, nil

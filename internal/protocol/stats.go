@@ -173,41 +173,30 @@ func (c *Client) Stats(ctx context.Context, opts StatsOptions) (*Stats, error) {
 	if !opts.Since.Before(opts.Until) {
 		return nil, fmt.Errorf("stats window: since %s is not before until %s", opts.Since, opts.Until)
 	}
-	types := []string{opts.Worker}
-	if opts.Worker == "" {
-		var err error
-		if types, err = c.Types(ctx); err != nil {
-			return nil, err
-		}
-	}
-	paused, reasons, err := c.pausedWhy(ctx)
+	queues, err := c.Queues(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// A paused type with no jobs at all is still worth a row.
-	for typ := range paused {
-		if (opts.Worker == "" || opts.Worker == typ) && !contains(types, typ) {
-			types = append(types, typ)
+	var types []string
+	byType := map[string]QueueNow{}
+	for _, q := range queues {
+		if opts.Worker == "" || q.Type == opts.Worker {
+			types = append(types, q.Type)
+			byType[q.Type] = q.QueueNow
 		}
 	}
-	sort.Strings(types)
-	shifts, err := c.conflictShifts(ctx)
-	if err != nil {
-		return nil, err
+	if opts.Worker != "" && len(types) == 0 {
+		types = []string{opts.Worker} // a row of zeros, as asked
 	}
 	out := &Stats{Since: opts.Since.UTC(), Until: opts.Until.UTC()}
-	for _, typ := range types {
-		ts, err := c.typeStats(ctx, typ, opts, now)
-		if err != nil {
-			return nil, err
-		}
-		ts.Queue.shift(shifts[typ])
-		if paused[typ] {
-			ts.Queue.Paused, ts.Queue.PausedReason, ts.Queue.OldestDueAge = true, reasons[typ], 0
-		}
-		out.Types = append(out.Types, *ts)
+	if out.Types, err = c.windowStats(ctx, types, opts); err != nil {
+		return nil, err
+	}
+	for i := range out.Types {
+		ts := &out.Types[i]
+		ts.Queue = byType[ts.Type]
 		if ts.Queue.Due > 0 {
-			due, err := c.dueBySite(ctx, typ, ToUnix(now))
+			due, err := c.dueBySite(ctx, ts.Type, ToUnix(now))
 			if err != nil {
 				return nil, err
 			}
@@ -307,70 +296,58 @@ func (c *Client) counts(ctx context.Context) (map[string]map[Status]int64, map[s
 	return out, shifts, nil
 }
 
-func (c *Client) typeStats(ctx context.Context, typ string, opts StatsOptions, now time.Time) (*TypeStats, error) {
-	ts := &TypeStats{Type: typ}
-	since, until := opts.Since, opts.Until
-	from, to := ToUnix(since), ToUnix(until)
+// windowStats reads the events and timings of types in the window of
+// opts: for all types at once, a request for each of the three views
+// (events, timings, attempt_times), and one more for each view's rows
+// when percentiles are asked, where the server takes several ranges in a
+// request. A metrics scrape then costs the same few requests at 50 types
+// as at one.
+func (c *Client) windowStats(ctx context.Context, types []string, opts StatsOptions) ([]TypeStats, error) {
+	out := make([]TypeStats, len(types))
+	from, to := ToUnix(opts.Since), ToUnix(opts.Until)
+	events := []string{EventEnqueued, EventClaimed, EventDone, EventFailed, EventRetryScheduled}
+	counted := func(ts *TypeStats) []*int64 {
+		return []*int64{&ts.Added, &ts.Started, &ts.Finished, &ts.Failed, &ts.Retried}
+	}
+	var eventRanges [][2]any
+	for _, typ := range types {
+		for _, e := range events {
+			eventRanges = append(eventRanges, [2]any{[]any{typ, e, from}, []any{typ, e, to}})
+		}
+	}
+	counts, err := c.reduceCounts(ctx, "events", eventRanges)
+	if err != nil {
+		return nil, err
+	}
 	rows := percentileRows
 	if opts.NoPercentiles {
 		rows = 0
 	}
-	counts := []struct {
-		event string
-		dst   *int64
-	}{
-		{EventEnqueued, &ts.Added}, {EventClaimed, &ts.Started}, {EventDone, &ts.Finished},
-		{EventFailed, &ts.Failed}, {EventRetryScheduled, &ts.Retried},
+	var timingRanges, attemptRanges [][2]any
+	for _, typ := range types {
+		timingRanges = append(timingRanges,
+			[2]any{[]any{typ, "wait", from}, []any{typ, "wait", to}},
+			[2]any{[]any{typ, "service", from}, []any{typ, "service", to}})
+		attemptRanges = append(attemptRanges, [2]any{[]any{typ, from}, []any{typ, to}})
 	}
-	for _, e := range counts {
-		n, err := c.reduceCount(ctx, "events", []any{typ, e.event, from}, []any{typ, e.event, to})
-		if err != nil {
-			return nil, err
+	timings, err := c.summaries(ctx, "timings", timingRanges, rows)
+	if err != nil {
+		return nil, err
+	}
+	attempts, err := c.summaries(ctx, "attempt_times", attemptRanges, rows)
+	if err != nil {
+		return nil, err
+	}
+	for i, typ := range types {
+		ts := &out[i]
+		ts.Type = typ
+		for j, dst := range counted(ts) {
+			*dst = counts[i*len(events)+j]
 		}
-		*e.dst = n
+		ts.Throughput = float64(ts.Finished) / opts.Until.Sub(opts.Since).Seconds()
+		ts.Wait, ts.Service, ts.Execution = timings[2*i], timings[2*i+1], attempts[i]
 	}
-	ts.Throughput = float64(ts.Finished) / until.Sub(since).Seconds()
-	var err error
-	if ts.Wait, err = c.summary(ctx, "timings", []any{typ, "wait", from}, []any{typ, "wait", to}, rows); err != nil {
-		return nil, err
-	}
-	if ts.Service, err = c.summary(ctx, "timings", []any{typ, "service", from}, []any{typ, "service", to}, rows); err != nil {
-		return nil, err
-	}
-	if ts.Execution, err = c.summary(ctx, "attempt_times", []any{typ, from}, []any{typ, to}, rows); err != nil {
-		return nil, err
-	}
-	if ts.Queue, err = c.queueNow(ctx, typ, now); err != nil {
-		return nil, err
-	}
-	return ts, nil
-}
-
-// queueNow reads a type's current queue from the due and status views.
-func (c *Client) queueNow(ctx context.Context, typ string, now time.Time) (QueueNow, error) {
-	var q QueueNow
-	t := ToUnix(now)
-	var err error
-	if q.Due, err = c.reduceCount(ctx, "due", []any{typ}, []any{typ, t}); err != nil {
-		return q, err
-	}
-	if q.Scheduled, err = c.reduceCount(ctx, "due", []any{typ, math.Nextafter(t, math.Inf(1))}, []any{typ, map[string]any{}}); err != nil {
-		return q, err
-	}
-	for st, dst := range map[Status]*int64{
-		StatusRunning: &q.Running, StatusFailed: &q.Failed, StatusDone: &q.Done, StatusCancelled: &q.Cancelled,
-		StatusWaiting: &q.Waiting,
-	} {
-		if *dst, err = c.reduceCount(ctx, "status", []any{typ, string(st)}, []any{typ, string(st)}); err != nil {
-			return q, err
-		}
-	}
-	if q.Due > 0 {
-		if q.OldestDueAge, err = c.oldestDueAge(ctx, typ, t); err != nil {
-			return q, err
-		}
-	}
-	return q, nil
+	return out, nil
 }
 
 // dueBySite counts typ's jobs due at now by owner site, in a database of
@@ -444,54 +421,95 @@ func (q *QueueNow) shift(by map[Status]int64) {
 	}
 }
 
-// oldestDueAge is how long the oldest due job of typ has waited at now
-// (Unix seconds): since its due date, or its creation when it was due at
-// once. The due view keys the jobs due at once by creation and the others
-// by due date, so it is the older of the first row of each range (a job
-// due at once with no created_at, written by hand, has no age to give).
-func (c *Client) oldestDueAge(ctx context.Context, typ string, now float64) (float64, error) {
-	oldest := math.Inf(1)
-	for _, r := range [][2][]any{
-		{{typ, 0, math.SmallestNonzeroFloat64}, {typ, 0, map[string]any{}}}, // due at once, by creation
-		{{typ, 0, map[string]any{}}, {typ, now}},                            // due by date
-	} {
-		rows := c.view(ctx, "due", kivik.Params(map[string]any{
-			"startkey": r[0], "endkey": r[1], "reduce": false, "limit": 1,
-		}))
+// oldestDueAges is how long the oldest due job of each of types has
+// waited at now (Unix seconds): since its due date, or its creation when
+// it was due at once. The due view keys the jobs due at once by creation
+// and the others by due date, so it is the older of the first row of each
+// range (a job due at once with no created_at, written by hand, has no
+// age to give: 0).
+func (c *Client) oldestDueAges(ctx context.Context, types []string, now float64) (map[string]float64, error) {
+	var ranges []map[string]any
+	for _, typ := range types {
+		for _, r := range [][2][]any{
+			{{typ, 0, math.SmallestNonzeroFloat64}, {typ, 0, map[string]any{}}}, // due at once, by creation
+			{{typ, 0, map[string]any{}}, {typ, now}},                            // due by date
+		} {
+			ranges = append(ranges, map[string]any{"startkey": r[0], "endkey": r[1], "reduce": false, "limit": 1})
+		}
+	}
+	oldest := map[string]float64{}
+	err := c.viewRanges(ctx, "due", ranges, "reading the oldest due jobs", func(i int, rows *kivik.ResultSet) (bool, error) {
+		typ := types[i/2]
 		for rows.Next() {
 			var key []any
 			if err := rows.ScanKey(&key); err != nil {
-				_ = rows.Close()
-				return 0, fmt.Errorf("reading the oldest due %s job: %w", typ, err)
+				return false, err
 			}
 			if since, ok := key[len(key)-1].(float64); ok && since > 0 {
-				oldest = math.Min(oldest, since)
+				if o, seen := oldest[typ]; !seen || since < o {
+					oldest[typ] = since
+				}
 			}
 		}
-		err := rows.Err()
-		_ = rows.Close()
-		if err != nil {
-			return 0, fmt.Errorf("reading the oldest due %s job: %w", typ, err)
-		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if math.IsInf(oldest, 1) {
-		return 0, nil
+	ages := map[string]float64{}
+	for typ, since := range oldest {
+		ages[typ] = math.Max(now-since, 0)
 	}
-	return math.Max(now-oldest, 0), nil
+	return ages, nil
 }
 
 // reduceCount runs a view's reduce over [start, end] and reads a count
-// (_count) or the count field of _stats.
+// (scanCount).
 func (c *Client) reduceCount(ctx context.Context, view string, start, end any) (int64, error) {
-	rows := c.view(ctx, view, kivik.Params(map[string]any{
-		"startkey": start, "endkey": end, "reduce": true,
-	}))
+	rows := c.view(ctx, view, kivik.Params(reduceRange(start, end)))
 	defer rows.Close()
+	n, err := scanCount(rows)
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading view %s: %w", view, err)
+	}
+	return n, nil
+}
+
+// reduceCounts is reduceCount over each of ranges, in one request where
+// the server takes several ranges in one (viewRanges).
+func (c *Client) reduceCounts(ctx context.Context, view string, ranges [][2]any) ([]int64, error) {
+	out := make([]int64, len(ranges))
+	err := c.viewRanges(ctx, view, reduceRanges(ranges), "reading view "+view, func(i int, rows *kivik.ResultSet) (bool, error) {
+		var err error
+		out[i], err = scanCount(rows)
+		return false, err
+	})
+	return out, err
+}
+
+func reduceRange(start, end any) map[string]any {
+	return map[string]any{"startkey": start, "endkey": end, "reduce": true}
+}
+
+func reduceRanges(ranges [][2]any) []map[string]any {
+	out := make([]map[string]any, len(ranges))
+	for i, r := range ranges {
+		out[i] = reduceRange(r[0], r[1])
+	}
+	return out
+}
+
+// scanCount reads a reduce's rows as a count: of _count, or the count
+// field of _stats.
+func scanCount(rows *kivik.ResultSet) (int64, error) {
 	var n int64
 	for rows.Next() {
 		var raw json.RawMessage
 		if err := rows.ScanValue(&raw); err != nil {
-			return 0, fmt.Errorf("reading view %s: %w", view, err)
+			return 0, err
 		}
 		var count int64
 		if json.Unmarshal(raw, &count) != nil {
@@ -499,68 +517,69 @@ func (c *Client) reduceCount(ctx context.Context, view string, start, end any) (
 				Count int64 `json:"count"`
 			}
 			if err := json.Unmarshal(raw, &st); err != nil {
-				return 0, fmt.Errorf("reading view %s: unexpected value %s", view, raw)
+				return 0, fmt.Errorf("unexpected value %s", raw)
 			}
 			count = st.Count
 		}
 		n += count
 	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("reading view %s: %w", view, err)
-	}
 	return n, nil
 }
 
-// summary reads a _stats view's reduce over [start, end] and, when the
-// range holds at most maxRows rows, the rows for percentiles.
-func (c *Client) summary(ctx context.Context, view string, start, end any, maxRows int) (Summary, error) {
-	var s Summary
-	rows := c.view(ctx, view, kivik.Params(map[string]any{
-		"startkey": start, "endkey": end, "reduce": true,
-	}))
-	var st struct {
-		Sum   float64 `json:"sum"`
-		Count int64   `json:"count"`
-		Min   float64 `json:"min"`
-		Max   float64 `json:"max"`
+// summaries reads a _stats view's reduce over each of ranges and, for
+// those that hold at most maxRows rows, the rows for percentiles: one
+// request for the reduces and one for the rows, where the server takes
+// several ranges in one (viewRanges).
+func (c *Client) summaries(ctx context.Context, view string, ranges [][2]any, maxRows int) ([]Summary, error) {
+	out := make([]Summary, len(ranges))
+	err := c.viewRanges(ctx, view, reduceRanges(ranges), "reading view "+view, func(i int, rows *kivik.ResultSet) (bool, error) {
+		var st struct {
+			Sum   float64 `json:"sum"`
+			Count int64   `json:"count"`
+			Min   float64 `json:"min"`
+			Max   float64 `json:"max"`
+		}
+		for rows.Next() {
+			if err := rows.ScanValue(&st); err != nil {
+				return false, err
+			}
+		}
+		if st.Count > 0 {
+			out[i] = Summary{Count: st.Count, Min: st.Min, Max: st.Max, Mean: st.Sum / float64(st.Count)}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	for rows.Next() {
-		if err := rows.ScanValue(&st); err != nil {
-			rows.Close()
-			return s, fmt.Errorf("reading view %s: %w", view, err)
+	var listed []int
+	var rowRanges []map[string]any
+	for i, s := range out {
+		if s.Count > 0 && s.Count <= int64(maxRows) {
+			listed = append(listed, i)
+			rowRanges = append(rowRanges, map[string]any{"startkey": ranges[i][0], "endkey": ranges[i][1], "reduce": false})
 		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("reading view %s: %w", view, err)
-	}
-	if st.Count == 0 {
-		return s, nil
-	}
-	s = Summary{Count: st.Count, Min: st.Min, Max: st.Max, Mean: st.Sum / float64(st.Count)}
-	if st.Count > int64(maxRows) {
-		return s, nil
-	}
-	values := make([]float64, 0, st.Count)
-	rows = c.view(ctx, view, kivik.Params(map[string]any{
-		"startkey": start, "endkey": end, "reduce": false,
-	}))
-	defer rows.Close()
-	for rows.Next() {
-		var v float64
-		if err := rows.ScanValue(&v); err == nil {
-			values = append(values, v)
+	err = c.viewRanges(ctx, view, rowRanges, "reading view "+view+" rows", func(j int, rows *kivik.ResultSet) (bool, error) {
+		s := &out[listed[j]]
+		values := make([]float64, 0, s.Count)
+		for rows.Next() {
+			var v float64
+			if err := rows.ScanValue(&v); err == nil {
+				values = append(values, v)
+			}
 		}
+		if len(values) > 0 {
+			sort.Float64s(values)
+			p50, p95 := Percentile(values, 0.50), Percentile(values, 0.95)
+			s.P50, s.P95 = &p50, &p95
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("reading view %s rows: %w", view, err)
-	}
-	if len(values) > 0 {
-		sort.Float64s(values)
-		p50, p95 := Percentile(values, 0.50), Percentile(values, 0.95)
-		s.P50, s.P95 = &p50, &p95
-	}
-	return s, nil
+	return out, nil
 }
 
 // Percentile is the nearest-rank percentile (0 < p <= 1) of sorted values.
