@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -119,6 +122,52 @@ func TestPeriodicMissedTicks(t *testing.T) {
 		if _, again, err := tb.client.TickPeriodic(tb.ctx, p, ticks, "other"); err != nil || len(again) != 0 {
 			t.Fatalf("a second process at the same time enqueued %v (%v)", again, err)
 		}
+	}
+}
+
+// Two processes running one schedule name with different schedules
+// enqueue the ticks of both: each says so in its log, once. A second
+// process with the same schedule says nothing.
+func TestPeriodicOneNameTwoSchedulesWarns(t *testing.T) {
+	clk := opstest.NewClock(time.Date(2026, 11, 23, 12, 0, 30, 0, time.UTC))
+	tb := setup(t, protocol.Config{Now: clk.Now})
+	process := func() (*protocol.Client, *couchtest.SyncBuffer) {
+		var logged couchtest.SyncBuffer
+		q, err := protocol.New(tb.ctx, tb.db, protocol.Config{Now: clk.Now, Logger: zerolog.New(&logged)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q, &logged
+	}
+	tick := func(q *protocol.Client, spec, by string) {
+		t.Helper()
+		p := protocol.Periodic{Name: "report", Schedule: spec, Job: protocol.NewJob{Worker: "report"}}
+		ticks, err := protocol.CheckPeriodic(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := q.TickPeriodic(tb.ctx, p, ticks, by); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const warning = "another process with another schedule"
+	hourly, hourlyLog := process()
+	same, sameLog := process()
+	daily, dailyLog := process()
+	for range 3 {
+		tick(hourly, "@every 1h", "a")
+		tick(same, "@every 1h", "b")
+		tick(daily, "@every 24h", "c")
+		clk.Add(time.Hour)
+	}
+	if n := strings.Count(dailyLog.String(), warning); n != 1 {
+		t.Errorf("the process with the other schedule warned %d times, want once:\n%s", n, dailyLog)
+	}
+	if n := strings.Count(hourlyLog.String(), warning); n != 1 {
+		t.Errorf("a process with the first schedule, after the other ticked, warned %d times, want once:\n%s", n, hourlyLog)
+	}
+	if strings.Contains(sameLog.String(), warning) && !strings.Contains(sameLog.String(), `"theirs":"@every 24h"`) {
+		t.Errorf("a process warned of another with its own schedule:\n%s", sameLog)
 	}
 }
 

@@ -153,6 +153,9 @@ type Client struct {
 	warnedNoSites atomic.Bool
 	// flow is what the client knows of the database's waiting jobs (flow.go).
 	flow flowState
+	// warnedSchedules holds the names of periodic schedules the client
+	// has warned are run with another schedule elsewhere (TickPeriodic).
+	warnedSchedules sync.Map
 }
 
 // New returns a Client for db. It asks the server for the database's

@@ -173,6 +173,15 @@ func (c *Client) TickPeriodic(ctx context.Context, p Periodic, ticks Ticks, by s
 	}
 	if st == nil {
 		st = &PeriodicState{ID: PeriodicStateID(p.Name), Type: PeriodicStateType, Name: p.Name, LastTick: ToUnix(now)}
+	} else if st.UpdatedBy != by && (st.Schedule != ticks.spec || st.Worker != p.Job.Worker) {
+		// The ticks' ids are made of the name and the time alone: two
+		// processes running one name with different schedules enqueue the
+		// ticks of both, and nothing else would say so.
+		if _, warned := c.warnedSchedules.LoadOrStore(p.Name, true); !warned {
+			c.log.Warn().Str("schedule", p.Name).Str("theirs", st.Schedule).Str("their_type", st.Worker).Str("by", st.UpdatedBy).
+				Str("ours", ticks.spec).Str("our_type", p.Job.Worker).
+				Msg("periodic schedule last ticked by another process with another schedule or job type: while both run, the ticks of both are enqueued under this name; after a change of schedule, the other is the process it replaced")
+		}
 	}
 	var due []time.Time
 	t := ticks.Next(FromUnix(st.LastTick))
