@@ -341,6 +341,16 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 			t.Errorf("%s: got %d %s, want 201", ok, code, body)
 		}
 	}
+	// An id with a terminal's escape would reach the operator's terminal
+	// in every listing.
+	if code, body := tb.raw(t, http.MethodPut, "/"+url.PathEscape("job:x\x1b[2J\x1b[HALL GOOD"), `{"type":"WorkItem","worker":"a"}`); code != http.StatusForbidden ||
+		!strings.Contains(body, "_id must not contain control characters") {
+		t.Errorf("a job whose id holds control characters: got %d %s, want 403", code, body)
+	}
+	if _, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{ID: "job:x\x1b[2J", Worker: "a"}); !errors.Is(err, protocol.ErrInvalidJob) ||
+		!strings.Contains(err.Error(), "contains control characters") {
+		t.Errorf("enqueueing a job whose id holds control characters: %v, want ErrInvalidJob", err)
+	}
 	// A unique job written by hand, under the id couchq would derive.
 	if code, body := tb.raw(t, http.MethodPut, "/"+url.PathEscape("job:unique:a:k@2026-11-23T00:00:00Z"),
 		`{"type":"WorkItem","worker":"a","unique_key":"k"}`); code != http.StatusCreated {

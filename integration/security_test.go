@@ -29,6 +29,8 @@ type rolesBundle struct {
 	admin    *protocol.Client
 	producer *protocol.Client
 	worker   *protocol.Client
+	// reader is a member with no couchq role, added by hand.
+	reader   *protocol.Client
 	users    map[string]string // role in the test -> "name:password"
 	adminSrv *protocol.Server
 }
@@ -44,7 +46,7 @@ func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
 	}
 	sfx := fmt.Sprintf("%08x", rand.Uint32())
 	workerRole := "couchq-workers-" + sfx
-	for name, roles := range map[string][]string{"producer-" + sfx: nil, "worker-" + sfx: {workerRole}, "outsider-" + sfx: nil} {
+	for name, roles := range map[string][]string{"producer-" + sfx: nil, "worker-" + sfx: {workerRole}, "outsider-" + sfx: nil, "reader-" + sfx: nil} {
 		password := fmt.Sprintf("pw-%016x", rand.Uint64())
 		if err := srv.AddUser(ctx, name, password, roles...); err != nil {
 			if errors.Is(err, couchtest.ErrNoUsers) {
@@ -56,6 +58,10 @@ func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
 	}
 	user, password := srv.Credentials()
 	rb.adminSrv = rb.connect(t, user+":"+password)
+	// Members added by hand stay when couchq's roles are set.
+	if err := rb.adminSrv.Client.DB(rb.dbName).SetSecurity(ctx, &kivik.Security{Members: kivik.Members{Names: []string{"reader-" + sfx}}}); err != nil {
+		t.Fatal(err)
+	}
 	sec, err := rb.adminSrv.SetRoles(ctx, rb.dbName, protocol.Roles{
 		Workers:   protocol.Access{Roles: []string{workerRole}},
 		Producers: protocol.Access{Names: []string{"producer-" + sfx}},
@@ -68,6 +74,7 @@ func setupRoles(t *testing.T, srv *couchtest.Server) *rolesBundle {
 	}
 	rb.admin = rb.open(t, user+":"+password, true)
 	rb.producer = rb.open(t, rb.as("producer"), true)
+	rb.reader = rb.open(t, rb.as("reader"), true)
 	// The worker writes as workers do, to a majority of the copies: a
 	// holder's write answered 202 (a slow copy) is read back, and that
 	// needs a server admin on a cluster.
@@ -183,6 +190,53 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 	_, err = rb.producer.DB().Put(ctx, held.ID, map[string]any{"_rev": held.Rev, "note": "gone"})
 	rb.refused(t, "producer writing a plain document over a running job", err, producerOnly)
 	rb.refused(t, "producer pausing a type", rb.producer.Pause(ctx, "mail", "producer", ""), producerOnly)
+	// ...nor by replicating a revision over it (a replication, or
+	// new_edits=false), which CouchDB judges against the stored revision
+	// it names as its ancestor, or none: of a later generation, it would
+	// stand over the claim, and the job would run again.
+	revIDs := rawDocRevs(t, rb.worker, held.ID)["_revisions"].(map[string]any)["ids"].([]any)
+	firstRev := revIDs[len(revIDs)-1].(string) // the job's first revision, the enqueue's
+	path := []any{"ffff"}
+	for g := 99; g > 1; g-- {
+		path = append(path, fmt.Sprintf("%04x", g))
+	}
+	path = append(path, firstRev)
+	for _, who := range []struct {
+		name string
+		c    *protocol.Client
+	}{{"producer", rb.producer}, {"reader", rb.reader}} {
+		queued := map[string]any{"_id": held.ID, "type": "WorkItem", "worker": "mail", "status": "queued"}
+		queued["_rev"] = "100-eeee"
+		rb.replicationRefused(t, who.name+" replicating a revision of its own over a running job", who.c, queued)
+		queued["_rev"], queued["_revisions"] = "100-ffff", map[string]any{"start": 100, "ids": path}
+		rb.replicationRefused(t, who.name+" replicating a revision that descends from the job's first over its claim", who.c, queued)
+		rb.replicationRefused(t, who.name+" replicating a plain document over a running job", who.c, map[string]any{"_id": held.ID, "_rev": "100-dddd", "type": "Junk"})
+	}
+	// A producer's new job, made elsewhere (an application's PouchDB) and
+	// replicated in, is let in: it stands over nothing.
+	if res, err := rb.producer.DB().BulkDocs(ctx, []any{map[string]any{"_id": "job:from-an-app", "_rev": "1-abcd", "type": "WorkItem", "worker": "mail"}},
+		kivik.Param("new_edits", false)); err != nil || len(res) > 0 && res[0].Error != nil {
+		t.Errorf("producer replicating a new job in: %v %+v", err, res)
+	}
+	// couchq's own ids hold couchq's documents: a member may not take one
+	// ahead of couchq with a document of its own, nor a producer with a job.
+	const readerOnly = "is neither a couchq worker nor a producer"
+	for _, w := range []struct {
+		what string
+		c    *protocol.Client
+		id   string
+		doc  map[string]any
+		want string
+	}{
+		{"reader writing a plain document at a pause's id", rb.reader, protocol.ControlID("mail"), map[string]any{"type": "Junk"}, readerOnly},
+		{"producer writing a plain document at a pause's id", rb.producer, protocol.ControlID("mail"), map[string]any{"type": "Junk"}, producerOnly},
+		{"producer writing a job at a pause's id", rb.producer, protocol.ControlID("mail"), map[string]any{"type": "WorkItem", "worker": "mail"}, "ids starting so are couchq's TypeControl"},
+		{"reader writing a plain document at a unique key's id", rb.reader, "job:unique:mail:invoice-42", map[string]any{"type": "Junk"}, readerOnly},
+		{"producer writing a plain document at a slot's id", rb.producer, protocol.SlotReservationID("invoices", "T-0001"), map[string]any{"type": "Junk"}, producerOnly},
+	} {
+		_, err := w.c.DB().Put(ctx, w.id, w.doc)
+		rb.refused(t, w.what, err, w.want)
+	}
 	// Writing a finished job from scratch is refused too.
 	_, err = rb.producer.DB().Put(ctx, "forged", map[string]any{"type": "WorkItem", "worker": "mail", "status": "done", "finished_at": 1})
 	rb.refused(t, "producer creating a finished job", err, producerOnly)
@@ -279,6 +333,31 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+}
+
+// replicationRefused writes doc as c's user with new_edits=false (as a
+// replication does) and checks that CouchDB refuses it.
+func (rb *rolesBundle) replicationRefused(t *testing.T, what string, c *protocol.Client, doc map[string]any) {
+	t.Helper()
+	res, err := c.DB().BulkDocs(rb.ctx, []any{doc}, kivik.Param("new_edits", false))
+	if err == nil && len(res) > 0 {
+		err = res[0].Error
+	}
+	if err == nil {
+		t.Errorf("%s: allowed, want refused", what)
+	} else if !strings.Contains(err.Error(), "may not write replicated revisions") {
+		t.Errorf("%s: %v, want refused as a replicated revision", what, err)
+	}
+}
+
+// rawDocRevs reads a document with its revision history (_revisions).
+func rawDocRevs(t *testing.T, c *protocol.Client, id string) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := c.DB().Get(context.Background(), id, kivik.Param("revs", true)).ScanDoc(&doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
 }
 
 // deniedAccess reports a refusal to let the user into the database: 403

@@ -30,9 +30,38 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // What a write replaces counts as much as what it writes: a job (or a
   // pause) written over with a document of no couchq type is destroyed.
   var oldType = (oldDoc && oldDoc._deleted !== true) ? oldDoc.type : undefined;
-  var touchesCouchq = couchqDocs.indexOf(docType) >= 0 || couchqDocs.indexOf(oldType) >= 0;
+  // couchq's documents have ids of their own (protocol's documentIDPrefixes;
+  // jobs enqueued through couchq start with "job:"): what stands at one is
+  // read as that document, whatever a write there calls itself.
+  var reservedIds = [['job:', 'WorkItem'], ['control:', 'TypeControl'], ['worker:', 'Worker'],
+    ['request:', 'SiteRequest'], ['periodic:', 'PeriodicSchedule'], ['site:', 'SiteHeartbeat'],
+    ['ratelimit:', 'RateSlot'], ['runslot:', 'RunSlot'], ['slot:', 'SlotReservation'], ['sequence:', 'Sequence']];
+  var reserved = newDoc._id === 'sites' ? 'Sites' : undefined;
+  for (var p = 0; p < reservedIds.length && !reserved; p++) {
+    if (newDoc._id.indexOf(reservedIds[p][0]) === 0) {
+      reserved = reservedIds[p][1];
+    }
+  }
+  var touchesCouchq = couchqDocs.indexOf(docType) >= 0 || couchqDocs.indexOf(oldType) >= 0 || reserved !== undefined;
+  var who = (userCtx && userCtx.name) ? 'user ' + userCtx.name : 'an anonymous user';
+  if (roleRules && !isAdmin && !inGroup(roleRules.workers)) {
+    // A replicated revision (a replication into the database, or
+    // _bulk_docs with new_edits=false) is judged against the stored
+    // revision it descends from, or none, not against the one that stands:
+    // with a later generation or a branch of its own it can win over a job
+    // or a pause it was never compared with. An edit names the revision it
+    // replaces, which is oldDoc; a replicated revision names itself. Only
+    // what cannot win over anything is let in: a producer's new job, made
+    // elsewhere and never edited there.
+    var revs = newDoc._revisions;
+    var replicated = revs && !(oldDoc && oldDoc._rev === revs.start + '-' + revs.ids[0]);
+    if (replicated && !(inGroup(roleRules.producers) && !oldDoc && revs.start === 1 &&
+        newDoc.type === 'WorkItem' && newDoc._deleted !== true)) {
+      throw ({forbidden: who + ' may not write replicated revisions into this database (a replication, or _bulk_docs with new_edits=false), ' +
+        'but for a producer\'s new jobs never edited: replicate with a couchq worker\'s or an admin\'s credentials'});
+    }
+  }
   if (roleRules && !isAdmin && touchesCouchq && !inGroup(roleRules.workers)) {
-    var who = (userCtx && userCtx.name) ? 'user ' + userCtx.name : 'an anonymous user';
     if (!inGroup(roleRules.producers)) {
       throw ({forbidden: who + ' is neither a couchq worker nor a producer of this database (couchq init --workers/--producers)'});
     }
@@ -59,6 +88,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
     } else {
       // Editing a job no one holds (its payload, its date) keeps its attempts.
       allowed = fresh(oldDoc, oldDoc.attempts || 0) && fresh(newDoc, oldDoc.attempts || 0);
+    }
+    if (allowed && reserved && reserved !== 'WorkItem') {
+      throw ({forbidden: who + ' may not write a job at ' + JSON.stringify(newDoc._id) + ': ids starting so are couchq\'s ' + reserved + ' documents\''});
     }
     if (!allowed) {
       throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones that never ran, ' +
@@ -139,6 +171,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // operator who reads it.
   if (/[\u0000-\u001f\u007f]/.test(newDoc.worker)) {
     reject('worker', 'must not contain control characters, got ' + JSON.stringify(newDoc.worker));
+  }
+  if (/[\u0000-\u001f\u007f]/.test(newDoc._id)) {
+    reject('_id', 'must not contain control characters, got ' + JSON.stringify(newDoc._id));
   }
   if (given(newDoc.date) && !isNum(newDoc.date)) {
     reject('date', 'must be a number of Unix seconds (or null for now), got ' + describe(newDoc.date));

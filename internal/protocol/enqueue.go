@@ -99,6 +99,8 @@ func checkJobID(id string) error {
 		return fmt.Errorf("%w: id %q is the sites document's", ErrInvalidJob, id)
 	case !utf8.ValidString(id):
 		return fmt.Errorf("%w: id %q is not valid UTF-8", ErrInvalidJob, id)
+	case HasControl(id):
+		return fmt.Errorf("%w: id %q contains control characters", ErrInvalidJob, id)
 	}
 	for _, p := range documentIDPrefixes {
 		if strings.HasPrefix(id, p) {
