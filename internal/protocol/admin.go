@@ -378,17 +378,30 @@ func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, 
 }
 
 // deleteSeen deletes documents at the revisions given in one _bulk_docs
-// request; documents that changed since (a 409) are skipped.
+// request; documents that changed since (a 409) are skipped. Any other
+// refusal (a user without the worker role: validate_doc_update's
+// forbidden) is an error, after counting what was deleted: a purge that
+// deleted nothing must not read as one that found nothing.
 func (c *Client) deleteSeen(ctx context.Context, docs []any) (int, error) {
 	results, err := c.db.BulkDocs(ctx, docs, c.bulkOpts()...)
 	if err != nil {
 		return 0, fmt.Errorf("deleting %d jobs: %w", len(docs), err)
 	}
-	n := 0
+	n, refused := 0, 0
+	var first error
 	for _, r := range results {
-		if r.Error == nil {
+		switch {
+		case r.Error == nil:
 			n++
+		case kivik.HTTPStatus(r.Error) != http.StatusConflict:
+			refused++
+			if first == nil {
+				first = fmt.Errorf("%s: %w", r.ID, r.Error)
+			}
 		}
+	}
+	if first != nil {
+		return n, fmt.Errorf("deleting %d jobs: %d refused, the first %w", len(docs), refused, first)
 	}
 	return n, nil
 }
