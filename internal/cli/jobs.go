@@ -66,11 +66,11 @@ func PrintJobs(ctx context.Context, w io.Writer, q *protocol.Client, batch *prot
 		if owner == "" {
 			owner = "-" // a single database's: any worker's
 		}
-		row(it.ID, it.Worker, owner, statusCell(it), fmt.Sprintf("%d/%d", it.Attempts, q.MaxAttempts(it)),
+		row(Printable(it.ID), it.Worker, owner, statusCell(it), fmt.Sprintf("%d/%d", it.Attempts, q.MaxAttempts(it)),
 			dueString(it, now), OneLine(it.LastError, lastErrorWidth))
 	}
 	for _, bad := range batch.Malformed {
-		row(bad.ID, "?", "?", "malformed", "-", "-", OneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
+		row(Printable(bad.ID), "?", "?", "malformed", "-", "-", OneLine(bad.Err.Field+" "+bad.Err.Reason, lastErrorWidth))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -56,7 +57,7 @@ func TimeAndAgo(t, now time.Time) string {
 // OneLine shortens s to its first line and at most width characters.
 func OneLine(s string, width int) string {
 	s, _, cut := strings.Cut(strings.TrimSpace(s), "\n")
-	s = strings.TrimSpace(s)
+	s = Printable(strings.TrimSpace(s))
 	if utf8.RuneCountInString(s) > width {
 		r := []rune(s)
 		return string(r[:width-1]) + "…"
@@ -66,6 +67,28 @@ func OneLine(s string, width int) string {
 	}
 	return s
 }
+
+// Printable is s with its control characters (a terminal's escape, a
+// tab, a carriage return) written as Go escapes (\x1b, \t, \r), so that
+// what a document holds cannot move the cursor, clear the screen or break
+// a table in the terminal of the operator who reads it.
+func Printable(s string) string {
+	if !strings.ContainsFunc(s, isControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0 }
 
 // Plural is one or many as n asks.
 func Plural(n int, one, many string) string {

@@ -42,6 +42,24 @@ func TestOneLine(t *testing.T) {
 	}
 }
 
+func TestPrintable(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"job:plain":                  "job:plain",
+		"job:x\x1b[2J\x1b[HALL GOOD": `job:x\x1b[2J\x1b[HALL GOOD`,
+		"tab\there":                  `tab\there`,
+		"déjà vu":                    "déjà vu",
+		"c1\u009b31m":                `c1\u009b31m`,
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := OneLine("boom \x1b[31mred\x1b[0m", 40); got != `boom \x1b[31mred\x1b[0m` {
+		t.Errorf("OneLine with escapes = %q", got)
+	}
+}
+
 func TestIsLoopback(t *testing.T) {
 	t.Parallel()
 	for host, want := range map[string]bool{
