@@ -286,7 +286,7 @@ func TestSweepAndWorkers(t *testing.T) {
 }
 
 // An exec command does not get the CouchDB password the worker was given,
-// in a variable of its own or in a URL: what it prints to stderr is stored
+// in a variable of its own, in a URL or as a file's name: what it prints to stderr is stored
 // in the job, where every reader of the database sees it. Not parallel:
 // the command inherits this process's environment.
 func TestWorkerExecCommandGetsNoPassword(t *testing.T) {
@@ -300,12 +300,14 @@ func TestWorkerExecCommandGetsNoPassword(t *testing.T) {
 	// The worker reads these through its own environment, which the
 	// command inherits.
 	t.Setenv("COUCHDB_PASSWORD", password)
+	// Nor the password file's name: the command could read the file.
+	t.Setenv("COUCHDB_PASSWORD_FILE", writePassword(t, password))
 	t.Setenv("COUCHQ_TEST_URL_WITH_PASSWORD", u.String())
 	t.Setenv("COUCHQ_TEST_PLAIN", "kept")
 	c = c.withEnv("COUCHDB_URL", u.String())
 	expect(t, c.run(t, "enqueue", "--type", "leak", "--id", "leaky", "--max-attempts", "1"), exitOK)
 	r := c.run(t, "worker", "--type", "leak", "--handler", "exec", "--drain",
-		"--exec", `sh -c 'echo "pw=$COUCHDB_PASSWORD url=$COUCHQ_TEST_URL_WITH_PASSWORD plain=$COUCHQ_TEST_PLAIN" >&2; exit 1'`)
+		"--exec", `sh -c 'echo "pw=$COUCHDB_PASSWORD url=$COUCHQ_TEST_URL_WITH_PASSWORD file=$(cat "$COUCHDB_PASSWORD_FILE" 2>/dev/null) plain=$COUCHQ_TEST_PLAIN" >&2; exit 1'`)
 	expect(t, r, exitOK)
 	r = c.run(t, "show", "leaky", "--json")
 	var it protocol.WorkItem

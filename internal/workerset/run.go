@@ -209,13 +209,17 @@ func buildHandlers(conn *cli.Conn, specs []*Spec) ([]map[string]worker.Handler, 
 
 // commandEnv is environ without the CouchDB passwords the worker was
 // given: a variable that holds one ($COUCHDB_PASSWORD, a configuration
-// file's password_env), or a URL that carries one ($COUCHDB_URL). A
+// file's password_env), a URL that carries one ($COUCHDB_URL), or the
+// name of the file that holds one ($COUCHDB_PASSWORD_FILE). A
 // command has no need of the worker's credentials, and what it prints to
 // stderr is stored in the job, where every reader of the database sees it.
 func commandEnv(environ []string, passwords []string) []string {
 	out := make([]string, 0, len(environ))
 	for _, kv := range environ {
-		_, v, _ := strings.Cut(kv, "=")
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "COUCHDB_PASSWORD_FILE" {
+			continue // the command could read the file
+		}
 		if !slices.ContainsFunc(passwords, func(pw string) bool {
 			// In a URL the password is escaped: user:p%40ss@host.
 			inURL := url.UserPassword("", pw).String() + "@"
