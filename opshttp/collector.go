@@ -282,11 +282,15 @@ func (c *metricsCollector) refreshLocked() {
 	if age := now.Sub(c.refreshed); !c.refreshed.IsZero() && age >= 0 && age < c.cfg.ttl() {
 		return
 	}
-	c.refreshed = now
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RefreshTimeout)
 	defer cancel()
 	snap, err := c.fetch(ctx, now)
-	c.lastDuration = c.cfg.Now().Sub(now).Seconds()
+	// The figures are as fresh as the end of their fetch: the scrapes that
+	// waited for it use them. Stamped with its start, a fetch slower than
+	// CacheTTL left them stale on arrival, and each waiting scrape fetched
+	// again in turn.
+	c.refreshed = c.cfg.Now()
+	c.lastDuration = c.refreshed.Sub(now).Seconds()
 	if err != nil {
 		c.snap = nil
 		c.refreshErrors++
