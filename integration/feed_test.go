@@ -757,3 +757,29 @@ func TestJobScheduledWhileAClaimWaitsRunsWhenDue(t *testing.T) {
 		}
 	}
 }
+
+// A worker counts as ready again within seconds of CouchDB coming back
+// after a restart, not after a whole long-poll of its feed without
+// changes (FeedTimeout, here a minute).
+func TestWorkerReadySoonAfterARestart(t *testing.T) {
+	if !server.CanRestart() {
+		couchtest.Skip(t, fmt.Sprintf("%s servers are not ours to restart (%s)", server.Kind(), server.Reason()))
+	}
+	tb := setup(t, protocol.Config{})
+	cfg := fastWorker(tb, map[string]worker.Handler{"idle": worker.HandlerFunc(func(context.Context, *worker.Job) error { return nil })})
+	cfg.FeedTimeout, cfg.HeartbeatInterval = time.Minute, time.Second
+	w := startWorker(t, tb, cfg)
+	waitFor(t, 15*time.Second, "the worker to be ready", func() bool { return w.Ready() == nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := server.Restart(ctx); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	back := time.Now()
+	waitFor(t, 60*time.Second, "the worker to be ready again", func() bool { return w.Ready() == nil })
+	if took := time.Since(back); took > 20*time.Second {
+		t.Errorf("the worker was ready again %s after CouchDB answered, want well under its feed timeout (%s)", took.Round(time.Millisecond), cfg.FeedTimeout)
+	} else {
+		t.Logf("ready again %s after CouchDB answered", took.Round(time.Millisecond))
+	}
+}

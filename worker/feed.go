@@ -22,7 +22,14 @@ func (w *Worker) followChanges(ctx context.Context, since string) {
 		// runner.offer and fetch); a busy one finds them in the view anyway, and the
 		// server would read each document for nothing.
 		docs := w.anyIdle()
-		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), w.cfg.FeedTimeout, docs)
+		timeout := w.cfg.FeedTimeout
+		if broken {
+			// A short poll first: the feed counts as connected (Ready)
+			// within a second of CouchDB answering again, not after a
+			// whole long-poll without changes.
+			timeout = min(timeout, time.Second)
+		}
+		fc, last, err := w.client.WaitForWork(ctx, since, w.Types(), timeout, docs)
 		if err != nil {
 			if ctx.Err() != nil || w.stopping() {
 				return

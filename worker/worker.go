@@ -427,8 +427,8 @@ const readyHeartbeats = 3
 // not waiting to hear from the other sites (Config.AwaitSites). Otherwise
 // the error says why. It makes no request: probes may call it often.
 //
-// A broken feed counts as connected again once a long-poll succeeds, which
-// can take up to FeedTimeout after CouchDB is back.
+// A broken feed counts as connected again once a poll succeeds: the first
+// after a break waits at most a second.
 func (w *Worker) Ready() error {
 	w.health.mu.Lock()
 	defer w.health.mu.Unlock()
