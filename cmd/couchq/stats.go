@@ -32,7 +32,8 @@ prints the report as one JSON object, for scripts.
 	                after now counts as now)
 
 Times: wait is enqueue to first claim, service is enqueue to done or failed,
-execution is each attempt's run time; p50 and p95 are left out ("-") when
+execution is each attempt's claim to its outcome's write (a worker that
+waits out an outage to write it counts the wait); p50 and p95 are left out ("-") when
 the window holds too many jobs to read one by one.
 `
 

@@ -190,7 +190,7 @@ func (f *Failover) warn(i int, err error) {
 }
 
 func (f *Failover) warnHung(i int, err error) {
-	f.warnOnce(i, err, "CouchDB node gave no answer in time; the next requests go to the next node (reported at most once a minute per node)")
+	f.warnOnce(i, err, "CouchDB node gave no answer in time (it hangs, or waits for a node of its cluster that hangs); the next requests go to the next node (reported at most once a minute per node)")
 }
 
 // warnOnce logs msg about node i at most once per warnEvery.
