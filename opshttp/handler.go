@@ -41,6 +41,8 @@ type server struct {
 	cache *responseCache
 	// logins are the users recently logged in with ReadAuth.
 	logins *loginCache
+	// failedLogins are the logins CouchDB refused lately (login).
+	failedLogins *failedLoginLog
 	// hidden are the types of Config.HidePayload.
 	hidden map[string]bool
 }
@@ -59,7 +61,7 @@ func NewHandler(ctx context.Context, queue *couchq.Client, cfg Config) http.Hand
 	q := (*protocol.Client)(queue)
 	cfg = cfg.WithDefaults()
 	s := &server{q: q, db: q.DB().Name(), cfg: cfg, cache: &responseCache{ttl: cfg.ttl(), now: cfg.Now},
-		logins: &loginCache{ttl: cfg.ttl()}, hidden: map[string]bool{}}
+		logins: &loginCache{ttl: cfg.ttl()}, failedLogins: &failedLoginLog{}, hidden: map[string]bool{}}
 	for _, typ := range cfg.HidePayload {
 		s.hidden[typ] = true
 	}

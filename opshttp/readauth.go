@@ -2,6 +2,7 @@ package opshttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -82,6 +83,13 @@ func (s *server) login(ctx context.Context, r *http.Request) (sessionUser, int, 
 	if authorization, cookie := credentials(r); authorization == "" && cookie == "" {
 		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
 	}
+	name, _, _ := r.BasicAuth()
+	if name != "" {
+		if next, blocked := s.failedLogins.blocked(name, s.cfg.Now()); blocked {
+			return sessionUser{}, http.StatusTooManyRequests, fmt.Errorf("%d logins as %s failed here within %s: CouchDB is asked again from %s, "+
+				"so that failures sent through this server do not make CouchDB lock the account out", failedLoginsMax, name, failedLoginWindow, next.UTC().Format(time.RFC3339))
+		}
+	}
 	resp, err := s.askCouch(ctx, r, "/_session")
 	if err != nil {
 		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: %w", err)
@@ -91,13 +99,21 @@ func (s *server) login(ctx context.Context, r *http.Request) (sessionUser, int, 
 			Name  *string  `json:"name"`
 			Roles []string `json:"roles"`
 		} `json:"userCtx"`
+		Reason string `json:"reason"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&session)
 	_ = resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusBadRequest:
 		// 400: CouchDB's answer to a malformed AuthSession cookie.
+		if name != "" && resp.StatusCode == http.StatusUnauthorized {
+			s.failedLogins.add(name, s.cfg.Now())
+		}
 		return sessionUser{}, http.StatusUnauthorized, errNoCredentials
+	case resp.StatusCode == http.StatusForbidden:
+		// CouchDB's lockout after failed logins ("Account is temporarily
+		// locked due to multiple authentication failures").
+		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB refused the login: %s", cmp.Or(session.Reason, resp.Status))
 	case resp.StatusCode != http.StatusOK || err != nil:
 		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking credentials with CouchDB: GET /_session answered %s", resp.Status)
 	case session.UserCtx.Name == nil || *session.UserCtx.Name == "":
@@ -117,6 +133,75 @@ func (s *server) login(ctx context.Context, r *http.Request) (sessionUser, int, 
 		return sessionUser{}, http.StatusForbidden, fmt.Errorf("CouchDB user %s may not read database %s", user.name, s.db)
 	default:
 		return sessionUser{}, http.StatusBadGateway, fmt.Errorf("checking access to database %s: CouchDB answered %s", s.db, resp.Status)
+	}
+}
+
+// Failed logins a handler lets through to CouchDB, per user name: fewer
+// than CouchDB's lockout threshold (3.4 and later lock a user out for five
+// minutes after five failed logins from one address, and every login this
+// handler checks comes from its own address). Without the bound anyone who
+// can reach the handler could lock any account out of CouchDB, the
+// workers' included, by sending five wrong passwords for it.
+const (
+	failedLoginsMax   = 3
+	failedLoginWindow = 5 * time.Minute
+	// failedLoginNames bounds the names remembered: past it, names not
+	// yet failing are refused until the oldest failures expire.
+	failedLoginNames = 4096
+)
+
+// failedLoginLog remembers the failed logins of the last failedLoginWindow
+// by user name.
+type failedLoginLog struct {
+	mu     sync.Mutex
+	byName map[string][]time.Time
+}
+
+// blocked reports whether name has failed failedLoginsMax times within the
+// window before now, and when the oldest of those expires.
+func (f *failedLoginLog) blocked(name string, now time.Time) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	recent := f.recentLocked(name, now)
+	if len(recent) >= failedLoginsMax {
+		return recent[0].Add(failedLoginWindow), true
+	}
+	if recent == nil && len(f.byName) >= failedLoginNames {
+		f.pruneLocked(now)
+		if len(f.byName) >= failedLoginNames {
+			return now.Add(failedLoginWindow), true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (f *failedLoginLog) add(name string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byName == nil {
+		f.byName = map[string][]time.Time{}
+	}
+	f.byName[name] = append(f.recentLocked(name, now), now)
+}
+
+// recentLocked is name's failures within the window, oldest first; older
+// ones are forgotten.
+func (f *failedLoginLog) recentLocked(name string, now time.Time) []time.Time {
+	times := f.byName[name]
+	for len(times) > 0 && now.Sub(times[0]) >= failedLoginWindow {
+		times = times[1:]
+	}
+	if len(times) == 0 {
+		delete(f.byName, name)
+		return nil
+	}
+	f.byName[name] = times
+	return times
+}
+
+func (f *failedLoginLog) pruneLocked(now time.Time) {
+	for name := range f.byName {
+		f.recentLocked(name, now)
 	}
 }
 

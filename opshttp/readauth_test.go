@@ -19,6 +19,7 @@ import (
 
 	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/internal/couchtest"
+	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -396,5 +397,47 @@ func TestDashboardLoginSurvivesAnswersToEarlierReads(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if got, want := who(), "signed in as "+member; got != want {
 		t.Fatalf("after the answer to the read sent before the login, the page says %q, want %q", got, want)
+	}
+}
+
+// Wrong passwords sent through the handler reach CouchDB at most three
+// times per user in five minutes, fewer than CouchDB's lockout threshold:
+// then the handler answers 429 itself, and the account (a worker's, say)
+// stays usable at CouchDB. A login it checked before still reads, and the
+// user's logins reach CouchDB again once the failures are old.
+func TestDashboardFailedLoginsDoNotLockAccountsOut(t *testing.T) {
+	t.Parallel()
+	ctx, q := newQueue(t)
+	member, _ := readers(ctx, t, q)
+	clk := opstest.NewClock(time.Now())
+	rec := &recorder{base: http.DefaultTransport, sub: "/_session", users: map[string]int{}}
+	hs := serveHandler(ctx, t, q, Config{CouchURL: srv.URL(), HTTPClient: &http.Client{Transport: rec}, ReadAuth: true, Now: clk.Now, CacheTTL: time.Hour})
+	if code, _, body := getAs(t, hs.URL+"/api/queues", member, "secret"); code != http.StatusOK {
+		t.Fatalf("the member's first read: %d %s", code, body)
+	}
+	for i := range 5 {
+		code, _, body := getAs(t, hs.URL+"/api/queues", member, "wrong")
+		want := http.StatusUnauthorized
+		if i >= failedLoginsMax {
+			want = http.StatusTooManyRequests
+		}
+		if code != want {
+			t.Errorf("wrong password #%d: %d %s, want %d", i+1, code, body, want)
+		}
+	}
+	if n := rec.count(member); n != 1+failedLoginsMax {
+		t.Errorf("CouchDB was asked about %s %d times, want %d (one login, %d failures)", member, n, 1+failedLoginsMax, failedLoginsMax)
+	}
+	// CouchDB itself still takes the account.
+	if code, _, body := getAs(t, srv.URL()+"/_session", member, "secret"); code != http.StatusOK {
+		t.Errorf("the member at CouchDB after the wrong passwords: %d %s", code, body)
+	}
+	// The login checked before still reads; a new one waits.
+	if code, _, body := getAs(t, hs.URL+"/api/workers", member, "secret"); code != http.StatusOK {
+		t.Errorf("the member's login checked before: %d %s", code, body)
+	}
+	clk.Add(failedLoginWindow)
+	if code, _, body := getAs(t, hs.URL+"/api/queues", member, "wrong"); code != http.StatusUnauthorized {
+		t.Errorf("a wrong password after the failures expired: %d %s, want 401", code, body)
 	}
 }
