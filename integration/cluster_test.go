@@ -1598,3 +1598,45 @@ func TestClusterStatsOfManyTypes(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// An agent is handed a job as held only when every live branch of it is
+// the agent's claim: two claims of one revision stored on different
+// copies (one of which did not stand) give neither agent the job as held,
+// whichever branch CouchDB picks; the sweeper settles it once the leases
+// end.
+func TestClusterAgentNotHandedAJobAnotherClaimHolds(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	ctx := cb.ctx
+	if _, err := cb.clients[0].Enqueue(ctx, protocol.NewJob{Worker: "review", ID: "split"}); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := cb.clients[0].Get(ctx, "split")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cb.clients[0].ClaimForAgent(ctx, "review", 1, "alice", time.Hour)
+	if err != nil || len(got.Claimed) != 1 {
+		t.Fatalf("alice's claim: %+v, %v", got, err)
+	}
+	// Bob's claim of the same revision, stored beside alice's.
+	gen, hash, _ := strings.Cut(queued.Rev, "-")
+	if gen != "1" {
+		t.Fatalf("the queued job's revision %s", queued.Rev)
+	}
+	now := protocol.ToUnix(time.Now())
+	couchtest.InjectRevision(ctx, t, cb.cl.Server, cb.dbName, map[string]any{
+		"_id": "split", "_rev": "2-ffffffffffffffffffffffffffffffff",
+		"_revisions": map[string]any{"start": 2, "ids": []any{"ffffffffffffffffffffffffffffffff", hash}},
+		"type": "WorkItem", "worker": "review", "status": "running", "claimed": true, "claimed_by": "bob",
+		"claimed_at": now, "lease_until": now + 3600, "attempts": 1,
+	})
+	for _, agent := range []string{"alice", "bob"} {
+		again, err := cb.clients[1].ClaimForAgent(ctx, "review", 1, agent, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(again.Held) != 0 {
+			t.Errorf("%s was handed the job as held (%s, claimed by %s) though another claim of it is live", agent, again.Held[0].Rev, again.Held[0].ClaimedBy)
+		}
+	}
+}

@@ -94,6 +94,12 @@ func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, ag
 		return out, err
 	}
 	// A few rounds: claims lost to other claimants leave room for more.
+	// Claims stored but not standing (on a cluster: short of a majority,
+	// or beside another claim) are conceded before answering, as a
+	// worker's are: left live, one could become the job's winning branch
+	// and come back to the agent as held while the claim that stood runs.
+	var unrun []*UnrunClaim
+	defer func() { c.concedeNow(ctx, agent, unrun) }()
 	for round := 0; round < 3 && want > 0; round++ {
 		batch, err := c.DueFirst(ctx, worker, want*2)
 		if err != nil {
@@ -104,6 +110,9 @@ func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, ag
 		}
 		items := batch.Items[:min(len(batch.Items), want)]
 		for _, r := range c.ClaimMany(ctx, items, agent, lease) {
+			if r.Unrun != nil {
+				unrun = append(unrun, r.Unrun)
+			}
 			if r.Err == nil {
 				out.Claimed = append(out.Claimed, r.Item)
 				want--
@@ -113,6 +122,25 @@ func (c *Client) ClaimForAgent(ctx context.Context, worker string, count int, ag
 		}
 	}
 	return out, nil
+}
+
+// concedeNow concedes claims that will not run after the longest of their
+// waits (UnrunClaim.Wait, at most a couple of seconds): time for the claim
+// that stood to withdraw them first.
+func (c *Client) concedeNow(ctx context.Context, by string, claims []*UnrunClaim) {
+	if len(claims) == 0 {
+		return
+	}
+	var wait time.Duration
+	for _, u := range claims {
+		wait = max(wait, u.Wait)
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(wait):
+	}
+	c.Concede(ctx, by, claims)
 }
 
 // HeldBy lists the jobs of type worker (all types for "") that claimant
@@ -139,6 +167,44 @@ func (c *Client) HeldBy(ctx context.Context, claimant, worker string) ([]*WorkIt
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing the jobs %s holds: %w", claimant, err)
+	}
+	if c.n <= 1 || len(out) == 0 {
+		return out, nil
+	}
+	return c.heldOnEveryBranch(ctx, claimant, out)
+}
+
+// heldOnEveryBranch keeps, of jobs a cluster's view and documents show
+// claimant holding, those it holds on every live branch read from a
+// majority of the copies, each as that branch. A view's row and its
+// document come from one copy, which may be behind (the job finished or
+// swept since) or hold a claim that lost to another claimant's: handed to
+// the agent, such a job would run beside the claim that stood, or again.
+func (c *Client) heldOnEveryBranch(ctx context.Context, claimant string, jobs []*WorkItem) ([]*WorkItem, error) {
+	ids := make([]string, len(jobs))
+	for i, it := range jobs {
+		ids[i] = it.ID
+	}
+	all, err := c.leavesMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("confirming the jobs %s holds: %w", claimant, err)
+	}
+	var out []*WorkItem
+	for _, id := range ids {
+		var held *WorkItem
+		for _, l := range all[id] {
+			if l.Deleted && l.Withdrawn {
+				continue
+			}
+			if l.Deleted || l.Item == nil || !l.Claimed || l.ClaimedBy != claimant || held != nil || l.Item.Conceded() {
+				held = nil
+				break
+			}
+			held = l.Item
+		}
+		if held != nil {
+			out = append(out, held)
+		}
 	}
 	return out, nil
 }
