@@ -181,6 +181,14 @@ func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Res
 			continue // deleted in between: try it again
 		case err != nil:
 			return nil, fmt.Errorf("reading slot %s of %s: %w", slot, seq.Name, err)
+		case have.Holder == holder && have.State == SlotReserved && have.ReservedAt == r.ReservedAt && have.ExpiresAt == r.ExpiresAt:
+			// This very reservation, stored but not shown to stand (on a
+			// cluster, a write answered 202 by a user who may not read the
+			// membership): going on to the next slot would reserve every
+			// slot after it the same way.
+			return nil, fmt.Errorf("reserving slot %s of %s: the reservation was stored on fewer copies than asked and could not be confirmed "+
+				"(only a server admin may read the cluster membership that shows it stands); it holds the slot until it expires (%s) or is released",
+				slot, seq.Name, FromUnix(have.ExpiresAt).UTC().Format(time.RFC3339))
 		case have.State == SlotFree || have.Expired(c.now()):
 			r.Ordinal = max(have.Ordinal, 1)
 			if ok, err := c.takeSlot(ctx, r, have.Rev); err != nil || ok {
