@@ -1627,7 +1627,7 @@ func TestClusterAgentNotHandedAJobAnotherClaimHolds(t *testing.T) {
 	couchtest.InjectRevision(ctx, t, cb.cl.Server, cb.dbName, map[string]any{
 		"_id": "split", "_rev": "2-ffffffffffffffffffffffffffffffff",
 		"_revisions": map[string]any{"start": 2, "ids": []any{"ffffffffffffffffffffffffffffffff", hash}},
-		"type": "WorkItem", "worker": "review", "status": "running", "claimed": true, "claimed_by": "bob",
+		"type":       "WorkItem", "worker": "review", "status": "running", "claimed": true, "claimed_by": "bob",
 		"claimed_at": now, "lease_until": now + 3600, "attempts": 1,
 	})
 	for _, agent := range []string{"alice", "bob"} {
