@@ -400,27 +400,6 @@ func (c *Client) dueBySite(ctx context.Context, typ string, now float64) ([]Site
 	return due, nil
 }
 
-// shift counts conflicted jobs as they will be settled (conflictShifts):
-// a queued job counts as due, as the views count it when it is due now.
-func (q *QueueNow) shift(by map[Status]int64) {
-	for st, n := range by {
-		switch st {
-		case StatusQueued:
-			q.Due = max(q.Due+n, 0)
-		case StatusRunning:
-			q.Running = max(q.Running+n, 0)
-		case StatusFailed:
-			q.Failed = max(q.Failed+n, 0)
-		case StatusDone:
-			q.Done = max(q.Done+n, 0)
-		case StatusCancelled:
-			q.Cancelled = max(q.Cancelled+n, 0)
-		case StatusWaiting:
-			q.Waiting = max(q.Waiting+n, 0)
-		}
-	}
-}
-
 // oldestDueAges is how long the oldest due job of each of types has
 // waited at now (Unix seconds): since its due date, or its creation when
 // it was due at once. The due view keys the jobs due at once by creation
