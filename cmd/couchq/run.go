@@ -210,6 +210,8 @@ Every command takes the connection flags:
 
 `+connUsage+`
 Run 'couchq help <command>' or 'couchq <command> -h' for a command's flags.
-Exit status: 0 success, 1 a server or job failure, 2 a usage or input error.
+Exit status: 0 success, 1 a server or job failure, 2 a usage or input error,
+3 an agent acted on a job it does not hold (complete, fail, extend, progress,
+release).
 `)
 }
