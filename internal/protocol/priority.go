@@ -1,11 +1,9 @@
 package protocol
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 
@@ -248,68 +246,4 @@ func (c *Client) dueRanges(ctx context.Context, ranges []map[string]any, what st
 	return c.viewRanges(ctx, "due_priority", ranges, what, func(_ int, rows *kivik.ResultSet) (bool, error) {
 		return each(rows)
 	}, opts...)
-}
-
-// viewRanges reads ranges of view in order, in one multi-range request
-// where the server has one (CouchDB's .../queries), else range by range
-// until each reports it has enough; each is given the range's index, and
-// opts apply to every range.
-func (c *Client) viewRanges(ctx context.Context, view string, ranges []map[string]any, what string, each func(i int, rows *kivik.ResultSet) (enough bool, err error), opts ...kivik.Option) error {
-	if len(ranges) == 0 {
-		return nil
-	}
-	if !c.singleQueries.Load() {
-		rows := c.view(ctx, view, append(slices.Clip(opts), kivik.Param("queries", ranges))...)
-		var scanErr error
-		read := 0
-		for scanErr == nil && rows.NextResultSet() {
-			if read == len(ranges) {
-				// kivik ends with a result set of no rows: its Next
-				// finds the end of the answer.
-				if rows.Next() {
-					scanErr = fmt.Errorf("more answers than the %d ranges asked", len(ranges))
-				}
-				break
-			}
-			_, scanErr = each(read, rows)
-			read++
-		}
-		err := rows.Err()
-		_ = rows.Close()
-		switch {
-		case scanErr != nil:
-			return fmt.Errorf("%s: %w", what, scanErr)
-		case err == nil && read == len(ranges):
-			return nil
-		case err == nil:
-			return fmt.Errorf("%s: the server answered %d of %d ranges", what, read, len(ranges))
-		case !multiUnsupported(err):
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		c.singleQueries.Store(true)
-		c.log.Info().Err(err).Msg("the server has no multi-range view queries; asking range by range")
-	}
-	for i, r := range ranges {
-		rows := c.view(ctx, view, append(slices.Clip(opts), kivik.Params(r))...)
-		enough, scanErr := each(i, rows)
-		err := rows.Err()
-		_ = rows.Close()
-		if err = cmp.Or(scanErr, err); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		if enough {
-			break
-		}
-	}
-	return nil
-}
-
-// multiUnsupported reports an answer that means "no multi-range queries
-// here" rather than a failure of the request.
-func multiUnsupported(err error) bool {
-	switch kivik.HTTPStatus(err) {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
-		return true
-	}
-	return false
 }
