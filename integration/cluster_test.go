@@ -1640,3 +1640,53 @@ func TestClusterAgentNotHandedAJobAnotherClaimHolds(t *testing.T) {
 		}
 	}
 }
+
+// A plain member's reservation that the cluster stores on fewer copies
+// than asked (one node of three down, a client that writes to all of
+// them) cannot be shown to stand: Reserve says so and stops, rather than
+// counting it lost and reserving every slot after it the same way.
+func TestClusterUnconfirmedReservationStops(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	ctx := cb.ctx
+	name, password := fmt.Sprintf("member-%d", time.Now().UnixNano()), "pw-member"
+	if err := cb.cl.AddUser(ctx, name, password); err != nil {
+		t.Fatal(err)
+	}
+	admin := cb.cl.Client(t).DB(cb.dbName)
+	if err := admin.SetSecurity(ctx, &kivik.Security{Members: kivik.Members{Names: []string{name}}}); err != nil {
+		t.Fatal(err)
+	}
+	msrv, err := protocol.Connect(ctx, cb.cl.Node(1).URL(), name, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer msrv.Client.Close()
+	var member *protocol.Client
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		// Every copy takes the new _security on its own.
+		if member, err = msrv.Open(ctx, cb.dbName, protocol.Config{Logger: cb.log, ReadYourWrites: true}); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.cl.StopNode(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cb.cl.StartNode(context.Background(), 3) })
+	seq := protocol.NumberedSequence("tickets", "T-%04d", 1, time.Minute)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	r, err := member.Reserve(rctx, seq, "holder")
+	if err == nil || !strings.Contains(err.Error(), "cannot show it reaches a majority") {
+		t.Errorf("a member's reservation with a node down: %+v, %v; want an error saying it cannot be confirmed", r, err)
+	}
+	held, err := cb.clients[0].Reservations(ctx, "tickets", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held) > 1 {
+		t.Errorf("%d reservations made for one Reserve, want at most 1", len(held))
+	}
+}

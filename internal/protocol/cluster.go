@@ -501,6 +501,21 @@ func (c *Client) judgeClaim(ctx context.Context, claimed *WorkItem, parent strin
 // Every held-job write of this package does it; exported for holders that
 // write their own documents, and for tests.
 func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (bool, error) {
+	stands, err := c.writeStands(ctx, id, parent, rev)
+	if errors.Is(err, errUnconfirmed) {
+		return false, nil
+	}
+	return stands, err
+}
+
+// errUnconfirmed: a write stored on fewer copies than asked, through a
+// node that cannot show it reaches a majority of the cluster (or for a
+// user who may not read the membership that would show it).
+var errUnconfirmed = errors.New("stored on fewer copies than asked, and the node cannot show it reaches a majority of the cluster " +
+	"(reading GET /_membership needs a server admin)")
+
+// writeStands is HeldWriteStands, with errUnconfirmed where it cannot tell.
+func (c *Client) writeStands(ctx context.Context, id, parent, rev string) (bool, error) {
 	// CouchDB answers a read with r = majority from the copies it reaches,
 	// even fewer: on the minority side of a partition the read back would
 	// see only that side. A node that is not connected to a majority of the
@@ -516,7 +531,7 @@ func (c *Client) HeldWriteStands(ctx context.Context, id, parent, rev string) (b
 		if err != nil || !ok {
 			c.log.Debug().Err(err).Str("job", id).Bool("majority", ok).
 				Msg("the node cannot show it reaches a majority of the cluster; the write does not stand")
-			return false, nil
+			return false, errUnconfirmed
 		}
 	}
 	leaves, err := c.Leaves(ctx, id)

@@ -181,14 +181,6 @@ func (c *Client) Reserve(ctx context.Context, seq Sequence, holder string) (*Res
 			continue // deleted in between: try it again
 		case err != nil:
 			return nil, fmt.Errorf("reading slot %s of %s: %w", slot, seq.Name, err)
-		case have.Holder == holder && have.State == SlotReserved && have.ReservedAt == r.ReservedAt && have.ExpiresAt == r.ExpiresAt:
-			// This very reservation, stored but not shown to stand (on a
-			// cluster, a write answered 202 by a user who may not read the
-			// membership): going on to the next slot would reserve every
-			// slot after it the same way.
-			return nil, fmt.Errorf("reserving slot %s of %s: the reservation was stored on fewer copies than asked and could not be confirmed "+
-				"(only a server admin may read the cluster membership that shows it stands); it holds the slot until it expires (%s) or is released",
-				slot, seq.Name, FromUnix(have.ExpiresAt).UTC().Format(time.RFC3339))
 		case have.State == SlotFree || have.Expired(c.now()):
 			r.Ordinal = max(have.Ordinal, 1)
 			if ok, err := c.takeSlot(ctx, r, have.Rev); err != nil || ok {
@@ -267,7 +259,10 @@ func (c *Client) takeSlot(ctx context.Context, r *Reservation, parent string) (b
 
 // casPut writes doc over parent with w = a majority: false on a conflict,
 // or on a cluster when a write stored on fewer than a majority of the
-// copies is contested (HeldWriteStands).
+// copies is contested (HeldWriteStands). One that cannot be shown to stand
+// either way is an error (errUnconfirmed): counted as lost, a reservation
+// would move on to the next slot, and reserve that one the same way, and
+// the next.
 func (c *Client) casPut(ctx context.Context, id string, doc any, parent string) (rev string, ok bool, err error) {
 	tctx, trace := c.traced(ctx)
 	rev, err = c.db.Put(tctx, id, doc, c.writeOpts()...)
@@ -277,7 +272,7 @@ func (c *Client) casPut(ctx context.Context, id string, doc any, parent string) 
 	case err != nil:
 		return "", false, fmt.Errorf("writing %s: %w", id, err)
 	case trace.uncommitted(id, rev):
-		stands, err := c.HeldWriteStands(ctx, id, parent, rev)
+		stands, err := c.writeStands(ctx, id, parent, rev)
 		if err != nil {
 			return "", false, fmt.Errorf("reading %s back: %w", id, err)
 		}
