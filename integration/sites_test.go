@@ -507,6 +507,69 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 	waitSettled(ctx, t, ids, a, b)
 }
 
+// A site that comes back while the site that took it over is out of
+// reach finds its link from that site failed, and CouchDB's replicator
+// starts a failed link again only after backing it off (30 s and more, at
+// its next scheduling pass): longer than the restarted site's workers
+// wait. They restart the link themselves, hear the takeover in time, and
+// run nothing that was moved.
+func TestSitesRestartedSiteRestartsItsFailedLink(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	stopA, ids := slowJobsRunningAtA(ctx, t, a, b, &rc)
+	if err := a.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopA()
+	if moved, err := b.client.TakeOver(ctx, "A", "B"); err != nil || moved == 0 {
+		t.Fatalf("the takeover moved %d jobs: %v", moved, err)
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+
+	// B goes out of reach and A comes back: A's link from B fails.
+	if err := b.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.srv.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for failed := false; !failed; {
+		links, err := a.conn.Links(ctx, sitesDB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range links {
+			failed = failed || l.From == "B" && (l.State == "crashing" || l.State == "error")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the link from B did not fail while B was down: %+v", links)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err := b.srv.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := rc.snapshot()
+	a.runSiteWorker(ctx, t, worker.Config{
+		Handlers: map[string]worker.Handler{"render": rc.handler("A")}, Concurrency: 4, ID: "A-1",
+		HeartbeatInterval: time.Second, SweepInterval: 2 * time.Second, FallbackPoll: 2 * time.Second,
+		// Shorter than the replicator's own restart of the failed link
+		// (30 s of backoff at least): only the worker's restart brings
+		// B's changes before it stops waiting.
+		AwaitSites: 25 * time.Second,
+		Logger:     zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+	})
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, a)
+	time.Sleep(3 * time.Second)
+	after := rc.snapshot()
+	for _, id := range ids {
+		if len(after[id]) > len(before[id]) {
+			t.Errorf("job %s ran again at %v after A came back", id, after[id][len(before[id]):])
+		}
+	}
+}
+
 // waitSettled waits until every job in ids has one live branch at every
 // site: every conflict settled.
 func waitSettled(ctx context.Context, t *testing.T, ids []string, sites ...*testSite) {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -219,6 +220,7 @@ func (w *Worker) awaitSites(ctx context.Context) {
 	last := w.gate.sites()
 	deadline := time.Now().Add(w.cfg.AwaitSites)
 	poll := min(w.cfg.HeartbeatInterval/4, 250*time.Millisecond)
+	nextLinkCheck, checkLinks := time.Now(), true
 	for {
 		beats, err := w.client.SiteHeartbeats(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -238,6 +240,10 @@ func (w *Worker) awaitSites(ctx context.Context) {
 			w.log.Info().Msg("heard from the other sites: claiming")
 			break
 		}
+		if checkLinks && time.Now().After(nextLinkCheck) {
+			checkLinks = w.restartFailedLinks(ctx, waiting)
+			nextLinkCheck = time.Now().Add(linkCheckInterval)
+		}
 		if time.Now().After(deadline) {
 			slices.Sort(waiting)
 			w.log.Warn().Strs("sites", waiting).Dur("waited", w.cfg.AwaitSites).
@@ -252,6 +258,32 @@ func (w *Worker) awaitSites(ctx context.Context) {
 	if err := w.client.Beat(ctx); err != nil && ctx.Err() == nil {
 		w.log.Warn().Err(err).Msg("writing the site's heartbeat")
 	}
+}
+
+// linkCheckInterval is how often a worker waiting to hear from the other
+// sites looks for failed links into its database to restart.
+const linkCheckInterval = 10 * time.Second
+
+// restartFailedLinks restarts the failed links into this site's database
+// from the sites it waits for (protocol.Client.RestartFailedLinks): the
+// replicator would start them again only after the worker stopped
+// waiting. It reports whether to look again: not when the worker may not
+// (credentials that are not a server admin's, or no replicator), which it
+// logs once.
+func (w *Worker) restartFailedLinks(ctx context.Context, sites []string) bool {
+	restarted, err := w.client.RestartFailedLinks(ctx, sites)
+	for _, l := range restarted {
+		w.log.Info().Str("from", l.From).Str("link", l.DocID).Str("state", l.State).Str("error", l.Error).
+			Msg("restarted the link from a site this worker waits to hear from: CouchDB's replicator had backed it off after a failure")
+	}
+	switch {
+	case errors.Is(err, protocol.ErrLinksOutOfReach):
+		w.log.Info().Err(err).Msg("not restarting failed links into this site (that takes a server admin's credentials on Apache CouchDB): a link the replicator backed off brings the other sites' changes only when it starts again")
+		return false
+	case err != nil && ctx.Err() == nil:
+		w.log.Warn().Err(err).Msg("restarting failed links into this site")
+	}
+	return true
 }
 
 // holdAfterOutage closes the gate when the worker has not reached CouchDB

@@ -555,3 +555,94 @@ func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server)
 	}
 	return nil
 }
+
+// RestartFailedLinks starts again, at once, the links that the client's
+// server holds into its database from the sites named and that its
+// replicator reports failed (crashing, or error). CouchDB backs a failed
+// replication off for 30 s, doubling with each failure, and starts it
+// again only at its next scheduling pass (every minute by default): a
+// link that failed once while its site restarted (the other site out of
+// reach a moment, or this server not yet answering itself) then stays
+// down for longer than a restarted site's workers wait to hear through
+// it. Rewriting the link's _replicator document starts it now, from its
+// checkpoint. It returns the links it restarted, as they were before.
+// Reading the replicator's state and writing _replicator need a server
+// admin's credentials: without them, or on a server without a replicator,
+// it returns an error and restarts nothing.
+func (c *Client) RestartFailedLinks(ctx context.Context, from []string) ([]LinkState, error) {
+	if c.couch == nil {
+		return nil, fmt.Errorf("%w: the client has no connection to an Apache CouchDB server's replicator", ErrLinksOutOfReach)
+	}
+	links, err := c.Links(ctx)
+	if isStatus(err, http.StatusUnauthorized) || isStatus(err, http.StatusForbidden) {
+		return nil, fmt.Errorf("%w: %w", ErrLinksOutOfReach, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var restarted []LinkState
+	for _, l := range links {
+		if l.To != c.cfg.Site || !slices.Contains(from, l.From) || (l.State != "crashing" && l.State != "error") {
+			continue
+		}
+		if err := c.restartLink(ctx, l.DocID); err != nil {
+			if isStatus(err, http.StatusUnauthorized) || isStatus(err, http.StatusForbidden) {
+				err = fmt.Errorf("%w: %w", ErrLinksOutOfReach, err)
+			}
+			return restarted, fmt.Errorf("restarting the link from %s: %w", l.From, err)
+		}
+		restarted = append(restarted, l)
+	}
+	return restarted, nil
+}
+
+// linkCheckpointInterval is CouchDB's default checkpoint interval of a
+// replication, in milliseconds: restartLink moves a link's between it and
+// one more.
+const linkCheckpointInterval = 30000
+
+// ErrLinksOutOfReach says that the client may not read or restart its
+// server's links: they need a server admin, and a server that runs
+// CouchDB's replicator.
+var ErrLinksOutOfReach = errors.New("the links are out of this client's reach")
+
+// restartLink rewrites _replicator/id so that the replicator starts the
+// link again at once. The replicator ignores a rewrite that leaves the
+// replication as it was (its source, target and options), so the rewrite
+// moves the link's checkpoint interval by a millisecond, between
+// CouchDB's default and one more: an option that is not part of the
+// replication's id, so the link goes on from its checkpoint.
+func (c *Client) restartLink(ctx context.Context, id string) error {
+	path := "/_replicator/" + url.PathEscape(id)
+	var doc map[string]any
+	if err := c.couch.DoJSON(ctx, http.MethodGet, path, nil, &doc); err != nil {
+		return fmt.Errorf("reading _replicator/%s: %w", id, err)
+	}
+	interval := linkCheckpointInterval
+	if v, ok := doc["checkpoint_interval"].(float64); ok && v == linkCheckpointInterval {
+		interval++
+	}
+	doc["checkpoint_interval"] = interval
+	mark, _ := doc["couchq"].(map[string]any)
+	if mark == nil {
+		mark = map[string]any{}
+	}
+	mark["restarted_at"] = ToUnix(c.now())
+	doc["couchq"] = mark
+	body, err := json.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("encoding _replicator/%s: %w", id, err)
+	}
+	opts := &chttp.Options{NoGzip: true, GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }}
+	var resp struct {
+		OK bool `json:"ok"`
+	}
+	err = c.couch.DoJSON(ctx, http.MethodPut, path, opts, &resp)
+	if isStatus(err, http.StatusConflict) {
+		return nil // rewritten meanwhile (another worker of the site): restarted too
+	}
+	if err != nil {
+		return fmt.Errorf("writing _replicator/%s: %w", id, err)
+	}
+	return nil
+}
