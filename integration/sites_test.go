@@ -570,6 +570,62 @@ func TestSitesRestartedSiteRestartsItsFailedLink(t *testing.T) {
 	}
 }
 
+// A link that failed while the other site was down is restarted by the
+// workers of the site it leads into (they run as a server admin here),
+// not left to CouchDB's replicator, whose backoff doubles with each
+// failure: it carries the other site's work again soon after that site is
+// back.
+func TestSitesWorkersRestartAFailedLink(t *testing.T) {
+	ctx, a, b := twoSites(t)
+	var rc siteRuns
+	a.startWorkers(ctx, t, &rc, 1, "render")
+	b.startWorkers(ctx, t, &rc, 1, "render")
+	// B's workers have started (their site's heartbeat reached A) before
+	// B's server stops under them.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if beats, err := a.client.SiteHeartbeats(ctx); err == nil && beats["B"].Rev != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B's heartbeat did not reach A")
+		}
+	}
+	if err := b.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	repl := a.conn.Client.DB("_replicator")
+	const link = "couchq-" + sitesDB + "-from-B-to-A"
+	restartedAt := func() float64 {
+		var doc struct {
+			Couchq struct {
+				RestartedAt float64 `json:"restarted_at"`
+			} `json:"couchq"`
+		}
+		if err := repl.Get(ctx, link).ScanDoc(&doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.Couchq.RestartedAt
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for restartedAt() == 0 {
+		if time.Now().After(deadline) {
+			links, _ := a.conn.Links(ctx, sitesDB)
+			t.Fatalf("A's workers did not restart the link from B while B was down: %+v", links)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := b.srv.StartSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ids := b.enqueue(ctx, t, "render", "", 5)
+	waitDoneAtSites(ctx, t, ids, time.Minute, b, a)
+	for _, id := range ids {
+		if r := rc.snapshot()[id]; len(r) != 1 || r[0] != "B" {
+			t.Errorf("job %s ran at %v, want [B]", id, r)
+		}
+	}
+}
+
 // waitSettled waits until every job in ids has one live branch at every
 // site: every conflict settled.
 func waitSettled(ctx context.Context, t *testing.T, ids []string, sites ...*testSite) {

@@ -220,7 +220,6 @@ func (w *Worker) awaitSites(ctx context.Context) {
 	last := w.gate.sites()
 	deadline := time.Now().Add(w.cfg.AwaitSites)
 	poll := min(w.cfg.HeartbeatInterval/4, 250*time.Millisecond)
-	nextLinkCheck, checkLinks := time.Now(), true
 	for {
 		beats, err := w.client.SiteHeartbeats(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -240,10 +239,7 @@ func (w *Worker) awaitSites(ctx context.Context) {
 			w.log.Info().Msg("heard from the other sites: claiming")
 			break
 		}
-		if checkLinks && time.Now().After(nextLinkCheck) {
-			checkLinks = w.restartFailedLinks(ctx, waiting)
-			nextLinkCheck = time.Now().Add(linkCheckInterval)
-		}
+		w.keepLinks(ctx)
 		if time.Now().After(deadline) {
 			slices.Sort(waiting)
 			w.log.Warn().Strs("sites", waiting).Dur("waited", w.cfg.AwaitSites).
@@ -260,30 +256,51 @@ func (w *Worker) awaitSites(ctx context.Context) {
 	}
 }
 
-// linkCheckInterval is how often a worker waiting to hear from the other
-// sites looks for failed links into its database to restart.
+// linkCheckInterval is how often a worker of a site looks for failed
+// links into its database to restart, and how long a restart (by any
+// worker of the site) holds before the link may be restarted again.
 const linkCheckInterval = 10 * time.Second
 
-// restartFailedLinks restarts the failed links into this site's database
-// from the sites it waits for (protocol.Client.RestartFailedLinks): the
-// replicator would start them again only after the worker stopped
-// waiting. It reports whether to look again: not when the worker may not
-// (credentials that are not a server admin's, or no replicator), which it
-// logs once.
-func (w *Worker) restartFailedLinks(ctx context.Context, sites []string) bool {
-	restarted, err := w.client.RestartFailedLinks(ctx, sites)
+// linkKeeper paces a worker's restarts of failed links (keepLinks).
+type linkKeeper struct {
+	mu sync.Mutex
+	// next is when the worker may look at the links again.
+	next time.Time
+	// outOfReach is set once the worker found it may not restart links.
+	outOfReach bool
+}
+
+// keepLinks restarts the failed links into this site's database, at most
+// every linkCheckInterval (protocol.Client.RestartFailedLinks). CouchDB's
+// replicator starts a failed link again only after a backoff that doubles
+// with each failure, up to hours: the link from a site that was down for
+// an hour would come back half an hour after the site, and a site that
+// restarted would wait to hear through a link its replicator holds back.
+// A worker that may not restart links (credentials that are not a server
+// admin's, or no replicator) says so once and stops looking.
+func (w *Worker) keepLinks(ctx context.Context) {
+	k := &w.links
+	k.mu.Lock()
+	if k.outOfReach || time.Now().Before(k.next) {
+		k.mu.Unlock()
+		return
+	}
+	k.next = time.Now().Add(linkCheckInterval)
+	k.mu.Unlock()
+	restarted, err := w.client.RestartFailedLinks(ctx, linkCheckInterval)
 	for _, l := range restarted {
 		w.log.Info().Str("from", l.From).Str("link", l.DocID).Str("state", l.State).Str("error", l.Error).
-			Msg("restarted the link from a site this worker waits to hear from: CouchDB's replicator had backed it off after a failure")
+			Msg("restarted a failed link into this site: CouchDB's replicator had backed it off, and would have started it again only later")
 	}
 	switch {
 	case errors.Is(err, protocol.ErrLinksOutOfReach):
+		k.mu.Lock()
+		k.outOfReach = true
+		k.mu.Unlock()
 		w.log.Info().Err(err).Msg("not restarting failed links into this site (that takes a server admin's credentials on Apache CouchDB): a link the replicator backed off brings the other sites' changes only when it starts again")
-		return false
 	case err != nil && ctx.Err() == nil:
 		w.log.Warn().Err(err).Msg("restarting failed links into this site")
 	}
-	return true
 }
 
 // holdAfterOutage closes the gate when the worker has not reached CouchDB

@@ -90,6 +90,9 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 				w.log.Warn().Err(serr).Msg("writing the site's heartbeat")
 			}
 			w.takeOverSilentSites(wctx)
+			if w.client.Site() != "" {
+				w.keepLinks(wctx)
+			}
 		}
 		cancel()
 		if ctx.Err() == nil {

@@ -88,6 +88,8 @@ type Worker struct {
 	// workers were all stopped, and after it lost CouchDB for longer than
 	// that (see await.go).
 	gate siteGate
+	// links paces the restarts of failed links into the site's database.
+	links linkKeeper
 
 	pauseMu sync.Mutex // serialises refreshPaused
 

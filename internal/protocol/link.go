@@ -326,21 +326,26 @@ func ReplicateOnce(ctx context.Context, srv *Server, from, to SiteEndpoint) erro
 	return nil
 }
 
-// putReplication writes (or replaces) a _replicator document.
+// putReplication writes (or replaces) a link's _replicator document. A
+// link replaced starts again at once, even when nothing of it changed
+// (restartLink).
 func (s *Server) putReplication(ctx context.Context, id string, doc map[string]any) error {
 	if err := s.Client.CreateDB(ctx, "_replicator"); err != nil && !isStatus(err, http.StatusPreconditionFailed) {
 		return fmt.Errorf("creating _replicator: %w", err)
 	}
 	db := s.Client.DB("_replicator")
 	for round := 0; ; round++ {
-		rev, err := db.GetRev(ctx, id)
+		var old map[string]any
+		err := db.Get(ctx, id).ScanDoc(&old)
 		switch {
 		case isStatus(err, http.StatusNotFound):
 			delete(doc, "_rev")
+			delete(doc, "checkpoint_interval")
 		case err != nil:
 			return fmt.Errorf("reading _replicator/%s: %w", id, err)
 		default:
-			doc["_rev"] = rev
+			doc["_rev"] = old["_rev"]
+			doc["checkpoint_interval"] = nextCheckpointInterval(old)
 		}
 		if _, err = db.Put(ctx, id, doc); err == nil {
 			return nil
@@ -557,19 +562,22 @@ func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server)
 }
 
 // RestartFailedLinks starts again, at once, the links that the client's
-// server holds into its database from the sites named and that its
-// replicator reports failed (crashing, or error). CouchDB backs a failed
-// replication off for 30 s, doubling with each failure, and starts it
-// again only at its next scheduling pass (every minute by default): a
-// link that failed once while its site restarted (the other site out of
-// reach a moment, or this server not yet answering itself) then stays
-// down for longer than a restarted site's workers wait to hear through
-// it. Rewriting the link's _replicator document starts it now, from its
-// checkpoint. It returns the links it restarted, as they were before.
+// server holds into its database and that its replicator reports failed
+// (crashing, or error). CouchDB backs a failed replication off for 30 s,
+// doubling with each failure, and starts it again only at its next
+// scheduling pass (every minute by default). A link that failed once
+// while its site restarted (the other site out of reach a moment, or this
+// server not yet answering itself) then stays down for longer than the
+// restarted site's workers wait to hear through it, and one that failed
+// for as long as its other site was down (an hour: a backoff of half an
+// hour) comes back long after the site. Rewriting the link's _replicator
+// document starts it now, from its checkpoint; a link restarted less than
+// notWithin ago (by another worker of the site, say) is left to that
+// restart. It returns the links it restarted, as they were before.
 // Reading the replicator's state and writing _replicator need a server
 // admin's credentials: without them, or on a server without a replicator,
-// it returns an error and restarts nothing.
-func (c *Client) RestartFailedLinks(ctx context.Context, from []string) ([]LinkState, error) {
+// it returns an error wrapping ErrLinksOutOfReach and restarts nothing.
+func (c *Client) RestartFailedLinks(ctx context.Context, notWithin time.Duration) ([]LinkState, error) {
 	if c.couch == nil {
 		return nil, fmt.Errorf("%w: the client has no connection to an Apache CouchDB server's replicator", ErrLinksOutOfReach)
 	}
@@ -582,16 +590,19 @@ func (c *Client) RestartFailedLinks(ctx context.Context, from []string) ([]LinkS
 	}
 	var restarted []LinkState
 	for _, l := range links {
-		if l.To != c.cfg.Site || !slices.Contains(from, l.From) || (l.State != "crashing" && l.State != "error") {
+		if l.To != c.cfg.Site || (l.State != "crashing" && l.State != "error") {
 			continue
 		}
-		if err := c.restartLink(ctx, l.DocID); err != nil {
+		done, err := c.restartLink(ctx, l.DocID, notWithin)
+		if err != nil {
 			if isStatus(err, http.StatusUnauthorized) || isStatus(err, http.StatusForbidden) {
 				err = fmt.Errorf("%w: %w", ErrLinksOutOfReach, err)
 			}
 			return restarted, fmt.Errorf("restarting the link from %s: %w", l.From, err)
 		}
-		restarted = append(restarted, l)
+		if done {
+			restarted = append(restarted, l)
+		}
 	}
 	return restarted, nil
 }
@@ -606,32 +617,42 @@ const linkCheckpointInterval = 30000
 // CouchDB's replicator.
 var ErrLinksOutOfReach = errors.New("the links are out of this client's reach")
 
-// restartLink rewrites _replicator/id so that the replicator starts the
-// link again at once. The replicator ignores a rewrite that leaves the
-// replication as it was (its source, target and options), so the rewrite
-// moves the link's checkpoint interval by a millisecond, between
+// nextCheckpointInterval is the checkpoint interval that makes a
+// rewrite of the link doc old start the link again. The replicator ignores
+// a rewrite that leaves the replication as it was (its source, target and
+// options), so a rewrite moves the interval by a millisecond, between
 // CouchDB's default and one more: an option that is not part of the
 // replication's id, so the link goes on from its checkpoint.
-func (c *Client) restartLink(ctx context.Context, id string) error {
+func nextCheckpointInterval(old map[string]any) int {
+	if v, ok := old["checkpoint_interval"].(float64); ok && v == linkCheckpointInterval {
+		return linkCheckpointInterval + 1
+	}
+	return linkCheckpointInterval
+}
+
+// restartLink rewrites _replicator/id so that the replicator starts the
+// link again at once, unless it was restarted less than notWithin ago; it
+// reports whether it did.
+func (c *Client) restartLink(ctx context.Context, id string, notWithin time.Duration) (bool, error) {
 	path := "/_replicator/" + url.PathEscape(id)
 	var doc map[string]any
 	if err := c.couch.DoJSON(ctx, http.MethodGet, path, nil, &doc); err != nil {
-		return fmt.Errorf("reading _replicator/%s: %w", id, err)
+		return false, fmt.Errorf("reading _replicator/%s: %w", id, err)
 	}
-	interval := linkCheckpointInterval
-	if v, ok := doc["checkpoint_interval"].(float64); ok && v == linkCheckpointInterval {
-		interval++
-	}
-	doc["checkpoint_interval"] = interval
 	mark, _ := doc["couchq"].(map[string]any)
 	if mark == nil {
 		mark = map[string]any{}
 	}
-	mark["restarted_at"] = ToUnix(c.now())
+	now := c.now()
+	if at, ok := mark["restarted_at"].(float64); ok && now.Sub(FromUnix(at)) < notWithin {
+		return false, nil
+	}
+	doc["checkpoint_interval"] = nextCheckpointInterval(doc)
+	mark["restarted_at"] = ToUnix(now)
 	doc["couchq"] = mark
 	body, err := json.Marshal(doc)
 	if err != nil {
-		return fmt.Errorf("encoding _replicator/%s: %w", id, err)
+		return false, fmt.Errorf("encoding _replicator/%s: %w", id, err)
 	}
 	opts := &chttp.Options{NoGzip: true, GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }}
 	var resp struct {
@@ -639,10 +660,10 @@ func (c *Client) restartLink(ctx context.Context, id string) error {
 	}
 	err = c.couch.DoJSON(ctx, http.MethodPut, path, opts, &resp)
 	if isStatus(err, http.StatusConflict) {
-		return nil // rewritten meanwhile (another worker of the site): restarted too
+		return false, nil // rewritten meanwhile (another worker of the site): restarted too
 	}
 	if err != nil {
-		return fmt.Errorf("writing _replicator/%s: %w", id, err)
+		return false, fmt.Errorf("writing _replicator/%s: %w", id, err)
 	}
-	return nil
+	return true, nil
 }
