@@ -624,6 +624,26 @@ func TestSitesWorkersRestartAFailedLink(t *testing.T) {
 			t.Errorf("job %s ran at %v, want [B]", id, r)
 		}
 	}
+
+	// Linking again rewrites the link so that the replicator starts it
+	// again, as the workers' restart does: it ignores a rewrite that
+	// changes nothing of the replication.
+	interval := func() float64 {
+		var doc struct {
+			CheckpointInterval float64 `json:"checkpoint_interval"`
+		}
+		if err := repl.Get(ctx, link).ScanDoc(&doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.CheckpointInterval
+	}
+	before := interval()
+	if err := protocol.LinkSites(ctx, a.end, b.end, map[string]*protocol.Server{"A": a.conn, "B": b.conn}); err != nil {
+		t.Fatal(err)
+	}
+	if after := interval(); after == before || after < 30000 || after > 30001 {
+		t.Errorf("linking again left the link's checkpoint interval at %v (was %v): the replicator would not restart it", after, before)
+	}
 }
 
 // waitSettled waits until every job in ids has one live branch at every
