@@ -440,21 +440,7 @@ func TestSitesProducerJobsRunAtTheOwnerOnce(t *testing.T) {
 func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 	ctx, a, b := twoSites(t)
 	var rc siteRuns
-	stopA, ids := slowJobsRunningAtA(ctx, t, a, b, &rc)
-	// Stop A's server under its claims.
-	if err := a.srv.StopSite(ctx); err != nil {
-		t.Fatal(err)
-	}
-	stopA()
-
-	moved, err := b.client.TakeOver(ctx, "A", "B")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if moved == 0 {
-		t.Fatal("the takeover moved no job")
-	}
-	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+	ids := takeOverStoppedA(ctx, t, a, b, &rc)
 
 	// A comes back, and its workers start at once, from A's copy as it was
 	// when it stopped: they hold their claims until they have heard from
@@ -516,15 +502,7 @@ func TestSitesTakeoverOfAStoppedSite(t *testing.T) {
 func TestSitesRestartedSiteRestartsItsFailedLink(t *testing.T) {
 	ctx, a, b := twoSites(t)
 	var rc siteRuns
-	stopA, ids := slowJobsRunningAtA(ctx, t, a, b, &rc)
-	if err := a.srv.StopSite(ctx); err != nil {
-		t.Fatal(err)
-	}
-	stopA()
-	if moved, err := b.client.TakeOver(ctx, "A", "B"); err != nil || moved == 0 {
-		t.Fatalf("the takeover moved %d jobs: %v", moved, err)
-	}
-	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+	ids := takeOverStoppedA(ctx, t, a, b, &rc)
 
 	// B goes out of reach and A comes back: A's link from B fails.
 	if err := b.srv.StopSite(ctx); err != nil {
@@ -646,7 +624,27 @@ func TestSitesWorkersRestartAFailedLink(t *testing.T) {
 	}
 }
 
-// waitSettled waits until every job in ids has one live branch at every
+// takeOverStoppedA stops site A's server under its claims
+// (slowJobsRunningAtA), has B take A's jobs over, and waits until B has
+// run them all; it returns A's jobs.
+func takeOverStoppedA(ctx context.Context, t *testing.T, a, b *testSite, rc *siteRuns) []string {
+	t.Helper()
+	stopA, ids := slowJobsRunningAtA(ctx, t, a, b, rc)
+	if err := a.srv.StopSite(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopA()
+	moved, err := b.client.TakeOver(ctx, "A", "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved == 0 {
+		t.Fatal("the takeover moved no job")
+	}
+	waitDoneAtSites(ctx, t, ids, 3*time.Minute, b)
+	return ids
+}
+
 // site: every conflict settled.
 func waitSettled(ctx context.Context, t *testing.T, ids []string, sites ...*testSite) {
 	t.Helper()
