@@ -274,7 +274,7 @@ type linkKeeper struct {
 // every linkCheckInterval (protocol.Client.RestartFailedLinks). CouchDB's
 // replicator starts a failed link again only after a backoff that doubles
 // with each failure, up to hours: the link from a site that was down for
-// an hour would come back half an hour after the site, and a site that
+// an hour could come back up to half an hour after the site, and a site that
 // restarted would wait to hear through a link its replicator holds back.
 // A worker that may not restart links (credentials that are not a server
 // admin's, or no replicator) says so once and stops looking.

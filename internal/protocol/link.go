@@ -569,8 +569,8 @@ func linkProducer(ctx context.Context, producer, peer SiteEndpoint, srv *Server)
 // while its site restarted (the other site out of reach a moment, or this
 // server not yet answering itself) then stays down for longer than the
 // restarted site's workers wait to hear through it, and one that failed
-// for as long as its other site was down (an hour: a backoff of half an
-// hour) comes back long after the site. Rewriting the link's _replicator
+// for as long as its other site was down (an hour: backoffs of up to
+// half an hour) can come back long after the site. Rewriting the link's _replicator
 // document starts it now, from its checkpoint; a link restarted less than
 // notWithin ago (by another worker of the site, say) is left to that
 // restart. It returns the links it restarted, as they were before.
