@@ -855,3 +855,38 @@ func TestReleasedJobIsNotClaimedTwiceByItsWorker(t *testing.T) {
 		t.Errorf("%d claims won and %d lost, want 2 and none: the released job was claimed twice", st.Claimed, st.Conflicts)
 	}
 }
+
+// A released job whose claim was never stored (the request failed on its
+// way) stays the worker's to claim again at the revision it read: the
+// worker skips the revisions it claimed over for a while, since a copy may
+// report them again, but not one whose claim may not have been written.
+func TestReleasedJobWhoseClaimFailedIsClaimedAgain(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "first"})
+	child := mustEnqueue(t, tb, protocol.NewJob{Worker: "then", After: []string{parent.ID}})
+	var failed atomic.Int64
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+child.ID) {
+				body, err := readRequestBody(r)
+				if err != nil {
+					return nil, err
+				}
+				if bytes.Contains(body, []byte(`"claimed":true`)) && failed.Add(1) == 1 {
+					return nil, errors.New("connection reset before the claim was sent")
+				}
+			}
+			return next.RoundTrip(r)
+		})
+	})
+	ran := make(chan string, 4)
+	record := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		ran <- job.ID
+		return nil
+	})
+	runWorker(t, tb.ctx, client, fastWorker(tb, map[string]worker.Handler{"first": record, "then": record}))
+	waitStatus(t, tb, child.ID, protocol.StatusDone, 10*time.Second)
+	if failed.Load() < 2 {
+		t.Fatalf("%d claims of the dependent sent, want the failed one and another", failed.Load())
+	}
+}

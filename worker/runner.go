@@ -81,9 +81,10 @@ type runner struct {
 	// touched only by the runner's own loop.
 	unrepairable map[string]struct{}
 	// claimedAt holds the jobs this runner claimed in the last
-	// recentClaims (see noteClaim), which a view read as it stands may
-	// still list as due, and a lagging copy (on a cluster) or the feed may
-	// still show due at the revision claimed over. claimsMu guards it:
+	// claimedRevisions (see noteClaim): a view read as it stands may still
+	// list them as due for a moment (recentClaims), and a lagging copy (on
+	// a cluster) or the feed may still show them due at the revision
+	// claimed over. claimsMu guards it:
 	// claimReleased writes it from a finishing job's goroutine.
 	claimsMu  sync.Mutex
 	claimedAt map[string]recentClaim
@@ -123,13 +124,24 @@ type runner struct {
 	looking atomic.Bool
 }
 
-// recentClaims is how long a runner remembers its claims, to skip them in
-// a due view read as it stands: longer than such a view lags behind a busy
-// runner's claims (about one claim round, as each stale read has the
-// server index what it missed).
+// recentClaims is how long a runner skips its claims in a due view read as
+// it stands, whatever revision the view lists: longer than such a view
+// lags behind a busy runner's claims (about one claim round, as each stale
+// read has the server index what it missed). Longer would hide a job that
+// came back to the queue from this runner (a retry) for as long.
 const recentClaims = 2 * time.Second
 
-// recentClaim is one of a runner's claims of the last recentClaims.
+// claimedRevisions is how long a runner remembers the revision each of its
+// claims was written over. A job read at that revision is a stale copy's
+// report of it, however late it comes: the revision has a child (the
+// claim), so it is never the job's current one again, and a claim over it
+// could only lose. On a cluster a copy that lags (a node under load, or
+// one that was cut off) can report it again well after recentClaims, so
+// the memory is longer; it is bounded by the jobs a runner claims in this
+// time, about 100 bytes each.
+const claimedRevisions = 30 * time.Second
+
+// recentClaim is one of a runner's claims of the last claimedRevisions.
 type recentClaim struct {
 	at   time.Time
 	from string // the revision the claim was written over
@@ -146,22 +158,42 @@ func (r *runner) noteClaim(id, from string, at time.Time) {
 	r.claimedAt[id] = recentClaim{at: at, from: from}
 }
 
-// claimedOver reports whether the runner claimed id in the last
-// recentClaims over revision rev, or over any revision when rev is "".
-func (r *runner) claimedOver(id, rev string) bool {
+// forgetClaim forgets the runner's claim of id.
+func (r *runner) forgetClaim(id string) {
+	r.claimsMu.Lock()
+	defer r.claimsMu.Unlock()
+	delete(r.claimedAt, id)
+}
+
+// claimedOver reports whether the runner claimed id over revision rev in
+// the last claimedRevisions, or over any revision in the last recentClaims
+// when rev is "".
+func (r *runner) claimedOver(id, rev string, now time.Time) bool {
 	r.claimsMu.Lock()
 	defer r.claimsMu.Unlock()
 	c, ok := r.claimedAt[id]
-	return ok && (rev == "" || c.from == rev)
+	if !ok {
+		return false
+	}
+	if rev == "" {
+		return now.Sub(c.at) <= recentClaims
+	}
+	return c.from == rev
 }
 
-// forgetOldClaims forgets the claims older than recentClaims and returns
-// how many are left.
+// forgetOldClaims forgets the claims older than claimedRevisions and
+// returns how many were made in the last recentClaims.
 func (r *runner) forgetOldClaims(now time.Time) int {
 	r.claimsMu.Lock()
 	defer r.claimsMu.Unlock()
-	maps.DeleteFunc(r.claimedAt, func(_ string, c recentClaim) bool { return now.Sub(c.at) > recentClaims })
-	return len(r.claimedAt)
+	maps.DeleteFunc(r.claimedAt, func(_ string, c recentClaim) bool { return now.Sub(c.at) > claimedRevisions })
+	recent := 0
+	for _, c := range r.claimedAt {
+		if now.Sub(c.at) <= recentClaims {
+			recent++
+		}
+	}
+	return recent
 }
 
 func (r *runner) nudge() {
@@ -409,7 +441,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 		r.longList = listed == k
 		cands = slices.DeleteFunc(cands, func(c protocol.DueCandidate) bool {
 			_, unrepairable := r.unrepairable[c.ID]
-			return unrepairable || (stale && r.claimedOver(c.ID, ""))
+			return unrepairable || (stale && r.claimedOver(c.ID, "", now))
 		})
 		if !stale || len(cands) >= r.free() {
 			break
@@ -469,7 +501,7 @@ func (r *runner) fetch(ctx context.Context) (more bool, upTo time.Time, err erro
 	// claiming it again could only lose, and would count as a race lost
 	// to a peer.
 	read := len(batch.Items)
-	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool { return r.claimedOver(it.ID, it.Rev) })
+	items := slices.DeleteFunc(batch.Items, func(it *protocol.WorkItem) bool { return r.claimedOver(it.ID, it.Rev, now) })
 	// Claimed by others, finished or malformed since the query: the next
 	// round looks again.
 	more = listed == k || n < claimable || read < n
@@ -1471,6 +1503,13 @@ take:
 		r.noteClaim(it.ID, it.Rev, now)
 	}
 	results, _ := r.w.client.ClaimManyBefore(ctx, items[:n], r.w.by, r.w.cfg.LeaseDuration, time.Time{})
+	for i, res := range results {
+		if res.Err != nil && !errors.Is(res.Err, protocol.ErrClaimConflict) {
+			// Perhaps never stored: the job may still be due at the
+			// revision read, and the runner must not skip it there.
+			r.forgetClaim(items[i].ID)
+		}
+	}
 	unused := n
 	r.tallyClaims(results, func(item *protocol.WorkItem) {
 		unused--
