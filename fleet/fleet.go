@@ -49,6 +49,7 @@
 //	lease = "1m"
 //	max_attempts = 5
 //	retry_delay = "30s"   # fixed; without it attempt^4 s backoff
+//	job_timeout = "10m"   # bound on one attempt; without it none
 //	delete_done = true
 //	rate = "10/s"         # starts across every process together
 //	fleet_concurrency = 20
@@ -140,6 +141,9 @@ type Type struct {
 	// RetryDelay, when not nil, is a fixed delay before every retry;
 	// nil retries after worker.DefaultRetry's backoff.
 	RetryDelay *time.Duration
+	// JobTimeout bounds one attempt (worker.Config.JobTimeout); zero for
+	// no bound.
+	JobTimeout time.Duration
 	// DeleteDone deletes finished jobs instead of keeping them as done.
 	DeleteDone bool
 	// Rate bounds how many jobs of the type start across every worker
@@ -285,7 +289,7 @@ func (t Type) spec() *workerset.Spec {
 		dst *time.Duration
 		v   time.Duration
 	}{
-		{&s.HTTPTimeout, t.HTTPTimeout}, {&s.Lease, t.Lease}, {&s.FeedTimeout, t.FeedTimeout},
+		{&s.HTTPTimeout, t.HTTPTimeout}, {&s.Lease, t.Lease}, {&s.FeedTimeout, t.FeedTimeout}, {&s.JobTimeout, t.JobTimeout},
 		{&s.QueryTimeout, t.QueryTimeout}, {&s.FallbackPoll, t.FallbackPoll},
 	} {
 		if d.v != 0 {
@@ -318,7 +322,7 @@ func typeOf(s *workerset.Spec) Type {
 		Name: s.Types, Handler: s.Handler, Exec: s.Exec, HTTPTimeout: s.HTTPTimeout, Concurrency: s.Concurrency,
 		Lease: s.Lease, MaxAttempts: s.MaxAttempts, DeleteDone: s.DeleteDone, FleetConcurrency: s.FleetLimits[s.Types],
 		Heartbeat: s.Heartbeat, SweepInterval: s.SweepInterval, FeedTimeout: s.FeedTimeout,
-		QueryTimeout: s.QueryTimeout, FallbackPoll: s.FallbackPoll,
+		QueryTimeout: s.QueryTimeout, FallbackPoll: s.FallbackPoll, JobTimeout: s.JobTimeout,
 	}
 	if s.Set["retry-delay"] {
 		d := s.RetryDelay

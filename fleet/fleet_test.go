@@ -98,6 +98,7 @@ func TestLoadErrors(t *testing.T) {
 		{"wrong type", "[types.a]\nhandler = \"noop\"\nconcurrency = \"many\"\n", ":3: types.a.concurrency: want a whole number, got a TOML string"},
 		{"duration as a number", "[types.a]\nhandler = \"noop\"\nlease = 30\n", `:3: types.a.lease: invalid duration "30": want a string such as "30s"`},
 		{"exec without a command", "[types.a]\nhandler = \"exec\"\n", ":1: types.a: no command given"},
+		{"negative job timeout", "[types.a]\nhandler = \"noop\"\njob_timeout = \"-1s\"\n", ":3: types.a.job_timeout: must not be negative (0 sets no bound), got -1s"},
 		{"too many attempts", "[types.a]\nhandler = \"noop\"\nmax_attempts = 3000000000\n", ":3: types.a.max_attempts: must be at most 2147483647"},
 		{"zero", "[types.a]\nhandler = \"noop\"\n\nconcurrency = 0\n", ":4: types.a.concurrency: must be at least 1, got 0"},
 		{"from defaults", "[defaults]\nmax_attempts = 0\n[types.a]\nhandler = \"noop\"\n", ":2: defaults.max_attempts: must be at least 1"},

@@ -101,6 +101,16 @@ type Config struct {
 	// ShutdownTimeout is how long Stop lets running jobs finish before it
 	// cancels them and releases their claims.
 	ShutdownTimeout time.Duration
+	// JobTimeout bounds one attempt: when a handler has run this long its
+	// context is cancelled (context.DeadlineExceeded), and if it returns
+	// an error the attempt fails with "job timed out after JobTimeout" and
+	// is retried as any failure is (a handler that returns nil anyway has
+	// done the job). A handler that does not return holds its slot and
+	// renews its lease until it does: the job is still running, and
+	// another worker must not start it meanwhile. Zero: no bound (the
+	// default), since a running job renews its lease however long it
+	// takes. Built-in exec commands get SIGTERM, then SIGKILL.
+	JobTimeout time.Duration
 	// FeedTimeout is how long one _changes long-poll waits for a change.
 	FeedTimeout time.Duration
 	// QueryTimeout is how long a due-view query or a sweep (and each read
@@ -242,7 +252,7 @@ func (c Config) checkNegative() error {
 	}{
 		{"Concurrency", c.Concurrency < 0}, {"ClaimBatch", c.ClaimBatch < 0}, {"PickAmong", c.PickAmong < 0},
 		{"LeaseDuration", c.LeaseDuration < 0}, {"HeartbeatInterval", c.HeartbeatInterval < 0},
-		{"ProgressInterval", c.ProgressInterval < 0}, {"ShutdownTimeout", c.ShutdownTimeout < 0},
+		{"ProgressInterval", c.ProgressInterval < 0}, {"ShutdownTimeout", c.ShutdownTimeout < 0}, {"JobTimeout", c.JobTimeout < 0},
 		{"FeedTimeout", c.FeedTimeout < 0}, {"QueryTimeout", c.QueryTimeout < 0}, {"FallbackPoll", c.FallbackPoll < 0},
 	} {
 		if f.negative {

@@ -847,7 +847,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		err = JobFail(fmt.Errorf("no attempts left: this would be attempt %d of %d", attempt, most))
 		log.Warn().Int("max_attempts", most).Msg("job claimed with no attempts left: failed without running")
 	} else {
-		err = r.invokeWithSlot(ctx, job, log)
+		err = r.invokeBounded(ctx, job, log)
 	}
 	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
@@ -913,6 +913,30 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 		}
 		w.claimReleased(fctx, released)
 	}
+}
+
+// invokeBounded calls the handler (invokeWithSlot) within the worker's
+// JobTimeout, if it has one. The job's own context (heartbeat, shutdown,
+// a lost lease) is not bounded: the lease is renewed until the handler
+// returns.
+func (r *runner) invokeBounded(ctx context.Context, job *Job, log zerolog.Logger) error {
+	limit := r.w.cfg.JobTimeout
+	if limit <= 0 {
+		return r.invokeWithSlot(ctx, job, log)
+	}
+	hctx, cancel := context.WithTimeoutCause(ctx, limit, errJobTimeout)
+	defer cancel()
+	stop := context.AfterFunc(hctx, func() {
+		if errors.Is(context.Cause(hctx), errJobTimeout) {
+			log.Warn().Dur("job_timeout", limit).Msg("job ran past its timeout: its context is cancelled, and it keeps its slot and lease until its handler returns")
+		}
+	})
+	defer stop()
+	err := r.invokeWithSlot(hctx, job, log)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(hctx), errJobTimeout) {
+		return fmt.Errorf("job timed out after %s: %w", limit, err)
+	}
+	return err
 }
 
 // invokeWithSlot calls the handler, with a slot of the type's sequence

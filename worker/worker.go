@@ -21,6 +21,10 @@ import (
 // before the job finished: its claim is released, not failed.
 var errShutdown = errors.New("worker shutting down")
 
+// errJobTimeout is the cause a handler's context carries when the job ran
+// for JobTimeout.
+var errJobTimeout = errors.New("job timeout")
+
 // errLeaseLost is the cause a job's context carries when a lease renewal
 // found the claim gone (swept or cancelled): its result will be refused.
 var errLeaseLost = errors.New("lease lost: the job was swept or cancelled")

@@ -45,6 +45,10 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	                       (default 25)
 	--shutdown-timeout D   how long running jobs may finish after a stop signal
 	                       (default 30s)
+	--job-timeout D        how long one attempt may run: then the handler is
+	                       cancelled (an exec command gets SIGTERM, then
+	                       SIGKILL) and the attempt fails, to be retried
+	                       (default 0: no bound)
 	--rate 'T=N/PER'       at most N jobs of type T start per PER (s, m, h or a
 	                       duration, windows aligned to the Unix epoch) across all
 	                       worker processes together; give every process the same
@@ -118,6 +122,7 @@ and key; every key is optional but a type's handler):
 	lease = "1m"
 	max_attempts = 5
 	retry_delay = "30s"   # fixed; without it attempt^4 s backoff
+	job_timeout = "10m"   # as --job-timeout
 	delete_done = true
 	rate = "10/s"
 	fleet_concurrency = 20
@@ -168,6 +173,7 @@ func (m *Main) runWorker(ctx context.Context, log zerolog.Logger, args []string)
 	fs.DurationVar(&f.QueryTimeout, "query-timeout", f.QueryTimeout, "due query and sweep timeout")
 	fs.DurationVar(&f.FallbackPoll, "fallback-poll", f.FallbackPoll, "fallback poll interval")
 	fs.DurationVar(&f.RetryDelay, "retry-delay", 0, "fixed retry delay")
+	fs.DurationVar(&f.JobTimeout, "job-timeout", 0, "bound on one attempt")
 	fs.Var(&f.Periodic, "periodic", "periodic schedule TYPE=SPEC")
 	fs.Var(&f.Rates, "rate", "rate limit TYPE=N/PER")
 	fs.Var(&f.Fleet, "fleet-concurrency", "fleet-wide concurrency TYPE=K")
@@ -277,6 +283,9 @@ func printWorkerCheck(w io.Writer, conn *connFlags, specs []*workerset.Spec) err
 		}
 		if k, ok := f.FleetLimits[f.Types]; ok {
 			fmt.Fprintf(w, ", fleet_concurrency %d", k)
+		}
+		if f.JobTimeout > 0 {
+			fmt.Fprintf(w, ", job_timeout %s", f.JobTimeout)
 		}
 		fmt.Fprintln(w)
 		for _, p := range f.Schedules {

@@ -44,6 +44,7 @@ func TestWorkerCommandsUsageErrors(t *testing.T) {
 		{"zero heartbeat", w("--heartbeat", "0s"), "invalid --heartbeat 0s"},
 		{"zero sweep interval", w("--sweep-interval", "0s"), "invalid --sweep-interval 0"},
 		{"zero max attempts", w("--max-attempts", "0"), "invalid --max-attempts 0"},
+		{"negative job timeout", w("--job-timeout", "-1s"), "invalid --job-timeout -1s: must not be negative (0 sets no bound)"},
 		{"periodic without spec", w("--periodic", "report"), `invalid --periodic "report": want TYPE=SPEC`},
 		{"periodic bad cron", w("--periodic", "report=every day"), `invalid --periodic "report=every day"`},
 		{"periodic too often", w("--periodic", "ping=@every 10ms"), "at least 1s"},
@@ -316,5 +317,27 @@ func TestWorkerExecCommandGetsNoPassword(t *testing.T) {
 	}
 	if strings.Contains(it.LastError, password) || !strings.Contains(it.LastError, "plain=kept") {
 		t.Errorf("the command's stderr, stored in last_error: %q; want the environment without the password", it.LastError)
+	}
+}
+
+// --job-timeout stops an exec command that runs too long and fails the
+// attempt.
+func TestWorkerJobTimeoutStopsACommand(t *testing.T) {
+	c := online(t).mustInit(t)
+	expect(t, c.run(t, "enqueue", "--type", "slow", "--id", "slow", "--max-attempts", "1"), exitOK)
+	began := time.Now()
+	r := c.run(t, "worker", "--type", "slow", "--handler", "exec", "--drain", "--job-timeout", "1s",
+		"--exec", "sleep 30")
+	expect(t, r, exitOK, `"message":"job ran past its timeout`)
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("the worker took %s with a 1s job timeout", took.Round(time.Second))
+	}
+	r = c.run(t, "show", "slow", "--json")
+	var it protocol.WorkItem
+	if err := json.Unmarshal([]byte(r.stdout), &it); err != nil || it.Status != protocol.StatusFailed {
+		t.Fatalf("the job: %+v, %v", it, err)
+	}
+	if !strings.Contains(it.LastError, "job timed out after 1s") {
+		t.Errorf("last_error %q, want the timeout named", it.LastError)
 	}
 }

@@ -37,6 +37,7 @@ exec = "/bin/cat"
 lease = "1m"
 rate = "10/s"
 fleet_concurrency = 5
+job_timeout = "10m"
 
 [types.ping]
 handler = "noop"
@@ -62,7 +63,7 @@ func TestWorkerConfigCheck(t *testing.T) {
 	expect(t, r, exitOK)
 	for _, want := range []string{
 		"couchdb: http://127.0.0.1:1,http://127.0.0.2:1 database couchq_jobs user couchq-worker password from the environment",
-		`type email: handler exec exec "/bin/cat", concurrency 2, lease 1m0s, heartbeat 20s, max_attempts 7, retry backoff attempt^4 s, delete_done false, http_timeout 10s, rate 10/1s, fleet_concurrency 5`,
+		`type email: handler exec exec "/bin/cat", concurrency 2, lease 1m0s, heartbeat 20s, max_attempts 7, retry backoff attempt^4 s, delete_done false, http_timeout 10s, rate 10/1s, fleet_concurrency 5, job_timeout 10m0s`,
 		"type ping: handler noop, concurrency 8, lease 30s, heartbeat 10s, max_attempts 7, retry fixed 2s, delete_done true",
 		`periodic report: "@every 5m" in Europe/Berlin, catch up once, priority 1, payload {"format":"pdf"}`,
 		"shutdown_timeout 45s",
@@ -78,8 +79,14 @@ func TestWorkerConfigCheck(t *testing.T) {
 	r = c.run(t, "worker", "--config", path, "--check", "--concurrency", "3", "--type", "ping", "--db", "other")
 	expect(t, r, exitOK)
 	if !strings.Contains(r.stdout, "type ping: handler noop, concurrency 3,") || strings.Contains(r.stdout, "type email") ||
+		strings.Contains(r.stdout, "job_timeout") ||
 		!strings.Contains(r.stdout, "database other") {
 		t.Errorf("overrides:\n%s", r.stdout)
+	}
+	r = c.run(t, "worker", "--config", path, "--check", "--job-timeout", "90s")
+	expect(t, r, exitOK)
+	if strings.Count(r.stdout, ", job_timeout 1m30s") != 2 {
+		t.Errorf("--job-timeout over the file, for every type:\n%s", r.stdout)
 	}
 	// --handler overrides a type's exec handler, its command with it.
 	r = c.run(t, "worker", "--config", path, "--check", "--type", "email", "--handler", "noop")

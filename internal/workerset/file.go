@@ -64,6 +64,7 @@ type fileType struct {
 	Lease            *fileDuration `toml:"lease"`
 	MaxAttempts      *int          `toml:"max_attempts"`
 	RetryDelay       *fileDuration `toml:"retry_delay"`
+	JobTimeout       *fileDuration `toml:"job_timeout"`
 	DeleteDone       *bool         `toml:"delete_done"`
 	Rate             string        `toml:"rate"`
 	FleetConcurrency *int          `toml:"fleet_concurrency"`
@@ -379,6 +380,7 @@ func (f *File) spec(t string, flags *Spec, requireHandler bool) (*Spec, error) {
 		setDur("http_timeout", ft.HTTPTimeout, &s.HTTPTimeout, true),
 		setDur("lease", ft.Lease, &s.Lease, true),
 		setDur("retry_delay", ft.RetryDelay, &s.RetryDelay, false),
+		setDur("job_timeout", ft.JobTimeout, &s.JobTimeout, false),
 		setDur("heartbeat", ft.Heartbeat, &s.Heartbeat, true),
 		setDur("sweep_interval", ft.SweepInterval, &s.SweepInterval, false),
 		setDur("feed_timeout", ft.FeedTimeout, &s.FeedTimeout, true),
@@ -393,6 +395,9 @@ func (f *File) spec(t string, flags *Spec, requireHandler bool) (*Spec, error) {
 	}
 	if ft.RetryDelay != nil && ft.RetryDelay.Duration < 0 {
 		return nil, fail("retry_delay", "must not be negative, got %s", ft.RetryDelay.Duration)
+	}
+	if ft.JobTimeout != nil && ft.JobTimeout.Duration < 0 {
+		return nil, fail("job_timeout", "must not be negative (0 sets no bound), got %s", ft.JobTimeout.Duration)
 	}
 	if ft.DeleteDone != nil {
 		s.DeleteDone = *ft.DeleteDone
@@ -510,7 +515,7 @@ func merge(def, t fileType) fileType {
 		out.Rate = t.Rate
 	}
 	for _, p := range []struct{ dst, src **fileDuration }{
-		{&out.HTTPTimeout, &t.HTTPTimeout}, {&out.Lease, &t.Lease}, {&out.RetryDelay, &t.RetryDelay},
+		{&out.HTTPTimeout, &t.HTTPTimeout}, {&out.Lease, &t.Lease}, {&out.RetryDelay, &t.RetryDelay}, {&out.JobTimeout, &t.JobTimeout},
 		{&out.Heartbeat, &t.Heartbeat}, {&out.SweepInterval, &t.SweepInterval},
 		{&out.FeedTimeout, &t.FeedTimeout}, {&out.QueryTimeout, &t.QueryTimeout}, {&out.FallbackPoll, &t.FallbackPoll},
 	} {
@@ -570,6 +575,8 @@ func (o *Spec) overrideInto(s *Spec) {
 			s.FallbackPoll = o.FallbackPoll
 		case "retry-delay":
 			s.RetryDelay = o.RetryDelay
+		case "job-timeout":
+			s.JobTimeout = o.JobTimeout
 		case "health-addr":
 			s.HealthAddr = o.HealthAddr
 		case "await-sites":

@@ -48,12 +48,15 @@ type Spec struct {
 	DeleteDone      bool
 	MaxAttempts     int
 	ShutdownTimeout time.Duration
-	Heartbeat       time.Duration
-	SweepInterval   time.Duration
-	FeedTimeout     time.Duration
-	QueryTimeout    time.Duration
-	FallbackPoll    time.Duration
-	RetryDelay      time.Duration
+	// JobTimeout is --job-timeout: how long one attempt may run (0: no
+	// bound).
+	JobTimeout    time.Duration
+	Heartbeat     time.Duration
+	SweepInterval time.Duration
+	FeedTimeout   time.Duration
+	QueryTimeout  time.Duration
+	FallbackPoll  time.Duration
+	RetryDelay    time.Duration
 	// Periodic, Rates and Fleet are --periodic, --rate and
 	// --fleet-concurrency as given: TYPE=VALUE each.
 	Periodic   Repeated
@@ -175,6 +178,8 @@ func (f *Spec) check(requireHandler bool) error {
 		return cli.Usagef("invalid --fallback-poll %s: must be positive", f.FallbackPoll)
 	case f.RetryDelay < 0:
 		return cli.Usagef("invalid --retry-delay %s: must not be negative", f.RetryDelay)
+	case f.JobTimeout < 0:
+		return cli.Usagef("invalid --job-timeout %s: must not be negative (0 sets no bound)", f.JobTimeout)
 	case f.AwaitSites < 0:
 		return cli.Usagef("invalid --await-sites %s: must not be negative (0 does not wait)", f.AwaitSites)
 	case f.Set["heartbeat"] && f.Heartbeat <= 0:
@@ -322,6 +327,7 @@ func (f *Spec) config(hs map[string]worker.Handler, log zerolog.Logger) worker.C
 		HeartbeatInterval: f.Heartbeat,
 		SweepInterval:     f.SweepInterval,
 		ShutdownTimeout:   f.ShutdownTimeout,
+		JobTimeout:        f.JobTimeout,
 		FeedTimeout:       f.FeedTimeout,
 		QueryTimeout:      f.QueryTimeout,
 		FallbackPoll:      f.FallbackPoll,
