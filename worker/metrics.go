@@ -23,6 +23,7 @@ type Metrics struct {
 	renewals                            *prometheus.CounterVec
 	renewalDuration                     *prometheus.HistogramVec
 	feedReconnects                      prometheus.Counter
+	clockSkew                           prometheus.Gauge
 	inFlight, freeSlots                 *prometheus.GaugeVec
 }
 
@@ -80,6 +81,10 @@ func NewMetrics() *Metrics {
 			Name: "couchq_worker_feed_reconnects_total",
 			Help: "Times the changes feed broke and was connected again.",
 		}),
+		clockSkew: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "couchq_worker_clock_skew_seconds",
+			Help: "How far this process's clock is ahead of the CouchDB server's (negative: behind), checked every minute; workers whose clocks differ by the lease less a heartbeat sweep each other's running jobs.",
+		}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "couchq_worker_jobs_in_flight",
 			Help: "Jobs running in this process now.",
@@ -95,7 +100,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.started, m.succeeded, m.failed, m.retried, m.handlerDuration,
 		m.claimsWon, m.claimsLost, m.renewals, m.renewalDuration,
-		m.feedReconnects, m.inFlight, m.freeSlots,
+		m.feedReconnects, m.clockSkew, m.inFlight, m.freeSlots,
 	}
 }
 
@@ -191,4 +196,11 @@ func (m *Metrics) feedReconnected() {
 		return
 	}
 	m.feedReconnects.Inc()
+}
+
+func (m *Metrics) clockSkewIs(skew time.Duration) {
+	if m == nil {
+		return
+	}
+	m.clockSkew.Set(skew.Seconds())
 }

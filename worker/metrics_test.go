@@ -198,7 +198,7 @@ func TestWorkersGuideListsEveryMetric(t *testing.T) {
 			t.Errorf("docs/workers.md does not list %s", m[1])
 		}
 	}
-	if n != 12 {
-		t.Errorf("%d metrics described, want 12", n)
+	if n != 13 {
+		t.Errorf("%d metrics described, want 13", n)
 	}
 }

@@ -57,6 +57,7 @@ func (w *Worker) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.checkClock(ctx)
 	w.decideAwait(ctx)
 	w.peers.mu.Lock()
 	w.peers.joined = time.Now()
@@ -90,6 +91,7 @@ func (w *Worker) heartbeatRegistry(ctx context.Context) {
 				w.log.Warn().Err(serr).Msg("writing the site's heartbeat")
 			}
 			w.takeOverSilentSites(wctx)
+			w.checkClock(wctx)
 			if w.client.Site() != "" {
 				w.keepLinks(wctx)
 			}

@@ -94,6 +94,8 @@ type Worker struct {
 	gate siteGate
 	// links paces the restarts of failed links into the site's database.
 	links linkKeeper
+	// clock paces the comparisons of the worker's clock with the server's.
+	clock clockWatch
 
 	pauseMu sync.Mutex // serialises refreshPaused
 
