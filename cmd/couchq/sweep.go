@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -29,6 +30,11 @@ naming a site the queue does not have it failed (the default site's
 sweep does that), and how many waiting jobs whose dependencies had
 finished it released.
 `
+
+// sweepClockSkew is how far this machine's clock may be from the server's
+// before couchq sweep warns: a quarter of the default lease, as workers
+// warn.
+const sweepClockSkew = 7500 * time.Millisecond
 
 // sweepResult is what one sweep did, as printed with --json.
 type sweepResult struct {
@@ -65,11 +71,27 @@ func (m *Main) runSweep(ctx context.Context, log zerolog.Logger, args []string) 
 	if limit < 1 {
 		return cli.Usagef("invalid --limit %d: must be at least 1", limit)
 	}
-	q, _, closeQueue, err := m.connect(ctx, conn, log)
+	if err := conn.resolve(m); err != nil {
+		return err
+	}
+	log = log.Level(conn.level)
+	// Through a Server, unlike most commands: the server's date, which the
+	// clock check below reads, comes through that connection (and on a
+	// cluster the leaves of conflicted jobs come in one _bulk_get).
+	q, closeQueue, err := conn.Open(ctx, cli.CommandConfig(log, m.Now, conn.Site))
 	if err != nil {
 		return err
 	}
 	defer closeQueue()
+	// The sweep judges leases on this machine's clock: one ahead of the
+	// workers' returns their running jobs, which then run twice.
+	if skew, ok, _ := q.ClockSkew(ctx); ok && (skew > sweepClockSkew || skew < -sweepClockSkew) {
+		way, by := "ahead of", skew
+		if skew < 0 {
+			way, by = "behind", -skew
+		}
+		log.Warn().Dur("skew", skew).Msgf("this machine's clock is %s %s the CouchDB server's, and the sweep judges leases on it: a clock ahead of the workers' returns jobs they are still running (which then run twice), one behind them leaves dead workers' jobs longer; keep the clocks in sync (NTP)", by.Round(100*time.Millisecond), way)
+	}
 	res, err := q.Sweep(ctx, q.Config().Actor, limit)
 	if err != nil {
 		return cli.ServerError(conn.URL, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/couchq/couchq/handlers"
+	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
 )
 
@@ -339,5 +340,20 @@ func TestWorkerJobTimeoutStopsACommand(t *testing.T) {
 	}
 	if !strings.Contains(it.LastError, "job timed out after 1s") {
 		t.Errorf("last_error %q, want the timeout named", it.LastError)
+	}
+}
+
+// couchq sweep on a machine whose clock is ahead of the server's (and so,
+// likely, of the workers') warns that it may return running jobs.
+func TestSweepWarnsOfAClockAhead(t *testing.T) {
+	if !srv.Caps().SelectorFilter {
+		couchtest.Skip(t, srv.Caps().Vendor+" is not Apache CouchDB: couchq reads no server date there")
+	}
+	c := online(t).mustInit(t)
+	c.now = func() time.Time { return time.Now().Add(time.Minute) }
+	expect(t, c.run(t, "sweep"), exitOK, "ahead of the CouchDB server's, and the sweep judges leases on it")
+	c.now = nil
+	if r := c.run(t, "sweep"); strings.Contains(r.stderr, "the sweep judges leases on it") {
+		t.Errorf("a clock in time warned: %s", r.stderr)
 	}
 }
