@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -257,6 +258,10 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 		_, err := w.c.DB().Put(ctx, w.id, w.doc)
 		rb.refused(t, w.what, err, w.want)
 	}
+	// Nor may a producer's new job tell of work in its history.
+	_, err = rb.producer.DB().Put(ctx, "job:forged-history", map[string]any{"type": "WorkItem", "worker": "mail",
+		"history": []any{map[string]any{"at": "2026-01-01T00:00:00Z", "event": "claimed", "by": "admin"}}})
+	rb.refused(t, "producer writing a new job whose history tells of a claim", err, producerOnly)
 	// Writing a finished job from scratch is refused too.
 	_, err = rb.producer.DB().Put(ctx, "forged", map[string]any{"type": "WorkItem", "worker": "mail", "status": "done", "finished_at": 1})
 	rb.refused(t, "producer creating a finished job", err, producerOnly)
@@ -477,5 +482,122 @@ func TestMemberInitNeedsAdmin(t *testing.T) {
 	}
 	if _, err := protocol.Init(ctx, srv.Client, rb.dbName, rb.log); err != nil {
 		t.Errorf("member init after the admin's: %v", err)
+	}
+}
+
+// A producer may replicate a new job in (it stands over nothing), and so
+// it can plant a first revision beside a job that already exists, then
+// edit that branch (a fresh job, as far as any one write shows) until it
+// outgrows the job's own and CouchDB picks it. Settling keeps the job's
+// own history, the one that was worked, however long the planted branch:
+// the job keeps its payload, attempts and history.
+func TestRolesPlantedBranchLosesToTheJobsOwn(t *testing.T) {
+	t.Run("single", func(t *testing.T) { testPlantedBranchLoses(t, server) })
+	t.Run("cluster", func(t *testing.T) { testPlantedBranchLoses(t, server.Cluster(t).Server) })
+}
+
+func testPlantedBranchLoses(t *testing.T, srv *couchtest.Server) {
+	rb := setupRoles(t, srv)
+	ctx := rb.ctx
+	if !srv.Caps().NewEditsWithValidation {
+		couchtest.Skip(t, srv.Caps().Vendor+" drops replicated revisions it validates: no branch can be planted")
+	}
+	job, err := rb.worker.Enqueue(ctx, protocol.NewJob{Worker: "mail", Payload: map[string]any{"to": "a@example.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := rb.worker.Claim(ctx, job, "worker", time.Second)
+	if err != nil {
+		t.Fatalf("worker claiming: %v", err)
+	}
+	// The producer's branch: a first revision of its own, then edits of it
+	// until it is two generations ahead of the claim.
+	planted := map[string]any{"_id": held.ID, "_rev": "1-0000000000000000000000000000000a", "type": "WorkItem", "worker": "mail",
+		"status": "queued", "payload": map[string]any{"hijacked": 0}}
+	res, err := rb.producer.DB().BulkDocs(ctx, []any{planted}, kivik.Param("new_edits", false))
+	if err != nil || len(res) > 0 && res[0].Error != nil {
+		t.Fatalf("producer replicating a first revision in: %v %+v", err, res)
+	}
+	claimGen, _ := strconv.Atoi(strings.SplitN(held.Rev, "-", 2)[0])
+	rev := planted["_rev"].(string)
+	for g := 1; g <= claimGen+1; g++ {
+		planted["_rev"], planted["payload"] = rev, map[string]any{"hijacked": g}
+		if rev, err = rb.producer.DB().Put(ctx, held.ID, planted); err != nil {
+			t.Fatalf("producer editing its branch (generation %d): %v", g+1, err)
+		}
+	}
+	if got := rawDoc(t, rb.admin, held.ID); got["_rev"] != rev {
+		t.Fatalf("CouchDB picks %v, not the planted branch %s: the test proves nothing", got["_rev"], rev)
+	}
+	time.Sleep(1500 * time.Millisecond) // the claim's lease runs out: its worker died
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := rb.worker.Sweep(ctx, "sweeper", 100); err != nil {
+			t.Fatal(err)
+		}
+		leaves, err := rb.admin.Leaves(ctx, held.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := 0
+		for _, l := range leaves {
+			if !l.Deleted {
+				live++
+			}
+		}
+		it, err := rb.admin.Get(ctx, held.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if live == 1 && !it.Claimed {
+			if !strings.Contains(string(it.Payload), "a@example.com") || it.Attempts != 1 || !strings.Contains(events(it), "claimed") {
+				t.Fatalf("settled to payload %s, attempts %d, history %s: want the job's own (its address, one attempt, its claim)", it.Payload, it.Attempts, events(it))
+			}
+			checkPurgeLeavesConflicted(t, rb, it)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not settled within 30 s: %d live leaves, %s", live, it.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkPurgeLeavesConflicted finishes it, plants a branch beside it, and
+// checks that a purge leaves the conflicted job to the sweeper (deleting
+// the revision CouchDB picks would bring the other branch up in its
+// place), and deletes it once it is settled.
+func checkPurgeLeavesConflicted(t *testing.T, rb *rolesBundle, it *protocol.WorkItem) {
+	t.Helper()
+	ctx := rb.ctx
+	held, err := rb.worker.Claim(ctx, it, "worker", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rb.worker.Complete(ctx, held, nil); err != nil {
+		t.Fatal(err)
+	}
+	planted := map[string]any{"_id": it.ID, "_rev": "1-0000000000000000000000000000000b", "type": "WorkItem", "worker": "mail", "payload": map[string]any{"hijacked": true}}
+	if res, err := rb.producer.DB().BulkDocs(ctx, []any{planted}, kivik.Param("new_edits", false)); err != nil || len(res) > 0 && res[0].Error != nil {
+		t.Fatalf("producer replicating a first revision in: %v %+v", err, res)
+	}
+	purge := func() int {
+		n, err := rb.worker.Purge(ctx, protocol.PurgeOptions{Status: protocol.StatusDone, Worker: "mail"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := purge(); n != 0 {
+		t.Fatalf("purge deleted %d jobs, want the conflicted one left for the sweeper", n)
+	}
+	if _, err := rb.worker.Sweep(ctx, "sweeper", 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := purge(); n != 1 {
+		t.Fatalf("purge after the sweep settled the job deleted %d jobs, want 1", n)
+	}
+	if _, err := rb.admin.Get(ctx, it.ID); !errors.Is(err, protocol.ErrNotFound) {
+		t.Fatalf("after the purge the job reads %v, want not found", err)
 	}
 }

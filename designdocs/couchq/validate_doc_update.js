@@ -65,12 +65,30 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (!inGroup(roleRules.producers)) {
       throw ({forbidden: who + ' is neither a couchq worker nor a producer of this database (couchq init --workers/--producers)'});
     }
-    // A producer's job is fresh: not claimed, not started, not finished.
+    // A producer's job is fresh: not claimed, not started, not finished,
+    // and its history tells of nothing but its enqueueing. A settled
+    // conflict keeps the branch that shows work over a history that shows
+    // none (a producer's revision planted beside a job that ran), so a
+    // producer must not be able to write work into a history.
+    var onlyEnqueued = function (h) {
+      if (h == null) {
+        return true;
+      }
+      if (!Array.isArray(h)) {
+        return false;
+      }
+      for (var e = 0; e < h.length; e++) {
+        if (!h[e] || h[e].event !== 'enqueued') {
+          return false;
+        }
+      }
+      return true;
+    };
     var fresh = function (d, attempts) {
       return d.type === 'WorkItem' && d.claimed !== true && d.claimed_by == null && d.lease_until == null &&
         d.claimed_at == null && d.started_at == null && d.finished_at == null && d.last_error == null &&
         (d.status == null || d.status === 'queued' || d.status === 'waiting') && d.released_at == null &&
-        (d.attempts || 0) === attempts;
+        (d.attempts || 0) === attempts && d.result == null && onlyEnqueued(d.history);
     };
     var finished = function (d) {
       return d.status === 'done' || d.status === 'failed' || d.status === 'cancelled';

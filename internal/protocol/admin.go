@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -332,6 +333,13 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 			if err != nil {
 				return deleted, err
 			}
+			listed := len(docs)
+			if docs, err = c.dropConflicted(ctx, docs); err != nil {
+				return deleted, err
+			}
+			if listed > 0 && len(docs) == 0 {
+				break // all of this page is conflicted: left for the sweeper, and for the next purge
+			}
 			if len(docs) == 0 {
 				break
 			}
@@ -349,6 +357,35 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 		}
 	}
 	return deleted, nil
+}
+
+// dropConflicted leaves out of a purge's deletions the jobs with more
+// than one live revision, read from every leaf (on a cluster from a
+// majority of the copies, so a branch just written is seen): deleting the
+// revision CouchDB picks would bring another branch up in its place, and
+// an unfinished one would run again. The sweeper settles them; a later
+// purge deletes them.
+func (c *Client) dropConflicted(ctx context.Context, docs []any) ([]any, error) {
+	if len(docs) == 0 {
+		return docs, nil
+	}
+	ids := make([]string, len(docs))
+	for i, d := range docs {
+		ids[i] = d.(map[string]any)["_id"].(string)
+	}
+	all, err := c.leavesMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading the revisions of jobs to purge: %w", err)
+	}
+	return slices.DeleteFunc(docs, func(d any) bool {
+		live := 0
+		for _, l := range all[d.(map[string]any)["_id"].(string)] {
+			if !l.Deleted {
+				live++
+			}
+		}
+		return live > 1
+	}), nil
 }
 
 // finishedBefore lists jobs of typ in status finished before cutoff, as

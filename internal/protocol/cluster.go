@@ -831,14 +831,79 @@ func (c *Client) keptLeafOf(live []Leaf) int {
 }
 
 func keptLeaf(live []Leaf) int {
-	keep := 0
+	keep := -1
+	apart := unrelatedUnworked(live)
 	for i := range live {
-		if settleRank(&live[i]) > settleRank(&live[keep]) {
+		if apart[i] {
+			continue
+		}
+		if keep < 0 || settleRank(&live[i]) > settleRank(&live[keep]) {
 			keep = i
 		}
 	}
-	return keep
+	return max(keep, 0)
 }
+
+// unrelatedUnworked marks the leaves that settling passes over because
+// they share no revision with a leaf that shows work (a claim, an attempt,
+// a start or an outcome) and show none themselves: a job's id created a
+// second time apart from its history. Every write couchq makes of a job
+// descends from the job's first revision, so its branches share that
+// history; a separate history under the same id comes from a second
+// create elsewhere (a unique or periodic job enqueued at two sites or
+// through two nodes, both fresh) or from a replicated revision planted
+// beside the job. Either way the job's own history, the one that was
+// worked, is the one kept, whatever revision CouchDB would pick (a planted
+// branch can be edited to a later generation than the job's). Leaves of
+// unknown history (a server that gave no _revisions) are never passed
+// over.
+func unrelatedUnworked(live []Leaf) []bool {
+	apart := make([]bool, len(live))
+	var worked []int
+	for i := range live {
+		if len(live[i].path) == 0 {
+			return apart
+		}
+		if live[i].worked() {
+			worked = append(worked, i)
+		}
+	}
+	if len(worked) == 0 {
+		return apart
+	}
+	history := map[string]bool{}
+	for _, j := range worked {
+		for _, rev := range live[j].path {
+			history[rev] = true
+		}
+	}
+	for i := range live {
+		if live[i].worked() {
+			continue
+		}
+		related := false
+		for _, rev := range live[i].path {
+			if history[rev] {
+				related = true
+				break
+			}
+		}
+		apart[i] = !related
+	}
+	return apart
+}
+
+// worked reports whether the leaf shows that the job was worked on: a
+// claim, an attempt, a start or an outcome. A producer writes none of
+// these (validate_doc_update).
+func (l *Leaf) worked() bool {
+	if l.Item == nil {
+		return false
+	}
+	it := l.Item
+	return it.Claimed || it.Attempts > 0 || it.StartedAt > 0 || it.Status.Terminal()
+}
+
 
 // settleRank orders the leaves of a conflicted job: a finished one stays,
 // done before failed before cancelled; else a conceded claim, then a
