@@ -119,6 +119,9 @@ type Worker struct {
 		started     bool
 		lastContact time.Time // last successful registry write (monotonic)
 		contactErr  error     // the registry write's error since then
+		// backAt is when a registry write succeeded after one failed:
+		// CouchDB was out of reach until then (see sweepLoop).
+		backAt time.Time
 		feedErr     error     // non-nil while the changes feed is broken
 	}
 }
@@ -472,10 +475,21 @@ func (w *Worker) Ready() error {
 func (w *Worker) noteContact(err error) {
 	w.health.mu.Lock()
 	defer w.health.mu.Unlock()
-	w.health.contactErr = err
 	if err == nil {
 		w.health.lastContact = time.Now()
+		if w.health.contactErr != nil {
+			w.health.backAt = w.health.lastContact
+		}
 	}
+	w.health.contactErr = err
+}
+
+// outOfReachLately reports whether the worker's last registry write
+// failed, or the one before it did within within.
+func (w *Worker) outOfReachLately(within time.Duration) bool {
+	w.health.mu.Lock()
+	defer w.health.mu.Unlock()
+	return w.health.contactErr != nil || (!w.health.backAt.IsZero() && time.Since(w.health.backAt) < within)
 }
 
 // noteFeed records whether the changes feed's last request failed.
@@ -618,6 +632,16 @@ func (w *Worker) sweepLoop(ctx context.Context, now bool, swept func()) {
 	for wait() {
 		if !w.untilClaimable(ctx) {
 			return
+		}
+		// While CouchDB is out of reach no claimant can renew its lease,
+		// and once it is back a live claimant renews at its next
+		// heartbeat: leases that ran out meanwhile are not its death.
+		// Sweeping them then would run its jobs again beside it. So the
+		// sweeper waits two heartbeats after an outage it saw (its own
+		// registry write failed: it fails during any outage long enough
+		// to let a renewed lease run out).
+		if w.outOfReachLately(2 * w.cfg.HeartbeatInterval) {
+			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 		res, err := w.client.SweepHolding(sctx, w.by, 0, w.holds)
