@@ -775,3 +775,55 @@ func (cb *conflictBundle) sweepSettlesDone(t *testing.T, id string) []protocol.E
 	}
 	return live[0].Item.History
 }
+
+// A job done on one branch, while a stale copy of its claim on another
+// (one renewal further, so CouchDB picks it) holds a lease that then runs
+// out: on a single node too, the sweep settles the job, done, rather than
+// requeue the stale claim and run the job again.
+func TestSweepSettlesAnExpiredClaimBesideADoneBranch(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	job := mustEnqueue(t, tb, protocol.NewJob{Worker: "stale"})
+	claimed, err := tb.client.Claim(tb.ctx, job, "host-a/1/a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, claimRev := asDoc(t, claimed), claimed.Rev
+	if err := tb.client.Complete(tb.ctx, claimed, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Two renewals of the claim, on a branch of their own.
+	pos, hash, _ := strings.Cut(claimRev, "-")
+	var n int
+	fmt.Sscan(pos, &n)
+	stale["_rev"] = fmt.Sprintf("%d-%032x", n+2, 2)
+	stale["_revisions"] = map[string]any{"start": n + 2, "ids": []string{fmt.Sprintf("%032x", 2), fmt.Sprintf("%032x", 1), hash}}
+	stale["lease_until"] = protocol.ToUnix(time.Now().Add(time.Second))
+	tb.injectRevision(t, stale)
+	if got := rawDocOf(t, tb, job.ID); got["status"] != "running" {
+		t.Fatalf("CouchDB picks the %v branch, not the stale claim: the test proves nothing", got["status"])
+	}
+	time.Sleep(1500 * time.Millisecond)
+	res, err := tb.client.Sweep(tb.ctx, "sweeper", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Requeued first and settled after, the job would have been claimable
+	// (and claimed by a worker the feed woke) in between.
+	if res.Requeued != 0 || res.Settled != 1 {
+		t.Fatalf("sweep: %+v, want the job settled and nothing requeued", res)
+	}
+	live := liveLeaves(t, tb.ctx, tb.client, job.ID)
+	if len(live) != 1 || live[0].Status != protocol.StatusDone || live[0].Item.Attempts != 1 {
+		t.Fatalf("leaves after the sweep: %d, the first %s, attempts %d; want the done one alone", len(live), live[0].Status, live[0].Item.Attempts)
+	}
+}
+
+// rawDocOf reads a document of the bundle's database as CouchDB's winner.
+func rawDocOf(t *testing.T, tb *testBundle, id string) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := tb.db.Get(tb.ctx, id).ScanDoc(&doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}

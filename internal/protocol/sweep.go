@@ -136,6 +136,7 @@ func (c *Client) sweepLeases(ctx context.Context, by string, limit int, holds fu
 		rows := c.view(ctx, "leases", kivik.Params(map[string]any{
 			"endkey":       ToUnix(now),
 			"include_docs": true,
+			"conflicts":    true, // a conflicted job is settled before it is requeued
 			"limit":        limit,
 		}))
 		batch, err := c.scan(rows, "listing expired leases")
@@ -177,14 +178,19 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 	var majority majorityCheck
 	expired := func(it *WorkItem) bool { return it.Claimed && it.LeaseUntil <= ToUnix(now) }
 	var all map[string][]Leaf
-	if c.confirming() {
-		// On a cluster the expired claim may be one branch of a conflicted
-		// job: requeueing it would make a second live branch. The page's
-		// leaves are read together (one _bulk_get on Apache CouchDB); a
-		// job is settled first and requeued once whole.
+	// The expired claim may be one branch of a conflicted job (on a
+	// cluster, between sites, or a revision replicated in by hand):
+	// requeueing it would make a second live branch, and run again a job
+	// that is done on another. A job is settled first and requeued once
+	// whole. On a cluster every page's leaves are read (its copies may
+	// not yet hold a conflict another copy has), elsewhere those of the
+	// jobs CouchDB reports conflicted; together, in one _bulk_get on
+	// Apache CouchDB.
+	checked := func(it *WorkItem) bool { return c.confirming() || len(it.Conflicts) > 0 }
+	{
 		var ids []string
 		for _, it := range items {
-			if expired(it) && c.owns(it) == nil {
+			if expired(it) && c.owns(it) == nil && checked(it) {
 				ids = append(ids, it.ID)
 			}
 		}
@@ -211,7 +217,7 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 			// and only that site may return it to the queue.
 			continue
 		}
-		if c.confirming() {
+		if checked(it) {
 			leaves := all[it.ID]
 			if !whole(leaves, it.Rev) {
 				if n, _ := c.settle(ctx, it.ID, leaves, by); n > 0 {
