@@ -301,6 +301,8 @@ func testValidateDocUpdateRejectsMalformedJobs(t *testing.T, tb *testBundle) {
 		{`{"type":"WorkItem","worker":"a","status":"running","claimed":false}`, "but the job is not claimed"},
 		{`{"type":"WorkItem","worker":"a","attempts":-1}`, "attempts must be a whole number"},
 		{`{"type":"WorkItem","worker":"a","lease_until":"soon"}`, "lease_until must be a number"},
+		{`{"type":"WorkItem","worker":"a","created_at":-1e300}`, "created_at must be a number of Unix seconds, less than 1e11 either way"},
+		{`{"type":"WorkItem","worker":"a","finished_at":1e11}`, "finished_at must be a number of Unix seconds, less than 1e11 either way"},
 		{`{"type":"WorkItem","worker":"a","history":{}}`, "history must be an array"},
 		{`{"type":"WorkItem","worker":"a","unique_key":7}`, "unique_key must be a string"},
 		{`{"type":"WorkItem","worker":"a","priority":0}`, "priority must be a whole number from 1"},

@@ -567,3 +567,20 @@ func TestStatsRequestsDoNotGrowWithTypes(t *testing.T) {
 		t.Errorf("stats took %d requests at 40 types, %d at 2: want as many", many, few)
 	}
 }
+
+// A job written without validation with a time no float64 squares
+// (created_at -1e300) does not break the ops views: CouchDB's _stats
+// reduce squares each duration, and the overflow failed every query of
+// the view, stats and the dashboard with it.
+func TestOpsViewsSurviveATimeOutOfRange(t *testing.T) {
+	tb := setupWithout(t, protocol.Config{})
+	now := protocol.ToUnix(time.Now())
+	body := fmt.Sprintf(`{"type":"WorkItem","worker":"far","status":"failed","attempts":1,"created_at":-1e300,"started_at":%f,"finished_at":%f,"last_error":"x"}`, now, now)
+	if code, resp := tb.raw(t, http.MethodPut, "/far", body); code != http.StatusCreated {
+		t.Fatalf("PUT: %d %s", code, resp)
+	}
+	tb.install(t)
+	if _, err := tb.client.Stats(tb.ctx, protocol.StatsOptions{Worker: "far"}); err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+}

@@ -339,8 +339,8 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	w.Payload = nonNull(raw["payload"])
 	p.boolean("claimed", &w.Claimed)
 	p.str("claimed_by", &w.ClaimedBy)
-	p.num("claimed_at", &w.ClaimedAt)
-	p.num("lease_until", &w.LeaseUntil)
+	p.time("claimed_at", &w.ClaimedAt)
+	p.time("lease_until", &w.LeaseUntil)
 	var status string
 	p.str("status", &status)
 	w.Status = Status(status)
@@ -360,9 +360,9 @@ func (w *WorkItem) UnmarshalJSON(data []byte) error {
 	p.count("max_attempts", &w.MaxAttempts)
 	p.str("last_error", &w.LastError)
 	w.Result = nonNull(raw["result"])
-	p.num("created_at", &w.CreatedAt)
-	p.num("started_at", &w.StartedAt)
-	p.num("finished_at", &w.FinishedAt)
+	p.time("created_at", &w.CreatedAt)
+	p.time("started_at", &w.StartedAt)
+	p.time("finished_at", &w.FinishedAt)
 	p.history(&w.History)
 	p.str("unique_key", &w.UniqueKey)
 	if p.err == nil && w.UniqueKey != "" && w.ID != "" && !strings.HasPrefix(w.ID, "job:unique:"+w.Worker+":"+w.UniqueKey) {
@@ -501,6 +501,21 @@ func (p *fieldParser) num(field string, dst *float64) {
 	}
 }
 
+// maxUnixSeconds bounds the times a job records, either way (about
+// 3,000 years): CouchDB's _stats reduce squares the durations the ops
+// views emit, and a square past 1e308 fails every query of the view.
+// validate_doc_update holds writes to the same bound.
+const maxUnixSeconds = 1e11
+
+// time is num for a time the job records (not its due date).
+func (p *fieldParser) time(field string, dst *float64) {
+	if v := p.get(field); v != nil {
+		if json.Unmarshal(v, dst) != nil || math.IsInf(*dst, 0) || math.IsNaN(*dst) || math.Abs(*dst) >= maxUnixSeconds {
+			p.fail(field, "must be a number of Unix seconds, less than 1e11 either way, got "+describeJSON(v))
+		}
+	}
+}
+
 func (p *fieldParser) boolean(field string, dst *bool) {
 	if v := p.get(field); v != nil {
 		if json.Unmarshal(v, dst) != nil {
@@ -597,7 +612,7 @@ func (p *fieldParser) flow(w *WorkItem) {
 	if p.err == nil && !validDependencyPolicy(w.OnDependencyFailure) {
 		p.fail("on_dependency_failure", fmt.Sprintf("must be %q or %q, got %q", DependencyCancel, DependencyRun, w.OnDependencyFailure))
 	}
-	p.num("released_at", &w.ReleasedAt)
+	p.time("released_at", &w.ReleasedAt)
 	p.str("batch", &w.Batch)
 	p.str("callback_of", &w.CallbackOf)
 	p.count("batch_size", &w.BatchSize)
