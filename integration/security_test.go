@@ -252,6 +252,7 @@ func testRolesEnforced(t *testing.T, srv *couchtest.Server) {
 		{"reader writing a plain document at a pause's id", rb.reader, protocol.ControlID("mail"), map[string]any{"type": "Junk"}, readerOnly},
 		{"producer writing a plain document at a pause's id", rb.producer, protocol.ControlID("mail"), map[string]any{"type": "Junk"}, producerOnly},
 		{"producer writing a job at a pause's id", rb.producer, protocol.ControlID("mail"), map[string]any{"type": "WorkItem", "worker": "mail"}, "ids starting so are couchq's TypeControl"},
+		{"producer writing a job at a periodic tick's id", rb.producer, protocol.PeriodicJobID("report", time.Date(2026, 11, 29, 1, 0, 0, 0, time.UTC)), map[string]any{"type": "WorkItem", "worker": "report", "date": 32503680000}, "ids starting so are the ticks of periodic schedules"},
 		{"reader writing a plain document at a unique key's id", rb.reader, "job:unique:mail:invoice-42", map[string]any{"type": "Junk"}, readerOnly},
 		{"producer writing a plain document at a slot's id", rb.producer, protocol.SlotReservationID("invoices", "T-0001"), map[string]any{"type": "Junk"}, producerOnly},
 	} {

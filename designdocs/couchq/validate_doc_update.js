@@ -107,6 +107,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
       // Editing a job no one holds (its payload, its date) keeps its attempts.
       allowed = fresh(oldDoc, oldDoc.attempts || 0) && fresh(newDoc, oldDoc.attempts || 0);
     }
+    if (allowed && newDoc._id.indexOf('job:periodic:') === 0) {
+      // A periodic schedule's ticks are enqueued at ids known in advance
+      // by the workers that run the schedule: a job written there first
+      // would stand in for the tick, which then never runs.
+      throw ({forbidden: who + ' may not write a job at ' + JSON.stringify(newDoc._id) + ': ids starting so are the ticks of periodic schedules, which couchq workers enqueue'});
+    }
     if (allowed && reserved && reserved !== 'WorkItem') {
       throw ({forbidden: who + ' may not write a job at ' + JSON.stringify(newDoc._id) + ': ids starting so are couchq\'s ' + reserved + ' documents\''});
     }
