@@ -85,7 +85,12 @@ func (s *server) login(ctx context.Context, r *http.Request) (sessionUser, int, 
 	}
 	name, _, _ := r.BasicAuth()
 	if name != "" {
-		if next, blocked := s.failedLogins.blocked(name, s.cfg.Now()); blocked {
+		next, full, blocked := s.failedLogins.blocked(name, s.cfg.Now())
+		switch {
+		case blocked && full:
+			return sessionUser{}, http.StatusTooManyRequests, fmt.Errorf("logins as %d other names failed here within %s, more than this server remembers: "+
+				"logins of names that have not failed are refused until %s, so that failures sent through this server cannot make CouchDB lock accounts out", failedLoginNames, failedLoginWindow, next.UTC().Format(time.RFC3339))
+		case blocked:
 			return sessionUser{}, http.StatusTooManyRequests, fmt.Errorf("%d logins as %s failed here within %s: CouchDB is asked again from %s, "+
 				"so that failures sent through this server do not make CouchDB lock the account out", failedLoginsMax, name, failedLoginWindow, next.UTC().Format(time.RFC3339))
 		}
@@ -145,9 +150,12 @@ func (s *server) login(ctx context.Context, r *http.Request) (sessionUser, int, 
 const (
 	failedLoginsMax   = 3
 	failedLoginWindow = 5 * time.Minute
-	// failedLoginNames bounds the names remembered: past it, names not
-	// yet failing are refused until the oldest failures expire.
-	failedLoginNames = 4096
+	// failedLoginNames bounds the names remembered (about 100 bytes
+	// each): past it, names not yet failing are refused until the oldest
+	// failures expire, since a failure that could not be remembered
+	// could be repeated without bound. So many names failing within the
+	// window takes over 200 wrong logins a second for five minutes.
+	failedLoginNames = 65536
 )
 
 // failedLoginLog remembers the failed logins of the last failedLoginWindow
@@ -158,21 +166,22 @@ type failedLoginLog struct {
 }
 
 // blocked reports whether name has failed failedLoginsMax times within the
-// window before now, and when the oldest of those expires.
-func (f *failedLoginLog) blocked(name string, now time.Time) (time.Time, bool) {
+// window before now (full false), or the log is full of other names (full
+// true), and when a login may be tried again.
+func (f *failedLoginLog) blocked(name string, now time.Time) (next time.Time, full, blocked bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	recent := f.recentLocked(name, now)
 	if len(recent) >= failedLoginsMax {
-		return recent[0].Add(failedLoginWindow), true
+		return recent[0].Add(failedLoginWindow), false, true
 	}
 	if recent == nil && len(f.byName) >= failedLoginNames {
 		f.pruneLocked(now)
 		if len(f.byName) >= failedLoginNames {
-			return now.Add(failedLoginWindow), true
+			return now.Add(failedLoginWindow), true, true
 		}
 	}
-	return time.Time{}, false
+	return time.Time{}, false, false
 }
 
 func (f *failedLoginLog) add(name string, now time.Time) {

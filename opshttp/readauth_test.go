@@ -441,3 +441,24 @@ func TestDashboardFailedLoginsDoNotLockAccountsOut(t *testing.T) {
 		t.Errorf("a wrong password after the failures expired: %d %s, want 401", code, body)
 	}
 }
+
+// The failed-login log is bounded: once it holds failedLoginNames failing
+// names, a name that has not failed is refused too, and the answer says
+// why rather than blame that name's own logins.
+func TestFailedLoginLogFullSaysSo(t *testing.T) {
+	t.Parallel()
+	var f failedLoginLog
+	now := time.Now()
+	for i := range failedLoginNames {
+		f.add(fmt.Sprintf("flood-%d", i), now)
+	}
+	if _, full, blocked := f.blocked("admin", now); !blocked || !full {
+		t.Fatalf("a name that never failed, the log full: blocked %v, full %v; want both", blocked, full)
+	}
+	if _, full, blocked := f.blocked("flood-1", now); blocked || full {
+		t.Fatalf("a name with one failure: blocked %v, full %v; want neither", blocked, full)
+	}
+	if _, _, blocked := f.blocked("admin", now.Add(failedLoginWindow)); blocked {
+		t.Fatal("once the failures are old the name is still refused")
+	}
+}
