@@ -167,7 +167,7 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 	// Requests and refreshes outlive an interrupt until Shutdown's grace
 	// period ends: a scrape in flight is answered, not cut off.
 	reqCtx := context.WithoutCancel(ctx)
-	srv := cli.NewHTTPServer(reqCtx, opshttp.NewHandler(reqCtx, (*couchq.Client)(q), opshttp.Config{
+	var handler http.Handler = opshttp.NewHandler(reqCtx, (*couchq.Client)(q), opshttp.Config{
 		CacheTTL: zeroIsNone(cache),
 		Settle:   zeroIsNone(settle),
 		Now:      m.Now,
@@ -179,7 +179,11 @@ func (m *Main) runServe(ctx context.Context, log zerolog.Logger, args []string) 
 		HTTPClient:   hc,
 		ReadAuth:     readAuth,
 		HidePayload:  hidden,
-	}), serveWriteTimeout, log)
+	})
+	if cli.IsLoopback(host) && !readAuth {
+		handler = cli.LoopbackNamesOnly(handler)
+	}
+	srv := cli.NewHTTPServer(reqCtx, handler, serveWriteTimeout, log)
 	base := "http://" + ln.Addr().String()
 	if conn.json {
 		// One line, so that whatever started serve can read it as it comes.

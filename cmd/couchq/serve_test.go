@@ -131,6 +131,21 @@ func TestServeReadAuthFollowsTheAddress(t *testing.T) {
 		if resp.StatusCode != want || tc.protected != (resp.Header.Get("WWW-Authenticate") == `Basic realm="couchq"`) {
 			t.Errorf("%v: /api/jobs without credentials: %d %q, want %d", tc.args, resp.StatusCode, resp.Header.Get("WWW-Authenticate"), want)
 		}
+		// A page that points a name of its own at loopback (DNS
+		// rebinding) reads nothing from open reads there.
+		req, err := http.NewRequest(http.MethodGet, s.url+"/api/jobs", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = "attacker.example:80"
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if rebound := !tc.protected && strings.HasPrefix(tc.args[1], "127."); rebound != (resp.StatusCode == http.StatusMisdirectedRequest) {
+			t.Errorf("%v: /api/jobs addressed to another name: %d", tc.args, resp.StatusCode)
+		}
 		s.stop(t)
 		if warned := strings.Contains(s.stderr.String(), "not loopback"); warned != tc.warns {
 			t.Errorf("%v: warned %v, want %v:\n%s", tc.args, warned, tc.warns, s.stderr)

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	stdlog "log"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -60,4 +62,26 @@ func IsLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// LoopbackNamesOnly answers only requests addressed to a loopback name
+// (localhost, 127.0.0.1, [::1], at any port), and 421 to the rest. A
+// server on loopback whose reads need no login trusts that whoever
+// reaches it is on this machine; but a web page a person on this machine
+// opens can point a name of its own at 127.0.0.1 (DNS rebinding) and have
+// the browser read the server as that name's origin. Its requests carry
+// that name in Host.
+func LoopbackNamesOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			host = hh
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if !IsLoopback(host) && !strings.HasSuffix(host, ".localhost") {
+			http.Error(w, fmt.Sprintf("this server listens on loopback, with reads open, and answers requests addressed to localhost, 127.0.0.1 or [::1] only, not %.100q", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

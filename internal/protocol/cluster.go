@@ -904,7 +904,6 @@ func (l *Leaf) worked() bool {
 	return it.Claimed || it.Attempts > 0 || it.StartedAt > 0 || it.Status.Terminal()
 }
 
-
 // settleRank orders the leaves of a conflicted job: a finished one stays,
 // done before failed before cancelled; else a conceded claim, then a
 // queued leaf, then an expired claim.
