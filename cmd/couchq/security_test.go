@@ -262,3 +262,23 @@ func TestHTTPSWithCAFile(t *testing.T) {
 	r = c.run(t, "ls", "--ca-file", notPEM)
 	expect(t, r, exitUsage, "holds no PEM certificate")
 }
+
+// What a document holds cannot drive the terminal of the operator who
+// reads it: show prints its control characters escaped, in the last error
+// and the history too.
+func TestShowEscapesControlCharacters(t *testing.T) {
+	c := online(t).mustInit(t)
+	c.put(t, c.env["COUCHQ_DB"], "job:escapes", `{"type":"WorkItem","worker":"esc","status":"failed","attempts":1,"finished_at":1,`+
+		`"last_error":"boom \u001b[31mRED\u001b]0;TITLE\u0007\nsecond \u001b[2J line",`+
+		`"history":[{"at":"2026-11-29T00:00:00Z","event":"failed","by":"\u001b[2Jclear","error":"x"}]}`)
+	r := c.run(t, "show", "job:escapes")
+	expect(t, r, exitOK)
+	for _, want := range []string{`boom \x1b[31mRED\x1b]0;TITLE\a`, `second \x1b[2J line`, `by \x1b[2Jclear`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show does not print %q", want)
+		}
+	}
+	if strings.ContainsRune(r.stdout, 0x1b) || strings.ContainsRune(r.stdout, 0x07) {
+		t.Errorf("show printed control characters raw:\n%q", r.stdout)
+	}
+}

@@ -223,7 +223,9 @@ func ReadDoc(ctx context.Context, db *kivik.DB, id string) (json.RawMessage, str
 func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []protocol.SiteRequest, now time.Time) error {
 	fmt.Fprintln(w, it.ID)
 	tw := NewTable(w)
-	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, value) }
+	// Every value is the document's, written by anyone who may write it:
+	// its control characters are shown escaped (Printable).
+	field := func(name, value string) { fmt.Fprintf(tw, "  %s\t%s\n", name, Printable(value)) }
 	field("type", it.Worker)
 	field("status", string(it.Status))
 	if owner := q.Owner(it); owner != "" {
@@ -296,7 +298,11 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 		field("finished", TimeAndAgo(protocol.FromUnix(it.FinishedAt), now))
 	}
 	if it.LastError != "" {
-		field("last error", strings.ReplaceAll(strings.TrimSpace(it.LastError), "\n", "\n  \t"))
+		lines := strings.Split(strings.TrimSpace(it.LastError), "\n")
+		for i, l := range lines {
+			lines[i] = Printable(l)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", "last error", strings.Join(lines, "\n  \t"))
 	}
 	if len(it.Conflicts) > 0 {
 		field("conflicts", strings.Join(it.Conflicts, ", "))
@@ -339,7 +345,7 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 		}
 		var detail []string
 		if e.By != "" {
-			detail = append(detail, "by "+e.By)
+			detail = append(detail, "by "+Printable(e.By))
 		}
 		if e.Attempt > 0 {
 			detail = append(detail, fmt.Sprintf("attempt %d", e.Attempt))
@@ -354,7 +360,7 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 			}
 			detail = append(detail, label+OneLine(e.Error, 400))
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", at, e.Event, strings.Join(detail, ", "))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", Printable(at), Printable(e.Event), strings.Join(detail, ", "))
 	}
 	return tw.Flush()
 }
