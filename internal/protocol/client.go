@@ -535,10 +535,33 @@ func Redact(rawURL string) string {
 		// Where a password would sit in a broken URL is anyone's guess.
 		return "(unparseable URL)"
 	}
-	if _, ok := u.User.Password(); !ok {
-		return rawURL // nothing to hide: shown as given, not re-encoded
+	if _, ok := u.User.Password(); ok {
+		return u.Redacted()
 	}
-	return u.Redacted()
+	if u.User == nil && u.Host == "" {
+		// A URL whose scheme is missing or mistyped ("user:pw@host:5984",
+		// "http//user:pw@host", "http:/user:pw@host") parses without
+		// credentials or host, and the password stands before an "@": hide
+		// what precedes the last "@" (before any query), from after the
+		// scheme and its slashes.
+		start := 0
+		if u.Scheme != "" {
+			start = len(u.Scheme) + 1
+		} else if i := strings.Index(rawURL, "//"); i >= 0 {
+			start = i + 2
+		}
+		for start < len(rawURL) && rawURL[start] == '/' {
+			start++
+		}
+		rest := rawURL[start:]
+		if end := strings.IndexAny(rest, "?#"); end >= 0 {
+			rest = rest[:end]
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			return rawURL[:start] + "xxxxx" + rawURL[start+at:]
+		}
+	}
+	return rawURL // nothing to hide: shown as given, not re-encoded
 }
 
 // currentRev is the current revision of document id (an error of status

@@ -161,6 +161,20 @@ func TestRedactAndDialKeepPasswordsOut(t *testing.T) {
 	if _, err := Dial("::not a url s3cret", "", ""); err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Fatalf("Dial error should be clear and redacted: %v", err)
 	}
+	// Without a scheme, or with a mistyped one, the parser finds no
+	// credentials, but the password is still there.
+	for in, want := range map[string]string{
+		"admin:s3cret@host:5984":        "admin:xxxxx@host:5984",
+		"http//admin:s3cret@host:5984":  "http//xxxxx@host:5984",
+		"http:/admin:s3cret@host:5984":  "http:/xxxxx@host:5984",
+		"http:admin:s3cret@host:5984":   "http:xxxxx@host:5984",
+		"http://host:5984/db@x":         "http://host:5984/db@x",
+		"https://host:5984/couchq?a=@b": "https://host:5984/couchq?a=@b",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
 
 // Progress round-trips as {done, total, note, at}, and a report is checked
