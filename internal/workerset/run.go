@@ -208,9 +208,10 @@ func buildHandlers(conn *cli.Conn, specs []*Spec) ([]map[string]worker.Handler, 
 }
 
 // commandEnv is environ without the CouchDB passwords the worker was
-// given: a variable that holds one ($COUCHDB_PASSWORD, a configuration
-// file's password_env), a URL that carries one ($COUCHDB_URL), or the
-// name of the file that holds one ($COUCHDB_PASSWORD_FILE). A
+// given: a variable whose value holds one anywhere ($COUCHDB_PASSWORD, a
+// configuration file's password_env, a copy with a trailing newline), a
+// URL that carries one ($COUCHDB_URL), or the name of the file that holds
+// one ($COUCHDB_PASSWORD_FILE). A
 // command has no need of the worker's credentials, and what it prints to
 // stderr is stored in the job, where every reader of the database sees it.
 func commandEnv(environ []string, passwords []string) []string {
@@ -221,9 +222,10 @@ func commandEnv(environ []string, passwords []string) []string {
 			continue // the command could read the file
 		}
 		if !slices.ContainsFunc(passwords, func(pw string) bool {
-			// In a URL the password is escaped: user:p%40ss@host.
+			// Anywhere in the value (a copy with a newline, a
+			// connection string), or escaped in a URL: user:p%40ss@host.
 			inURL := url.UserPassword("", pw).String() + "@"
-			return v == pw || strings.Contains(v, inURL) || strings.Contains(v, ":"+pw+"@")
+			return pw != "" && (strings.Contains(v, pw) || strings.Contains(v, inURL))
 		}) {
 			out = append(out, kv)
 		}
