@@ -115,6 +115,7 @@ func TestComposeNamesOnlyWhatExists(t *testing.T) {
 			Volumes         []string          `yaml:"volumes"`
 			Secrets         []string          `yaml:"secrets"`
 			StopGracePeriod string            `yaml:"stop_grace_period"`
+			Init            bool              `yaml:"init"`
 			Configs         []struct {
 				Source string `yaml:"source"`
 				Target string `yaml:"target"`
@@ -188,6 +189,9 @@ func TestComposeNamesOnlyWhatExists(t *testing.T) {
 					ranTypes[typ] = true
 				}
 			}
+			if !svc.Init {
+				t.Errorf("service %s: no init: the worker would be PID 1, and the processes an exec command leaves behind zombies", name)
+			}
 			grace, err := time.ParseDuration(svc.StopGracePeriod)
 			if err != nil || grace <= shutdown {
 				t.Errorf("service %s: stop_grace_period %q must be above the workers' shutdown_timeout %s", name, svc.StopGracePeriod, shutdown)
@@ -243,7 +247,7 @@ func TestSystemdWorkerUnit(t *testing.T) {
 		t.Fatalf("ExecStart %q", settings["ExecStart"])
 	}
 	checkArgs(t, bin, "ExecStart", exec0[1:])
-	if settings["KillSignal"] != "SIGTERM" || settings["Restart"] != "on-failure" {
+	if settings["KillSignal"] != "SIGTERM" || settings["Restart"] != "always" {
 		t.Errorf("KillSignal %q, Restart %q", settings["KillSignal"], settings["Restart"])
 	}
 	stop, err := time.ParseDuration(settings["TimeoutStopSec"])

@@ -43,6 +43,7 @@ type podTemplate struct {
 	} `yaml:"metadata"`
 	Spec struct {
 		TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
+		ShareProcessNamespace         bool `yaml:"shareProcessNamespace"`
 		SecurityContext               struct {
 			RunAsNonRoot bool `yaml:"runAsNonRoot"`
 			RunAsUser    int  `yaml:"runAsUser"`
@@ -380,6 +381,9 @@ func TestKubernetesManifestsNameOnlyWhatExists(t *testing.T) {
 				}
 				if f := passwordFile(cm.Data["workers.toml"]); !secretFiles[f] {
 					t.Errorf("%s: workers.toml's password_file %s is not a file of a mounted Secret (%v)", where, f, secretFiles)
+				}
+				if !pod.Spec.ShareProcessNamespace {
+					t.Errorf("%s: shareProcessNamespace is off: the worker would be PID 1, and the processes an exec command leaves behind zombies", where)
 				}
 				grace := 30 * time.Second // Kubernetes' default
 				if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
