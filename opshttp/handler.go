@@ -3,6 +3,7 @@ package opshttp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -79,6 +80,7 @@ func NewHandler(ctx context.Context, queue *couchq.Client, cfg Config) http.Hand
 	}))
 	mux.HandleFunc("GET /api/stats", s.apiStats)
 	mux.HandleFunc("GET /api/jobs", s.apiJobs)
+	mux.HandleFunc("GET /api/jobs/{id}", s.apiJob)
 	mux.HandleFunc("GET /api/sites", s.cached(s.apiSites))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	s.dashboardRoutes(mux)
@@ -140,6 +142,38 @@ func (s *server) apiJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeJSON(w, jobs)
+}
+
+// apiJob is one job, as it will be settled if it is conflicted (the
+// document Get reads), with the same reader and hidden payloads as
+// apiJobs; 404 for an id that holds no job.
+func (s *server) apiJob(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RefreshTimeout)
+	defer cancel()
+	rd, code, err := s.readerFor(ctx, r)
+	if err != nil {
+		refused(w, r, code, err)
+		return
+	}
+	it, err := rd.q.Get(ctx, r.PathValue("id"))
+	var bad *protocol.MalformedError
+	switch {
+	case errors.Is(err, protocol.ErrNotFound):
+		writeAPIError(w, http.StatusNotFound, err.Error())
+		return
+	case errors.As(err, &bad):
+		writeAPIError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	case err != nil:
+		s.readFailed(w, r, rd, err)
+		return
+	}
+	jobs, err := s.hidePayloads([]any{it})
+	if err != nil {
+		s.serverFailed(w, err)
+		return
+	}
+	s.writeJSON(w, jobs[0])
 }
 
 // apiSites is the sites with their heartbeats' age and, when they can be

@@ -104,6 +104,17 @@ func TestHandlerFromAKnownScript(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &docs); code != http.StatusOK || err != nil || len(docs) != 1 {
 		t.Errorf("/api/jobs?limit=1: %d %v\n%s", code, err, body)
 	}
+	// One job, by id.
+	code, body = get(t, hs, "/api/jobs/C")
+	var one map[string]any
+	if err := json.Unmarshal([]byte(body), &one); code != http.StatusOK || err != nil || one["_id"] != "C" || one["status"] != "queued" {
+		t.Errorf("/api/jobs/C: %d %v\n%s", code, err, body)
+	}
+	for _, missing := range []string{"/api/jobs/no-such-job", "/api/jobs/_design%2Fcouchq"} {
+		if code, body := get(t, hs, missing); code != http.StatusNotFound || !strings.Contains(body, `"error"`) {
+			t.Errorf("%s: %d %s, want 404", missing, code, body)
+		}
+	}
 	for path, want := range map[string]string{
 		"/api/jobs?status=stuck":       `invalid status \"stuck\": want one of waiting, queued, running, done, failed, cancelled`,
 		"/api/jobs?limit=0":            `invalid limit \"0\"`,
