@@ -40,8 +40,9 @@ interrupted:
 
 The actions (POST /api/jobs/ID/retry, /api/jobs/ID/cancel,
 /api/types/TYPE/pause, /api/types/TYPE/resume) need a CouchDB user who may
-read the database: basic auth or CouchDB's AuthSession cookie, checked with
-the server's /_session, and named in the job's history.
+read the database and, where couchq init set roles, has the worker role:
+basic auth or CouchDB's AuthSession cookie, checked with the server's
+/_session, and named in the job's history.
 
 With --read-auth, every read but /healthz and /metrics needs that login
 too (401 without one; the page's own form asks for it), and is made as
