@@ -121,8 +121,8 @@ type Worker struct {
 		contactErr  error     // the registry write's error since then
 		// backAt is when a registry write succeeded after one failed:
 		// CouchDB was out of reach until then (see sweepLoop).
-		backAt time.Time
-		feedErr     error     // non-nil while the changes feed is broken
+		backAt  time.Time
+		feedErr error // non-nil while the changes feed is broken
 	}
 }
 
