@@ -536,16 +536,7 @@ func testPlantedBranchLoses(t *testing.T, srv *couchtest.Server) {
 		if _, err := rb.worker.Sweep(ctx, "sweeper", 100); err != nil {
 			t.Fatal(err)
 		}
-		leaves, err := rb.admin.Leaves(ctx, held.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		live := 0
-		for _, l := range leaves {
-			if !l.Deleted {
-				live++
-			}
-		}
+		live := len(liveLeaves(t, ctx, rb.admin, held.ID))
 		it, err := rb.admin.Get(ctx, held.ID)
 		if err != nil {
 			t.Fatal(err)
