@@ -246,7 +246,13 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 		due = TimeAndAgo(it.DueAt(), now)
 	}
 	field("due", due)
-	field("attempts", fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it)))
+	attempts := fmt.Sprintf("%d of %d", it.Attempts, q.MaxAttempts(it))
+	if it.MaxAttempts == 0 {
+		// The job names none: the worker that runs it applies its own
+		// default, which this command cannot know.
+		attempts += " (a default: the worker that runs it may have another)"
+	}
+	field("attempts", attempts)
 	if p := it.Progress; p != nil {
 		progress := p.String()
 		if p.At != 0 {
