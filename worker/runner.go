@@ -1069,6 +1069,13 @@ func permanent(err error) bool {
 	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
 }
 
+// outage reports whether err is CouchDB out of reach or failing (no
+// answer, which kivik reports as 502, or a 5xx), rather than a refusal of
+// the request.
+func outage(err error) bool {
+	return err != nil && kivik.HTTPStatus(err) >= http.StatusInternalServerError
+}
+
 // userRefused reports whether a 403's message refuses the user, not the
 // document: CouchDB's member check, or the roles of couchq's validation.
 func userRefused(msg string) bool {

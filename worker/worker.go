@@ -119,8 +119,8 @@ type Worker struct {
 		started     bool
 		lastContact time.Time // last successful registry write (monotonic)
 		contactErr  error     // the registry write's error since then
-		// backAt is when a registry write succeeded after one failed:
-		// CouchDB was out of reach until then (see sweepLoop).
+		// backAt is when a registry write succeeded after one failed
+		// because CouchDB was out of reach or failing (see sweepLoop).
 		backAt  time.Time
 		feedErr error // non-nil while the changes feed is broken
 	}
@@ -477,7 +477,7 @@ func (w *Worker) noteContact(err error) {
 	defer w.health.mu.Unlock()
 	if err == nil {
 		w.health.lastContact = time.Now()
-		if w.health.contactErr != nil {
+		if outage(w.health.contactErr) {
 			w.health.backAt = w.health.lastContact
 		}
 	}
@@ -485,11 +485,12 @@ func (w *Worker) noteContact(err error) {
 }
 
 // outOfReachLately reports whether the worker's last registry write
-// failed, or the one before it did within within.
+// failed because CouchDB was out of reach or failing, or the one before it
+// did and the write after it was within within.
 func (w *Worker) outOfReachLately(within time.Duration) bool {
 	w.health.mu.Lock()
 	defer w.health.mu.Unlock()
-	return w.health.contactErr != nil || (!w.health.backAt.IsZero() && time.Since(w.health.backAt) < within)
+	return outage(w.health.contactErr) || (!w.health.backAt.IsZero() && time.Since(w.health.backAt) < within)
 }
 
 // noteFeed records whether the changes feed's last request failed.
