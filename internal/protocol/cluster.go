@@ -822,8 +822,9 @@ func (c *Client) keptLeafOf(live []Leaf) int {
 	if c.Owner(live[keep].Item) == owner {
 		return keep
 	}
+	apart := unrelatedUnworked(live)
 	for i := range live {
-		if live[i].Item != nil && !live[i].Status.Terminal() && c.Owner(live[i].Item) == owner && settleRank(&live[i]) >= 2 {
+		if !apart[i] && live[i].Item != nil && !live[i].Status.Terminal() && c.Owner(live[i].Item) == owner && settleRank(&live[i]) >= 2 {
 			return i
 		}
 	}

@@ -187,18 +187,16 @@ func (c *Client) sweepItems(ctx context.Context, by string, now time.Time, items
 	// jobs CouchDB reports conflicted; together, in one _bulk_get on
 	// Apache CouchDB.
 	checked := func(it *WorkItem) bool { return c.confirming() || len(it.Conflicts) > 0 }
-	{
-		var ids []string
-		for _, it := range items {
-			if expired(it) && c.owns(it) == nil && checked(it) {
-				ids = append(ids, it.ID)
-			}
+	var ids []string
+	for _, it := range items {
+		if expired(it) && c.owns(it) == nil && checked(it) {
+			ids = append(ids, it.ID)
 		}
-		if len(ids) > 0 {
-			var err error
-			if all, err = c.leavesMany(ctx, ids); err != nil {
-				return err
-			}
+	}
+	if len(ids) > 0 {
+		var err error
+		if all, err = c.leavesMany(ctx, ids); err != nil {
+			return err
 		}
 	}
 	// Every worker's sweeper reads the same page in the same order; each
