@@ -67,6 +67,29 @@ type StatusError struct {
 	Status     string
 	// Body is the start of the response body, at most 512 bytes.
 	Body string
+	// retryAfter is the wait a 429 or 503 asked for in Retry-After.
+	retryAfter time.Duration
+}
+
+// RetryAfter is how long a 429 or 503 response asked the client to wait in
+// its Retry-After header (seconds or an HTTP date), 0 when it did not. A
+// worker does not retry the job before then (worker.Config.Retry).
+func (e *StatusError) RetryAfter() time.Duration { return e.retryAfter }
+
+// parseRetryAfter reads a Retry-After header (RFC 9110 10.2.3): a number
+// of seconds or an HTTP date. Anything else, or a date past, is no wait.
+func parseRetryAfter(value string, now time.Time) time.Duration {
+	value = strings.TrimSpace(value)
+	if value == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseUint(value, 10, 32); err == nil {
+		return time.Duration(secs) * time.Second
+	}
+	if at, err := http.ParseTime(value); err == nil && at.After(now) {
+		return at.Sub(now)
+	}
+	return 0
 }
 
 func (e *StatusError) Error() string {
@@ -181,13 +204,17 @@ func roundTrip(ctx context.Context, client *http.Client, req *http.Request, time
 	if failed(resp.StatusCode) {
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
-		return out, &StatusError{
+		failure := &StatusError{
 			Method:     resp.Request.Method,
 			URL:        out.finalURL,
 			StatusCode: resp.StatusCode,
 			Status:     statusLine(resp),
 			Body:       strings.ToValidUTF8(string(bytes.TrimSpace(snippet)), "\uFFFD"),
 		}
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			failure.retryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		}
+		return out, failure
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	return out, nil

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/couchq/couchq/handlers"
 )
@@ -127,6 +128,44 @@ func TestWebhookNon2xxFailsAttempt(t *testing.T) {
 		}
 		if isPermanent(err) {
 			t.Fatalf("status %d: err %v is permanent", code, err)
+		}
+	}
+}
+
+// A 429 or 503 that says when to come back (seconds or an HTTP date) is
+// not retried sooner; another status, or a header that says nothing
+// usable, leaves the worker's backoff alone.
+func TestWebhookReportsRetryAfter(t *testing.T) {
+	in90s := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	for _, c := range []struct {
+		code   int
+		header string
+		least  time.Duration
+		most   time.Duration
+	}{
+		{http.StatusTooManyRequests, "120", 120 * time.Second, 120 * time.Second},
+		{http.StatusServiceUnavailable, " 7 ", 7 * time.Second, 7 * time.Second},
+		{http.StatusServiceUnavailable, in90s, 85 * time.Second, 90 * time.Second},
+		{http.StatusServiceUnavailable, "Wed, 21 Oct 2015 07:28:00 GMT", 0, 0}, // past
+		{http.StatusTooManyRequests, "soon", 0, 0},
+		{http.StatusTooManyRequests, "-5", 0, 0},
+		{http.StatusTooManyRequests, "", 0, 0},
+		{http.StatusInternalServerError, "120", 0, 0},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c.header != "" {
+				w.Header().Set("Retry-After", c.header)
+			}
+			w.WriteHeader(c.code)
+		}))
+		err := (&handlers.Webhook{Client: srv.Client()}).Handle(context.Background(), newJob(t, `{"url":"`+srv.URL+`"}`))
+		srv.Close()
+		var se *handlers.StatusError
+		if !errors.As(err, &se) || se.StatusCode != c.code {
+			t.Fatalf("%d %q: err = %v, want a StatusError with that code", c.code, c.header, err)
+		}
+		if got := se.RetryAfter(); got < c.least || got > c.most {
+			t.Errorf("%d with Retry-After %q: RetryAfter() = %s, want %s to %s", c.code, c.header, got, c.least, c.most)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchq/couchq/couchq"
+	"github.com/couchq/couchq/handlers"
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/protocol"
 	"github.com/couchq/couchq/worker"
@@ -100,6 +102,47 @@ func TestRetryThenSuccess(t *testing.T) {
 	}
 	if got := events(it); got != "enqueued claimed retry-scheduled claimed retry-scheduled claimed done" {
 		t.Fatalf("history: %s", got)
+	}
+}
+
+// A receiver that answers 503 with Retry-After is not asked again before
+// then, however short the worker's own backoff; the wait is capped at a
+// day.
+func TestRetryWaitsForRetryAfter(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var hits atomic.Int32
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Retry-After", r.URL.Query().Get("after"))
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(receiver.Close)
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{"hook": &handlers.Webhook{}}))
+	for _, c := range []struct {
+		after string
+		wait  time.Duration
+	}{{"3600", time.Hour}, {"9999999", worker.RetryCapDefault}} {
+		before := time.Now()
+		job, err := tb.client.Enqueue(tb.ctx, protocol.NewJob{Worker: "hook", Payload: map[string]string{"url": receiver.URL + "/?after=" + c.after}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		it := waitStatus(t, tb, job.ID, protocol.StatusQueued, 10*time.Second)
+		for it.Attempts == 0 {
+			time.Sleep(20 * time.Millisecond)
+			it = waitStatus(t, tb, job.ID, protocol.StatusQueued, 10*time.Second)
+		}
+		due := time.Unix(0, int64(it.Date*1e9))
+		if due.Before(before.Add(c.wait)) || due.After(time.Now().Add(c.wait)) {
+			t.Fatalf("Retry-After %s: the retry is due in %s, want %s", c.after, time.Until(due).Round(time.Second), c.wait)
+		}
+		if events(it) != "enqueued claimed retry-scheduled" {
+			t.Fatalf("history: %s", events(it))
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := hits.Load(); n != 2 {
+		t.Fatalf("the receiver was asked %d times, want once per job", n)
 	}
 }
 

@@ -97,6 +97,10 @@ type Config struct {
 	SweepInterval time.Duration
 	// Retry returns the delay before attempt+1 after attempt failed;
 	// default DefaultRetry (attempt^4 seconds plus jitter, capped at a day).
+	// A handler error with a method RetryAfter() time.Duration (as the
+	// webhook handler's error for a 429 or 503 with a Retry-After header
+	// has) makes the delay at least what that returns, up to
+	// RetryCapDefault.
 	Retry func(attempt int) time.Duration
 	// ShutdownTimeout is how long Stop lets running jobs finish before it
 	// cancels them and releases their claims.

@@ -999,7 +999,7 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 		return r.persist(ctx, item, false, func(ctx context.Context) error { return c.Cancel(ctx, item, out.Err.Error()) })
 	}
 	w.stats.failed.Add(1)
-	opts := protocol.FailOptions{Final: out.Kind == jobrun.Failed, RetryAfter: w.cfg.Retry(item.Attempts)}
+	opts := protocol.FailOptions{Final: out.Kind == jobrun.Failed, RetryAfter: retryDelay(w.cfg.Retry(item.Attempts), herr)}
 	if err := r.persist(ctx, item, false, func(ctx context.Context) error {
 		return c.Fail(ctx, item, herr.Error(), opts)
 	}); err != nil {
@@ -1013,6 +1013,19 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 	ev.Str("job", item.ID).Str("type", r.typ).Int("attempt", item.Attempts).Str("status", string(item.Status)).
 		Str("error", herr.Error()).Msg("attempt failed")
 	return nil
+}
+
+// retryDelay is the delay before the next attempt: the worker's backoff,
+// or longer when the handler's error asks for it with a RetryAfter method
+// (a receiver's Retry-After, as the webhook handler reports it), capped at
+// RetryCapDefault. A server that says when to come back is not asked
+// sooner; one that says "soon" still gets the backoff that protects it.
+func retryDelay(backoff time.Duration, herr error) time.Duration {
+	var asks interface{ RetryAfter() time.Duration }
+	if errors.As(herr, &asks) {
+		return max(backoff, min(asks.RetryAfter(), RetryCapDefault))
+	}
+	return backoff
 }
 
 // persist makes a write of a held job's outcome, retrying while the server
