@@ -130,6 +130,8 @@ func malShapes() []*malShape {
 		// Waiting (a callback): not in the due view; the sweeper's pass
 		// over waiting jobs finds it.
 		q("callback-bad-size", `"callback_of":"zz","batch_size":"x"`, "batch_size"),
+		q("child-of-number", `"child_of":7`, "child_of"),
+		q("child-of-another-id", `"child_of":"job:someone-else"`, "child_of"),
 		q("claimed-string", `"claimed":"yes"`, "claimed"),
 		q("claimed-string-true", `"claimed":"true"`, "claimed"),
 		q("claimed-number", `"claimed":1`, "claimed"),

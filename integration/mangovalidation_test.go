@@ -28,6 +28,8 @@ var mangoLaxer = map[string]string{
 	"after-names-itself":       "after must not name the job's own id: compares after with _id",
 	"progress-done-over-total": "progress.done at most progress.total: compares two fields",
 	"after-1001":               "after names at most 1000 jobs: a selector cannot bound an array's length",
+	"child-of-other-id":        "the id must start <child_of>: compares _id with child_of",
+	"child-of-another-id":      "the id must start <child_of>: compares _id with child_of",
 }
 
 // mangoStricter are the documents the Mango selector refuses and the
@@ -67,6 +69,9 @@ func mangoCases() map[string]string {
 		"dependency-failure-bad":   `{"_id":"d1","type":"WorkItem","worker":"mail","on_dependency_failure":"retry"}`,
 		"batch-empty":              `{"_id":"b1","type":"WorkItem","worker":"mail","batch":""}`,
 		"attempts-one-point-zero":  `{"_id":"a1","type":"WorkItem","worker":"mail","attempts":1.0}`,
+		"child-of-ok":              `{"_id":"job:p:k","type":"WorkItem","worker":"mail","child_of":"job:p"}`,
+		"child-of-number":          `{"_id":"job:p:l","type":"WorkItem","worker":"mail","child_of":5}`,
+		"child-of-other-id":        `{"_id":"job:q:k","type":"WorkItem","worker":"mail","child_of":"job:p"}`,
 		"minimal":                  `{"_id":"m1","type":"WorkItem","worker":"mail"}`,
 		"not-couchq":               `{"_id":"o1","type":"Invoice","worker":5}`,
 	}

@@ -700,8 +700,8 @@ func TestFanOutChildrenAreIdempotent(t *testing.T) {
 	}
 	var kids []string
 	for _, l := range leaves {
-		if !strings.HasPrefix(l.ID, parent.ID+":") {
-			t.Fatalf("child id %s is not derived from the parent's", l.ID)
+		if !strings.HasPrefix(l.ID, parent.ID+":") || l.ChildOf != parent.ID {
+			t.Fatalf("child %s (child_of %q) is not derived from the parent %s", l.ID, l.ChildOf, parent.ID)
 		}
 		kids = append(kids, l.ID)
 	}
@@ -713,6 +713,41 @@ func TestFanOutChildrenAreIdempotent(t *testing.T) {
 	}
 	if got := events(done); got != "enqueued claimed retry-scheduled claimed awaiting-children dependencies-done claimed done" {
 		t.Fatalf("history: %s", got)
+	}
+}
+
+// A job that stands at a child's id but was not enqueued as that child
+// (written by hand, or by a producer where roles are off) is not taken
+// for it: the parent does not wait for it, the attempt fails saying why,
+// and the job is left as it was.
+func TestFanOutRefusesAJobAtAChildsIDThatIsNotItsChild(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var leafRuns atomic.Int32
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"fan": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			if _, err := job.EnqueueChild(ctx, "0", protocol.NewJob{Worker: "leaf"}); err != nil {
+				return worker.JobFail(err)
+			}
+			return worker.JobAwaitChildren()
+		}),
+		"leaf": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+			leafRuns.Add(1)
+			return job.SetResult("planted")
+		}),
+	}))
+	const parentID = "job:fan-with-a-squatter"
+	squatter := mustEnqueue(t, tb, protocol.NewJob{Worker: "leaf", ID: protocol.ChildID(parentID, "0"), At: time.Now().Add(time.Hour)})
+	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "fan", ID: parentID})
+	failed := waitStatus(t, tb, parent.ID, protocol.StatusFailed, 20*time.Second)
+	if !strings.Contains(failed.LastError, "is not one: it was enqueued by someone else") || failed.Continuation {
+		t.Fatalf("the parent: continuation %v, last_error %q", failed.Continuation, failed.LastError)
+	}
+	it, err := tb.client.Get(tb.ctx, squatter.ID)
+	if err != nil || it.Rev != squatter.Rev || it.ChildOf != "" {
+		t.Fatalf("the job at the child's id: %+v %v; want it untouched", it, err)
+	}
+	if n := leafRuns.Load(); n != 0 {
+		t.Fatalf("the leaf ran %d times", n)
 	}
 }
 

@@ -88,7 +88,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
       return d.type === 'WorkItem' && d.claimed !== true && d.claimed_by == null && d.lease_until == null &&
         d.claimed_at == null && d.started_at == null && d.finished_at == null && d.last_error == null &&
         (d.status == null || d.status === 'queued' || d.status === 'waiting') && d.released_at == null &&
-        (d.attempts || 0) === attempts && d.result == null && onlyEnqueued(d.history);
+        (d.attempts || 0) === attempts && d.result == null && onlyEnqueued(d.history) &&
+        d.child_of == null; // a child is its parent's handler's to enqueue
     };
     var finished = function (d) {
       return d.status === 'done' || d.status === 'failed' || d.status === 'cancelled';
@@ -295,6 +296,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
   if (given(newDoc.batch_size) && !(isNum(newDoc.batch_size) && newDoc.batch_size >= 0 && Math.floor(newDoc.batch_size) === newDoc.batch_size)) {
     reject('batch_size', 'must be a whole number, got ' + JSON.stringify(newDoc.batch_size));
+  }
+  if (given(newDoc.child_of) && (typeof newDoc.child_of !== 'string' || newDoc.child_of === '' ||
+      newDoc._id.indexOf(newDoc.child_of + ':') !== 0)) {
+    reject('child_of', 'must be the id of the job whose handler enqueued this one, which this job\'s id starts with (parent:key), got ' +
+      JSON.stringify(newDoc.child_of));
   }
   if (given(newDoc.continuation) && typeof newDoc.continuation !== 'boolean') {
     reject('continuation', 'must be a boolean, got ' + describe(newDoc.continuation));

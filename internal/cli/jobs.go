@@ -285,6 +285,9 @@ func printJob(w io.Writer, q *protocol.Client, it *protocol.WorkItem, open []pro
 	if it.CallbackOf != "" {
 		field("callback of", fmt.Sprintf("batch %s (%d jobs)", it.CallbackOf, it.BatchSize))
 	}
+	if it.ChildOf != "" {
+		field("child of", it.ChildOf)
+	}
 	if it.Continuation {
 		field("continuation", "yes: it waited for the children its handler enqueued")
 	}

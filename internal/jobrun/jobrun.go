@@ -13,13 +13,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/go-kivik/kivik/v4"
 
 	"github.com/couchq/couchq/internal/protocol"
 )
@@ -90,24 +87,18 @@ func ChildrenOf(job *Job) []string {
 // EnqueueChild enqueues a child of the running job: its id is derived
 // from the job's id and key (one child per key), so that a handler that
 // runs again after its claim was lost enqueues the same children, not
-// more. A child already there is returned as it is. A handler that then
+// more. A child already there is returned as it is; a job at the child's
+// id that names another parent (or none) in child_of is an error, since
+// someone else wrote it. A handler that then
 // returns JobAwaitChildren waits for every child it enqueued (or found) in
 // this run.
 func (j *Job) EnqueueChild(ctx context.Context, key string, child protocol.NewJob) (*protocol.WorkItem, error) {
-	if key == "" {
-		return nil, fmt.Errorf("enqueueing a child of job %s: %w: the child key is empty", j.ID, protocol.ErrInvalidJob)
-	}
 	if j.client == nil {
 		return nil, fmt.Errorf("enqueueing a child of job %s: the job is not run by a worker", j.ID)
 	}
-	child.ID = protocol.ChildID(j.ID, key)
-	it, err := j.client.Enqueue(ctx, child)
-	if kivik.HTTPStatus(err) == http.StatusConflict {
-		// Enqueued by an earlier run of this job.
-		it, err = j.client.Get(ctx, child.ID)
-	}
+	it, err := j.client.EnqueueChild(ctx, j.ID, key, child)
 	if err != nil {
-		return nil, fmt.Errorf("enqueueing child %s of job %s: %w", key, j.ID, err)
+		return nil, err
 	}
 	j.mu.Lock()
 	if !slices.Contains(j.children, it.ID) {

@@ -65,6 +65,10 @@ type NewJob struct {
 	// being cancelled) does to this one: DependencyCancel (the default)
 	// cancels it, DependencyRun runs it anyway once all have finished.
 	OnDependencyFailure string
+
+	// childOf is the running job whose handler enqueues this one
+	// (EnqueueChild), stored as child_of.
+	childOf string
 }
 
 // NewID returns a time-ordered job id ("job:" + a UUIDv7): CouchDB appends
@@ -188,7 +192,7 @@ func (c *Client) item(j NewJob) (*WorkItem, error) {
 	it := &WorkItem{
 		ID: id, Worker: j.Worker, Date: date, Payload: nonNull(payload), Status: StatusQueued,
 		MaxAttempts: maxAttempts, CreatedAt: ToUnix(c.now()), UniqueKey: j.Unique.Key, Priority: j.Priority,
-		Site: site, Trace: trace, extra: extra,
+		Site: site, Trace: trace, ChildOf: j.childOf, extra: extra,
 	}
 	if err := c.dependencies(it, j); err != nil {
 		return nil, err

@@ -1774,6 +1774,32 @@ func (c *Client) cancelMany(ctx context.Context, ids []string, by, reason string
 // (its claim was lost) enqueues the same children, not more.
 func ChildID(parent, key string) string { return parent + ":" + key }
 
+// EnqueueChild enqueues j as the child of job parent under key, at
+// ChildID(parent, key), with child_of naming the parent. A child an
+// earlier run enqueued is returned as it is. A job that stands at that id
+// without naming the parent as its own was written by someone else (a
+// producer, or an application that chose the id): the parent must not
+// wait for it, nor take its result for its child's, so that is an error.
+func (c *Client) EnqueueChild(ctx context.Context, parent, key string, j NewJob) (*WorkItem, error) {
+	if key == "" {
+		return nil, fmt.Errorf("enqueueing a child of job %s: %w: the child key is empty", parent, ErrInvalidJob)
+	}
+	j.ID, j.childOf = ChildID(parent, key), parent
+	it, err := c.Enqueue(ctx, j)
+	if kivik.HTTPStatus(err) == http.StatusConflict {
+		// Enqueued by an earlier run of the parent, or by someone else.
+		it, err = c.Get(ctx, j.ID)
+		if err == nil && it.ChildOf != parent {
+			err = fmt.Errorf("job %s stands at the id of this child but is not one: it was enqueued by someone else (child_of %q)",
+				it.ID, it.ChildOf)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueueing child %s of job %s: %w", key, parent, err)
+	}
+	return it, nil
+}
+
 // AwaitChildren finishes a held job's attempt as waiting for children
 // (the jobs it enqueued, by id): it is released, and runs again as its
 // continuation (Continuation set), once every child has finished, however

@@ -131,6 +131,9 @@ type WorkItem struct {
 	// Continuation is set on a job whose handler enqueued children and
 	// waits for them (AwaitChildren): its next run is its continuation.
 	Continuation bool
+	// ChildOf is, for a job a running handler enqueued as its child
+	// (EnqueueChild), the parent's id, which the child's id starts with.
+	ChildOf string
 
 	// Conflicts lists conflicting revisions when the document was read with
 	// conflicts=true. It is never written back.
@@ -256,6 +259,7 @@ type wireItem struct {
 	CallbackOf  string            `json:"callback_of,omitempty"`
 	BatchSize   int               `json:"batch_size,omitempty"`
 	Continue    bool              `json:"continuation,omitempty"`
+	ChildOf     string            `json:"child_of,omitempty"`
 }
 
 // knownField reports whether UnmarshalJSON consumes key; anything else is kept.
@@ -264,7 +268,7 @@ func knownField(key string) bool {
 	case "_id", "_rev", "_conflicts", "type", "worker", "date", "payload", "claimed", "claimed_by",
 		"claimed_at", "lease_until", "status", "attempts", "max_attempts", "last_error", "result",
 		"created_at", "started_at", "finished_at", "history", "unique_key", "priority", "site", "trace", "progress",
-		"after", "on_dependency_failure", "released_at", "batch", "callback_of", "batch_size", "continuation":
+		"after", "on_dependency_failure", "released_at", "batch", "callback_of", "batch_size", "continuation", "child_of":
 		return true
 	}
 	return false
@@ -283,7 +287,7 @@ func (w WorkItem) MarshalJSON() ([]byte, error) {
 		Result: w.Result, CreatedAt: w.CreatedAt, StartedAt: w.StartedAt, FinishedAt: w.FinishedAt, History: w.History,
 		UniqueKey: w.UniqueKey, Priority: w.Priority, Site: w.Site, Trace: w.Trace, Progress: w.Progress,
 		After: w.After, OnDepFail: w.OnDependencyFailure, ReleasedAt: w.ReleasedAt, Batch: w.Batch,
-		CallbackOf: w.CallbackOf, BatchSize: w.BatchSize, Continue: w.Continuation,
+		CallbackOf: w.CallbackOf, BatchSize: w.BatchSize, Continue: w.Continuation, ChildOf: w.ChildOf,
 	})
 	if err != nil || len(w.extra) == 0 {
 		return b, err
@@ -617,6 +621,10 @@ func (p *fieldParser) flow(w *WorkItem) {
 	p.str("callback_of", &w.CallbackOf)
 	p.count("batch_size", &w.BatchSize)
 	p.boolean("continuation", &w.Continuation)
+	p.str("child_of", &w.ChildOf)
+	if p.err == nil && w.ChildOf != "" && w.ID != "" && !strings.HasPrefix(w.ID, w.ChildOf+":") {
+		p.fail("child_of", fmt.Sprintf("must be the id of the job whose handler enqueued this one, which this job's id starts with (parent:key), got %q", w.ChildOf))
+	}
 	if p.err == nil && w.Status == StatusQueued && !w.Claimed && w.ReleasedAt == 0 && (len(w.After) > 0 || w.CallbackOf != "") {
 		w.Status = StatusWaiting
 	}
