@@ -100,9 +100,14 @@ func ConnectHTTP(ctx context.Context, rawURL, user, password string, hc *http.Cl
 
 // Init creates the database when it does not exist and installs or
 // upgrades couchq's design documents in it. It is safe to run from many
-// processes at once, and at every start.
+// processes at once, and at every start. Design documents of this
+// couchq's schema written by another couchq build are kept as they are,
+// as a worker keeps them, so that the builds of a rolling deploy or a
+// rollback do not put back their own at every start; `couchq init`
+// installs this build's, and so does Init when opts choose a Validation
+// or a Language.
 func (s *Server) Init(ctx context.Context, db string, opts InitOptions) error {
-	_, err := protocol.InitWith(ctx, s.s.Client, db, opts, zerolog.Nop())
+	_, err := protocol.InitAtStart(ctx, s.s.Client, db, opts, zerolog.Nop())
 	return err
 }
 

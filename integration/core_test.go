@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-kivik/kivik/v4"
 
+	"github.com/couchq/couchq/couchq"
 	"github.com/couchq/couchq/designdocs"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
@@ -626,6 +627,22 @@ func TestWorkersKeepAnotherBuildsDesignDocumentsOfTheirSchema(t *testing.T) {
 	}
 	if storedHash() != other.Couchq.Hash {
 		t.Fatalf("the worker replaced the other build's document")
+	}
+	// So does an application's Init at its start, unless it chooses a
+	// validation.
+	user, password := server.Credentials()
+	srv, err := couchq.Connect(ctx, server.URL(), user, password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Init(ctx, name, couchq.InitOptions{}); err != nil || storedHash() != other.Couchq.Hash {
+		t.Fatalf("the Go API's Init at start replaced the other build's document (%v)", err)
+	}
+	if err := srv.Init(ctx, name, couchq.InitOptions{Validation: designdocs.ValidationOn}); err != nil || storedHash() == other.Couchq.Hash {
+		t.Fatalf("the Go API's Init with a validation chosen kept the other build's document (%v)", err)
+	}
+	if _, err := designdocs.Install(ctx, db, other, designdocs.ValidationKept, tb.log); err != nil {
+		t.Fatal(err)
 	}
 	// couchq init installs this build's.
 	if o, err := protocol.InitWith(ctx, tb.kivik, name, protocol.InitOptions{}, tb.log); err != nil || o != designdocs.Upgraded {

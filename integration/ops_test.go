@@ -16,6 +16,7 @@ import (
 	"github.com/couchq/couchq/internal/couchtest"
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/worker"
 )
 
 // opsScript runs a known script of jobs on a controlled clock and returns
@@ -252,6 +253,67 @@ func TestHistoryBoundedUnderManyRetries(t *testing.T) {
 	}
 	if last := it.History[19]; last.Error != "try 99" || last.Attempt != 100 {
 		t.Fatalf("newest entry: %+v", last)
+	}
+}
+
+// Purge leaves the finished jobs that a waiting job still counts on: the
+// jobs of a batch whose callback waits (the callback is released when the
+// batch's finished jobs number its size) and the jobs a dependent waits
+// for. Here they fill more than a page at the start of the range, and the
+// purge still reaches the jobs after them.
+func TestPurgeLeavesWhatWaitingJobsAwait(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	const members, others = 550, 120
+	var docs []any
+	for i := range members {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("member-%04d", i), "type": "WorkItem", "worker": "p",
+			"batch": "b1", "status": "done", "finished_at": 1000 + i})
+	}
+	docs = append(docs,
+		map[string]any{"_id": "member-last", "type": "WorkItem", "worker": "p", "batch": "b1"},
+		map[string]any{"_id": protocol.BatchCallbackID("b1"), "type": "WorkItem", "worker": "cb", "status": "waiting",
+			"callback_of": "b1", "batch_size": members + 1},
+		map[string]any{"_id": "dependency", "type": "WorkItem", "worker": "p", "status": "failed", "finished_at": 1000},
+		map[string]any{"_id": "dependent", "type": "WorkItem", "worker": "d", "status": "waiting", "after": []string{"dependency"}})
+	for i := range others {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("other-%04d", i), "type": "WorkItem", "worker": "p",
+			"status": "done", "finished_at": 5000 + i})
+	}
+	for start := 0; start < len(docs); start += 1000 {
+		results, err := tb.db.BulkDocs(tb.ctx, docs[start:min(start+1000, len(docs))])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range results {
+			if r.Error != nil {
+				t.Fatal(r.Error)
+			}
+		}
+	}
+	for _, status := range []protocol.Status{protocol.StatusDone, protocol.StatusFailed} {
+		want := map[protocol.Status]int{protocol.StatusDone: others, protocol.StatusFailed: 0}[status]
+		n, err := tb.client.Purge(tb.ctx, protocol.PurgeOptions{Status: status, Worker: "p"})
+		if err != nil || n != want {
+			t.Fatalf("purging %s jobs: deleted %d, %v; want %d", status, n, err, want)
+		}
+	}
+	for _, id := range []string{"member-0000", "member-0549", "dependency"} {
+		if _, err := tb.client.Get(tb.ctx, id); err != nil {
+			t.Errorf("%s, which a waiting job counts on, after the purge: %v", id, err)
+		}
+	}
+	if _, err := tb.client.Get(tb.ctx, "other-0119"); !errors.Is(err, protocol.ErrNotFound) {
+		t.Errorf("a done job no one waits for, after the purge: %v, want it deleted", err)
+	}
+	// The batch's last job runs; the callback is then released, once.
+	var callbacks atomic.Int32
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"p":  worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
+		"cb": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { callbacks.Add(1); return nil }),
+	}))
+	waitStatus(t, tb, protocol.BatchCallbackID("b1"), protocol.StatusDone, 30*time.Second)
+	if n := callbacks.Load(); n != 1 {
+		t.Fatalf("the callback ran %d times", n)
 	}
 }
 

@@ -326,37 +326,95 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 			return 0, err
 		}
 	}
+	awaited, err := c.awaitedJobs(ctx)
+	if err != nil {
+		return 0, err
+	}
 	deleted := 0
 	for _, typ := range types {
+		// kept counts the rows of typ's range left in place (awaited,
+		// conflicted, changed meanwhile): they stay at its start, so the
+		// next page skips them.
+		kept := 0
 		for {
-			docs, err := c.finishedBefore(ctx, opts.Status, typ, cutoff)
+			docs, err := c.finishedBefore(ctx, opts.Status, typ, cutoff, kept)
 			if err != nil {
 				return deleted, err
 			}
 			listed := len(docs)
+			if listed == 0 {
+				break
+			}
+			docs = slices.DeleteFunc(docs, func(d any) bool { return awaited[d.(map[string]any)["_id"].(string)] })
 			if docs, err = c.dropConflicted(ctx, docs); err != nil {
 				return deleted, err
 			}
-			if listed > 0 && len(docs) == 0 {
-				break // all of this page is conflicted: left for the sweeper, and for the next purge
+			n := 0
+			if len(docs) > 0 {
+				n, err = c.deleteSeen(ctx, docs)
+				deleted += n
+				if opts.Progress != nil {
+					opts.Progress(deleted)
+				}
+				if err != nil {
+					return deleted, err
+				}
 			}
-			if len(docs) == 0 {
+			kept += listed - n
+			if listed < purgeBatch {
 				break
-			}
-			n, err := c.deleteSeen(ctx, docs)
-			deleted += n
-			if opts.Progress != nil {
-				opts.Progress(deleted)
-			}
-			if err != nil {
-				return deleted, err
-			}
-			if n == 0 {
-				break // every one changed under us: leave them for next time
 			}
 		}
 	}
 	return deleted, nil
+}
+
+// awaitedJobs are the jobs a purge must leave: those a waiting job waits
+// for (its after), and the finished jobs of a batch whose callback still
+// waits. The callback is released once the batch's finished jobs number
+// its size, and a dependent once its dependencies have finished; a purge
+// before then would leave the callback waiting for good, and a dependent
+// that takes a deleted job for a done one would run after a failure.
+func (c *Client) awaitedJobs(ctx context.Context) (map[string]bool, error) {
+	awaited := map[string]bool{}
+	var batches []string
+	rows := c.view(ctx, "waiting")
+	for rows.Next() {
+		var v struct {
+			After      []string `json:"after"`
+			CallbackOf *string  `json:"callback_of"`
+		}
+		if rows.ScanValue(&v) != nil {
+			continue
+		}
+		for _, id := range v.After {
+			awaited[id] = true
+		}
+		if v.CallbackOf != nil && *v.CallbackOf != "" {
+			batches = append(batches, *v.CallbackOf)
+		}
+	}
+	err := rows.Err()
+	_ = rows.Close()
+	if err != nil {
+		return nil, fmt.Errorf("purge: listing waiting jobs: %w", err)
+	}
+	for _, b := range batches {
+		rows := c.view(ctx, "batches", kivik.Params(map[string]any{
+			"reduce": false, "startkey": []any{b}, "endkey": []any{b, map[string]any{}},
+		}))
+		for rows.Next() {
+			if id, err := rows.ID(); err == nil {
+				awaited[id] = true
+			}
+		}
+		err := rows.Err()
+		_ = rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("purge: listing the jobs of batch %s: %w", b, err)
+		}
+	}
+	return awaited, nil
 }
 
 // dropConflicted leaves out of a purge's deletions the jobs with more
@@ -389,12 +447,13 @@ func (c *Client) dropConflicted(ctx context.Context, docs []any) ([]any, error) 
 }
 
 // finishedBefore lists jobs of typ in status finished before cutoff, as
-// deletions at the revision the view saw.
-func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, cutoff float64) ([]any, error) {
+// deletions at the revision the view saw, past the first skip.
+func (c *Client) finishedBefore(ctx context.Context, status Status, typ string, cutoff float64, skip int) ([]any, error) {
 	rows := c.view(ctx, "by_status", kivik.Params(map[string]any{
 		"startkey": []any{string(status), typ},
 		"endkey":   []any{string(status), typ, cutoff},
 		"limit":    purgeBatch,
+		"skip":     skip,
 	}))
 	defer rows.Close()
 	var docs []any

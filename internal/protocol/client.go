@@ -217,6 +217,17 @@ func Init(ctx context.Context, client *kivik.Client, dbName string, log zerolog.
 	return InitWith(ctx, client, dbName, InitOptions{keepOtherBuild: true}, log)
 }
 
+// InitAtStart is what an application runs at every start (the Go API's
+// Server.Init): InitWith, keeping design documents of this schema that
+// another couchq build wrote, as Init does, unless opts choose a
+// validation or a language, which is then installed. Without it, the
+// builds of a rolling deploy (or a rollback) put back their own documents
+// at every start, weaker validation included.
+func InitAtStart(ctx context.Context, client *kivik.Client, dbName string, opts InitOptions, log zerolog.Logger) (designdocs.Outcome, error) {
+	opts.keepOtherBuild = opts.Validation == designdocs.ValidationKept && opts.Language == designdocs.LanguageKept
+	return InitWith(ctx, client, dbName, opts, log)
+}
+
 // InitOptions are what an admin chooses at couchq init.
 type InitOptions struct {
 	// Validation turns the database's validation on, off or to a Mango
