@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -179,4 +180,30 @@ delete_done = true
 	// beta deletes its finished jobs; alpha keeps them.
 	r = c.run(t, "show", "beta-1")
 	expect(t, r, exitFailure)
+}
+
+// With a configuration file each type drains on its own: a job of one
+// type that releases work of another, whose worker drained already, does
+// not end the process with that work due.
+func TestWorkerConfigDrainsWorkOneTypeReleasesForAnother(t *testing.T) {
+	t.Parallel()
+	c := online(t).mustInit(t)
+	path := writeConfig(t, `[types.first]
+handler = "exec"
+exec = "sleep 2"
+
+[types.then]
+handler = "noop"
+`)
+	expect(t, c.run(t, "enqueue", "--type", "first", "--id", "first-1"), exitOK)
+	expect(t, c.run(t, "enqueue", "--type", "then", "--id", "then-1", "--after", "first-1"), exitOK)
+	r := c.run(t, "worker", "--config", path, "--drain", "--fallback-poll", "1s")
+	expect(t, r, exitOK)
+	for _, id := range []string{"first-1", "then-1"} {
+		r := c.run(t, "show", id)
+		expect(t, r, exitOK)
+		if !regexp.MustCompile(`(?m)^\s*status\s+done$`).MatchString(r.stdout) {
+			t.Errorf("%s not done when the drain ended:\n%s", id, r.stdout)
+		}
+	}
 }

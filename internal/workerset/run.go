@@ -42,26 +42,44 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 	if _, err := protocol.Init(ctx, srv.Client, conn.DB, log); err != nil {
 		return cli.ServerError(conn.URL, fmt.Errorf("preparing database %s: %w", conn.DB, err))
 	}
-	workers := make([]*worker.Worker, len(specs))
 	// One set of metrics for the process, whatever number of types it runs.
 	var metrics *worker.Metrics
 	if specs[0].HealthAddr != "" {
 		metrics = worker.NewMetrics()
 	}
-	for i, f := range specs {
-		q, err := srv.Open(ctx, conn.DB, protocol.Config{Logger: log, MaxAttempts: f.MaxAttempts, Site: conn.Site, BeforeEnqueue: f.BeforeEnqueue})
-		if err != nil {
-			return cli.ServerError(conn.URL, err)
+	var queue *protocol.Client
+	newWorkers := func(round int) ([]*worker.Worker, error) {
+		workers := make([]*worker.Worker, len(specs))
+		for i, f := range specs {
+			q, err := srv.Open(ctx, conn.DB, protocol.Config{Logger: log, MaxAttempts: f.MaxAttempts, Site: conn.Site, BeforeEnqueue: f.BeforeEnqueue})
+			if err != nil {
+				return nil, cli.ServerError(conn.URL, err)
+			}
+			queue = q
+			cfg := f.config(hs[i], log)
+			cfg.Metrics = metrics
+			if round > 1 {
+				// The schedules ticked in the first round; ticking again
+				// in each round would keep a drain going for ever.
+				cfg.Periodic = nil
+			}
+			if workers[i], err = worker.New((*couchq.Client)(q), cfg); err != nil {
+				return nil, &cli.UsageError{Err: err} // check covers what New rejects; kept as a backstop
+			}
+			if round == 1 {
+				log.Info().Str("url", conn.URL).Str("db", conn.DB).Str("types", f.Types).Str("handler", orDefault(f.Handler, "go")).
+					Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
+			}
 		}
-		cfg := f.config(hs[i], log)
-		cfg.Metrics = metrics
-		if workers[i], err = worker.New((*couchq.Client)(q), cfg); err != nil {
-			return &cli.UsageError{Err: err} // check covers what New rejects; kept as a backstop
-		}
-		log.Info().Str("url", conn.URL).Str("db", conn.DB).Str("types", f.Types).Str("handler", orDefault(f.Handler, "go")).
-			Str("vendor", srv.Caps.Vendor).Bool("selector_feed", srv.Caps.SelectorFilter).Msg("connected")
+		return workers, nil
+	}
+	workers, err := newWorkers(1)
+	if err != nil {
+		return err
 	}
 	if specs[0].HealthAddr != "" {
+		// The probes follow the first round's workers: a drain that
+		// runs again is a cron job's, which nothing probes.
 		stopHealth, err := serveHealth(ctx, workers, specs[0], log)
 		if err != nil {
 			return err
@@ -79,8 +97,37 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 		case <-runDone:
 		}
 	}()
-	// One failing worker stops the others: the process is one unit for
-	// its supervisor, which restarts it whole.
+	for round := 1; ; round++ {
+		if err := runAll(ctx, workers); err != nil {
+			return cli.ServerError(conn.URL, fmt.Errorf("running worker: %w", err))
+		}
+		// Each type of a configuration file has a worker of its own, which
+		// drains alone: a job of one type may have enqueued work of
+		// another whose worker had drained already. The process drains
+		// once every worker has, and no work of its types is due.
+		// A round that claimed nothing leaves what is due to others (a
+		// paused type, a job another site owns): another would too.
+		if !specs[0].Drain || len(specs) == 1 || ctx.Err() != nil || claimedBy(workers) == 0 {
+			return nil
+		}
+		due, err := dueTypes(ctx, queue, specs)
+		if err != nil {
+			return cli.ServerError(conn.URL, fmt.Errorf("draining: %w", err))
+		}
+		if len(due) == 0 {
+			return nil
+		}
+		log.Info().Strs("types", due).Int("round", round+1).Msg("drain: work of these types came due after their workers drained; draining again")
+		if workers, err = newWorkers(round + 1); err != nil {
+			return err
+		}
+	}
+}
+
+// runAll runs the workers until each returns (ctx ended, or drained) or
+// one fails, which stops the others: the process is one unit for its
+// supervisor, which restarts it whole.
+func runAll(ctx context.Context, workers []*worker.Worker) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(workers))
@@ -99,10 +146,33 @@ func Run(ctx context.Context, log zerolog.Logger, conn *cli.Conn, specs []*Spec)
 			first = err
 		}
 	}
-	if first != nil {
-		return cli.ServerError(conn.URL, fmt.Errorf("running worker: %w", first))
+	return first
+}
+
+// claimedBy is how many jobs the workers claimed.
+func claimedBy(workers []*worker.Worker) int64 {
+	var n int64
+	for _, w := range workers {
+		n += w.Stats().Claimed
 	}
-	return nil
+	return n
+}
+
+// dueTypes lists the specs' job types that have a job due now.
+func dueTypes(ctx context.Context, q *protocol.Client, specs []*Spec) ([]string, error) {
+	var due []string
+	for _, f := range specs {
+		for _, typ := range strings.Split(f.Types, ",") {
+			b, err := q.Due(ctx, typ, 1)
+			if err != nil {
+				return nil, err
+			}
+			if len(b.Items) > 0 {
+				due = append(due, typ)
+			}
+		}
+	}
+	return due, nil
 }
 
 // healthWriteTimeout bounds writing one answer of --health-addr: the
