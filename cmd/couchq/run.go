@@ -79,7 +79,7 @@ func commands() []command {
 		{"requeue", "return a running job whose worker is gone to the queue", requeueUsage, (*Main).runRequeue},
 		{"pause", "stop the workers of a job type from claiming it (running jobs finish)", pauseUsage, (*Main).runPause},
 		{"resume", "let the workers of a paused job type claim it again", resumeUsage, (*Main).runResume},
-		{"periodic", "list the periodic schedules: last and next tick", periodicUsage, (*Main).runPeriodic},
+		{"periodic", "list the periodic schedules (last and next tick), or remove one", periodicUsage, (*Main).runPeriodic},
 		{"claim", "claim due jobs for a named agent (a script, a person): held ones first", claimUsage, (*Main).runClaim},
 		{"complete", "finish a job an agent holds, with an optional result", completeUsage, (*Main).runComplete},
 		{"fail", "fail a job an agent holds: retried while attempts remain", failUsage, (*Main).runFail},

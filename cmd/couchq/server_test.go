@@ -771,6 +771,19 @@ func TestWorkerPeriodicAndPeriodicLs(t *testing.T) {
 	if !strings.Contains(r.stdout, "job:periodic:beat@") {
 		t.Fatalf("no periodic job ran:\n%s", r.stdout)
 	}
+	// A schedule no process runs any more is removed from the list.
+	r = c.run(t, "periodic", "rm", "beat")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "removed periodic schedule beat" {
+		t.Fatalf("periodic rm: %q", r.stdout)
+	}
+	r = c.run(t, "periodic", "ls")
+	expect(t, r, exitOK)
+	if strings.TrimSpace(r.stdout) != "no periodic schedules" {
+		t.Fatalf("periodic ls after rm: %q", r.stdout)
+	}
+	expect(t, c.run(t, "periodic", "rm", "beat"), exitFailure, `no periodic schedule "beat"`, "couchq periodic ls")
+	expect(t, c.run(t, "periodic", "rm"), exitUsage, "couchq periodic rm NAME")
 }
 
 // couchq init on a new database validates with the Mango selector where

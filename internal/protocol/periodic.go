@@ -290,6 +290,30 @@ func (c *Client) periodicState(ctx context.Context, name string) (*PeriodicState
 	return &st, nil
 }
 
+// RemovePeriodic deletes the state document of a schedule no process runs
+// any more, so that it is no longer listed. A process that still runs
+// the schedule writes it again, starting from its next tick: the ticks
+// before it are not caught up.
+func (c *Client) RemovePeriodic(ctx context.Context, name string) error {
+	for range stateRounds {
+		st, err := c.periodicState(ctx, name)
+		if err != nil {
+			return err
+		}
+		if st == nil || st.Type != PeriodicStateType {
+			return fmt.Errorf("no periodic schedule %q (no state document %s): 'couchq periodic ls' lists them", name, PeriodicStateID(name))
+		}
+		_, err = c.db.Delete(ctx, st.ID, st.Rev, c.writeOpts()...)
+		switch {
+		case err == nil:
+			return nil
+		case !isStatus(err, http.StatusConflict):
+			return fmt.Errorf("periodic schedule %s: deleting its state: %w", name, err)
+		}
+	}
+	return fmt.Errorf("periodic schedule %s: its state changed %d times under us", name, stateRounds)
+}
+
 // PeriodicStates lists every schedule's state document, by name.
 func (c *Client) PeriodicStates(ctx context.Context) ([]PeriodicState, error) {
 	rows := c.db.AllDocs(ctx, kivik.Params(map[string]any{
