@@ -1,15 +1,18 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/couchq/couchq/internal/opstest"
 	"github.com/couchq/couchq/internal/protocol"
+	"github.com/couchq/couchq/worker"
 )
 
 // A unique key holds one job while it is queued or running: a second
@@ -122,6 +125,38 @@ func TestUniqueKeyPerPeriod(t *testing.T) {
 	next, err := c.Enqueue(tb.ctx, job)
 	if err != nil || next.ID != "job:unique:report:daily@2026-11-24T00:00:00Z" {
 		t.Fatalf("enqueue the next day: %+v %v", next, err)
+	}
+}
+
+// A worker that deletes its type's finished jobs keeps those of a unique
+// key with a period: deleted, the key would be free again the same
+// period, and the job run again.
+func TestDeleteDoneKeepsAUniqueJobThatHoldsItsPeriod(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var runs atomic.Int32
+	cfg := fastWorker(tb, map[string]worker.Handler{
+		"report": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { runs.Add(1); return nil }),
+	})
+	cfg.DeleteDone = map[string]bool{"report": true}
+	startWorker(t, tb, cfg)
+	daily := protocol.NewJob{Worker: "report", Unique: protocol.UniqueOpts{Key: "daily", For: 24 * time.Hour}}
+	first := mustEnqueue(t, tb, daily)
+	waitStatus(t, tb, first.ID, protocol.StatusDone, 15*time.Second)
+	// The same worker's plain unique job (no period) is deleted as done.
+	once := mustEnqueue(t, tb, protocol.NewJob{Worker: "report", Unique: protocol.UniqueOpts{Key: "once"}})
+	deadline := time.Now().Add(15 * time.Second)
+	for _, err := tb.client.Get(tb.ctx, once.ID); !errors.Is(err, protocol.ErrNotFound); _, err = tb.client.Get(tb.ctx, once.ID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unique job without a period was not deleted when done: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if dup, err := tb.client.Enqueue(tb.ctx, daily); !errors.Is(err, protocol.ErrDuplicate) || dup.ID != first.ID {
+		t.Fatalf("enqueueing the key again the same period: %+v %v, want the done job as a duplicate", dup, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("%d runs, want 2 (the daily job once, the other once)", n)
 	}
 }
 

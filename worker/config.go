@@ -133,7 +133,9 @@ type Config struct {
 	// and nothing is running: the self-regulating cron pattern.
 	Drain bool
 	// DeleteDone lists job types whose finished jobs are deleted instead of
-	// kept with status done.
+	// kept with status done: but for a batch's jobs, which its callback
+	// counts, and unique jobs with a period, which hold their key until
+	// it ends.
 	DeleteDone map[string]bool
 	// RateLimits bounds how many jobs of a type start per window across
 	// every worker process together (see couchq.RateLimit); each process

@@ -979,8 +979,9 @@ func (r *runner) finish(ctx context.Context, item *protocol.WorkItem, job *Job, 
 	if out.Kind == jobrun.Done {
 		w.stats.completed.Add(1)
 		var err error
-		if w.cfg.DeleteDone[r.typ] && item.Batch == "" {
-			// A batch's jobs stay: its callback counts them.
+		if w.cfg.DeleteDone[r.typ] && item.Batch == "" && !protocol.HoldsPeriod(item) {
+			// A batch's jobs stay: its callback counts them. So do
+			// unique jobs with a period, which hold their key.
 			err = r.persist(ctx, item, true, func(ctx context.Context) error { return c.DeleteFinished(ctx, item) })
 		} else {
 			err = r.persist(ctx, item, false, func(ctx context.Context) error { return c.Complete(ctx, item, job.Result()) })

@@ -41,6 +41,7 @@ lease runs out, through any worker's sweeper or couchq sweep.
 	--lease D              how long a claim holds without renewal (default 30s)
 	--drain                exit 0 once no due work of these types remains
 	--delete-done          delete finished jobs instead of keeping them as done
+	                       (a batch's jobs, and unique jobs with a period, stay)
 	--max-attempts N       attempts for jobs without their own max_attempts
 	                       (default 25)
 	--shutdown-timeout D   how long running jobs may finish after a stop signal

@@ -54,6 +54,14 @@ func UniqueID(worker string, u UniqueOpts, t time.Time) string {
 	return id
 }
 
+// HoldsPeriod reports whether it is a unique job with a period (its id is
+// UniqueID's with the period's start), whose document holds the key for
+// the rest of the period whatever became of the job: deleted, the key is
+// free again.
+func HoldsPeriod(it *WorkItem) bool {
+	return it.UniqueKey != "" && strings.HasPrefix(it.ID, "job:unique:"+it.Worker+":"+it.UniqueKey+"@")
+}
+
 // ArchiveID is where a finished unique job is kept when its key is
 // enqueued again: its id, "~", and the revision it finished with.
 func ArchiveID(id, rev string) string { return id + "~" + rev }
