@@ -223,6 +223,8 @@ func TestPeriodicRefused(t *testing.T) {
 		{Name: "a:b", Schedule: "@daily", Job: protocol.NewJob{Worker: "a"}},
 		{Name: "a", Schedule: "@daily"},
 		{Name: "a", Schedule: "@daily", Job: protocol.NewJob{Worker: "a", ID: "x"}},
+		// Parsed, but no time matches it.
+		{Name: "a", Schedule: "0 0 30 2 *", Job: protocol.NewJob{Worker: "a"}},
 	} {
 		if _, err := protocol.CheckPeriodic(p); err == nil {
 			t.Errorf("%+v accepted", p)

@@ -31,6 +31,11 @@ func (w *Worker) periodicLoop(ctx context.Context, p protocol.Periodic, ticked f
 			log.Warn().Err(err).Dur("retry_in", backoff).Msg("periodic schedule: enqueueing its tick failed")
 			wait = backoff
 			backoff = min(backoff*2, 10*time.Second)
+		case err == nil && next.IsZero():
+			// Checked in New to fire at least once in five years; past
+			// its last tick it has none left.
+			log.Warn().Msg("periodic schedule: no further tick; it stops")
+			return
 		case err == nil:
 			backoff = 100 * time.Millisecond
 			for _, id := range enqueued {

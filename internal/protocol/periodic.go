@@ -122,6 +122,12 @@ func ParseSchedule(spec string, loc *time.Location) (Ticks, error) {
 	if err != nil {
 		return Ticks{}, fmt.Errorf("schedule %q: %w (want a cron expression such as \"0 7 * * 1-5\", \"@daily\", or \"@every 5m\")", spec, err)
 	}
+	// The parser takes a date that never comes (the 30th of February);
+	// its Next then finds no tick within five years and says so with the
+	// zero time.
+	if s.Next(time.Now()).IsZero() {
+		return Ticks{}, fmt.Errorf("schedule %q never fires: no time matches it (a day that the month never has?)", spec)
+	}
 	return Ticks{spec: spec, cron: s}, nil
 }
 
@@ -185,7 +191,7 @@ func (c *Client) TickPeriodic(ctx context.Context, p Periodic, ticks Ticks, by s
 	}
 	var due []time.Time
 	t := ticks.Next(FromUnix(st.LastTick))
-	for ; !t.After(now); t = ticks.Next(t) {
+	for ; !t.IsZero() && !t.After(now); t = ticks.Next(t) {
 		due = append(due, t)
 		if len(due) > MaxCatchUp {
 			due = due[1:]
