@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -314,4 +316,46 @@ func TestReserveFromProcesses(t *testing.T) {
 		t.Fatalf("%d slots, want %d", len(slots), procs*each)
 	}
 	checkDistinctNoGaps(t, protocol.NumberedSequence("serials", "S-%05d", 1, 0), slots)
+}
+
+// A job whose handler used its slot records it used even when CouchDB
+// does not answer as it tries: it tries again, as it does the job's
+// outcome (and before it), so the slot does not fall free when its TTL
+// runs out and go to the next job as well.
+func TestWorkerRecordsAUsedSlotThroughAnOutage(t *testing.T) {
+	tb := setup(t, protocol.Config{})
+	var outageUntil atomic.Int64 // Unix nanoseconds: writes of slots fail until then
+	client := clientThrough(t, tb, protocol.Config{}, func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/slot:") && time.Now().UnixNano() < outageUntil.Load() {
+				return nil, errors.New("connection refused (the test's outage)")
+			}
+			return next.RoundTrip(r)
+		})
+	})
+	var mu sync.Mutex
+	var used []string
+	cfg := fastWorker(tb, map[string]worker.Handler{"ticket": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
+		mu.Lock()
+		used = append(used, job.Slot)
+		mu.Unlock()
+		if job.ID == "first" {
+			outageUntil.Store(time.Now().Add(2 * time.Second).UnixNano())
+		}
+		return nil
+	})})
+	cfg.Sequences = map[string]protocol.Sequence{"ticket": protocol.NumberedSequence("tickets", "T-%04d", 1, time.Second)}
+	runWorker(t, tb.ctx, client, cfg)
+	mustEnqueue(t, tb, protocol.NewJob{Worker: "ticket", ID: "first"})
+	waitStatus(t, tb, "first", protocol.StatusDone, 30*time.Second)
+	mustEnqueue(t, tb, protocol.NewJob{Worker: "ticket", ID: "second"})
+	waitStatus(t, tb, "second", protocol.StatusDone, 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(used, []string{"T-0001", "T-0002"}) {
+		t.Fatalf("slots used: %v, want T-0001 then T-0002", used)
+	}
+	if last, err := tb.client.LastUsed(tb.ctx, "tickets"); err != nil || last != "T-0002" {
+		t.Errorf("marker %q (%v), want T-0002", last, err)
+	}
 }

@@ -962,13 +962,44 @@ func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logge
 		}
 		return herr
 	}
-	if rerr := c.ReleaseSlot(fctx, res); rerr != nil {
-		// The handler used the slot; only the bookkeeping failed (its TTL
-		// ran out and someone took it: the TTL is too short for the job).
-		log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
-			Msg("the job used its slot but could not release it: make the sequence's TTL longer than the handler runs")
+	if rerr := r.releaseUsedSlot(ctx, res); rerr != nil {
+		if errors.Is(rerr, protocol.ErrReservationLost) {
+			log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
+				Msg("the job used its slot, which another holder took when its TTL ran out: make the sequence's TTL longer than the handler runs")
+		} else {
+			log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
+				Msg("the job used its slot but could not record it: once its TTL has run out, another job may take the same slot")
+		}
 	}
 	return nil
+}
+
+// releaseUsedSlot marks the slot a job's handler used, trying again while
+// CouchDB is out of reach or failing, as the job's outcome is (and before
+// it): a slot left reserved becomes free when its TTL runs out, and the
+// next job takes the value this one used.
+func (r *runner) releaseUsedSlot(ctx context.Context, res *protocol.Reservation) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTimeout)
+	defer cancel()
+	defer context.AfterFunc(r.w.stopped, cancel)() // a stopped worker writes nothing more
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := r.w.client.ReleaseSlot(rctx, res)
+		if err == nil || errors.Is(err, protocol.ErrReservationLost) || permanent(err) {
+			return err
+		}
+		if attempt%30 == 0 {
+			r.w.log.Warn().Err(err).Str("slot", res.Slot).Dur("retry_in", backoff).Int("tries", attempt+1).Msg("recording the job's slot as used failed; retrying")
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-rctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
 }
 
 // finish records the handler's outcome, steered by its error.

@@ -295,7 +295,9 @@ func (c *Client) readMarker(ctx context.Context, seq string) (*sequenceMarker, e
 
 // ReleaseSlot marks a reserved slot used (the job that took it succeeded) and
 // moves the sequence's marker to it unless the marker is already further:
-// releases arriving out of order never move it back.
+// releases arriving out of order never move it back. A release that failed
+// may be tried again with the same r: a slot it already marked used (the
+// server's answer lost, or the marker's write failed) is taken as done.
 func (c *Client) ReleaseSlot(ctx context.Context, r *Reservation) error {
 	return c.finishReservation(ctx, r, true)
 }
@@ -311,6 +313,11 @@ func (c *Client) finishReservation(ctx context.Context, r *Reservation, used boo
 	if used {
 		what = "releasing"
 	}
+	if used && r.State == SlotUsed && r.Rev != "" {
+		// Released already, by this call's earlier try, whose move of
+		// the marker failed: move it now.
+		return c.advanceMarker(ctx, r)
+	}
 	if r.State != SlotReserved {
 		return fmt.Errorf("%s slot %s of %s: %w: it is %s", what, r.Slot, r.Sequence, ErrReservationLost, r.State)
 	}
@@ -324,6 +331,15 @@ func (c *Client) finishReservation(ctx context.Context, r *Reservation, used boo
 	rev, ok, err := c.casPut(ctx, r.ID, &next, r.Rev)
 	if err != nil {
 		return fmt.Errorf("%s slot %s of %s: %w", what, r.Slot, r.Sequence, err)
+	}
+	if !ok && used {
+		// A release tried again after an answer that never came may find
+		// its own write stored: the slot used, by this holder.
+		var stored Reservation
+		if gerr := c.db.Get(ctx, r.ID, c.readOpts()...).ScanDoc(&stored); gerr == nil &&
+			stored.State == SlotUsed && stored.Holder == r.Holder && stored.Ordinal == r.Ordinal {
+			ok, rev, next = true, stored.Rev, stored
+		}
 	}
 	if !ok {
 		return fmt.Errorf("%s slot %s of %s: %w: its TTL ran out and someone took it", what, r.Slot, r.Sequence, ErrReservationLost)
