@@ -873,15 +873,20 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if errors.Is(cause, errShutdown) && err != nil {
-		// Cancelled by shutdown: the attempt did not really fail.
+	if (errors.Is(cause, errShutdown) || errors.Is(cause, errRunSlotLost)) && err != nil {
+		// Cancelled by shutdown, or to keep the fleet's limit: the attempt
+		// did not really fail.
+		why := "worker shut down before the job finished"
+		if errors.Is(cause, errRunSlotLost) {
+			why = "its fleet-wide run slot was taken by another worker while this one could not renew it"
+		}
 		if rerr := r.persist(fctx, item, false, func(ctx context.Context) error {
-			return w.client.Release(ctx, item, "worker shut down before the job finished")
+			return w.client.Release(ctx, item, why)
 		}); rerr != nil {
-			log.Warn().Err(rerr).Msg("could not release job at shutdown; the sweeper will return it")
+			log.Warn().Err(rerr).Str("why", why).Msg("could not release the job; the sweeper will return it")
 			return
 		}
-		log.Info().Msg("job released at shutdown")
+		log.Info().Str("why", why).Msg("job released")
 		return
 	}
 	var look *protocol.DependentsLook
@@ -1223,7 +1228,10 @@ func (r *runner) heartbeat(ctx context.Context, rj *runningJob, done <-chan stru
 			// The run slot's lease runs on the heartbeat's schedule, however
 			// often progress renews the job's.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
-			if serr := w.client.RenewRunSlot(sctx, rj.slot, rj.item.ID, w.cfg.LeaseDuration); serr != nil {
+			switch serr := w.client.RenewRunSlot(sctx, rj.slot, rj.item.ID, w.cfg.LeaseDuration); {
+			case errors.Is(serr, protocol.ErrRunSlotLost):
+				r.replaceRunSlot(sctx, rj, serr)
+			case serr != nil:
 				w.log.Warn().Str("job", rj.item.ID).Err(serr).Msg("renewing the job's run slot failed; will retry")
 			}
 			cancel()
@@ -1510,6 +1518,25 @@ func (r *runner) takeRunSlots(ctx context.Context, k, want int) []*protocol.RunS
 		r.blockedUntil = time.Now().Add(runSlotPoll)
 	}
 	return slots
+}
+
+// replaceRunSlot takes another run slot for a running job whose slot
+// another worker took (its lease ran out while this worker could not
+// renew it): the fleet's limit holds as long as it gets one. Without a
+// free one the handler is cancelled and the job goes back to the queue.
+// Called with rj.mu held.
+func (r *runner) replaceRunSlot(ctx context.Context, rj *runningJob, lost error) {
+	log := r.w.log.With().Str("job", rj.item.ID).Str("type", r.typ).Logger()
+	k := r.w.cfg.FleetConcurrency[r.typ]
+	slots, err := r.w.client.AcquireRunSlots(ctx, r.typ, k, 1, r.w.by, r.w.cfg.LeaseDuration)
+	if err == nil && len(slots) == 1 {
+		rj.slot = slots[0]
+		log.Warn().AnErr("lost", lost).Str("slot", rj.slot.ID).Msg("the job's run slot was taken by another worker; it runs on in another that was free")
+		return
+	}
+	log.Warn().AnErr("lost", lost).AnErr("acquire_err", err).Msg("the job's run slot was taken by another worker and none is free: cancelling the handler and returning the job to the queue")
+	rj.slot = nil // another's now: neither renewed nor released
+	rj.cancel(errRunSlotLost)
 }
 
 // releaseRunSlots gives back run slots no job uses (any left are logged:

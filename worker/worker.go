@@ -25,6 +25,12 @@ var errShutdown = errors.New("worker shutting down")
 // for JobTimeout.
 var errJobTimeout = errors.New("job timeout")
 
+// errRunSlotLost is the cause a job's context carries when its fleet-wide
+// run slot was taken by another worker (its lease ran out while this one
+// could not renew it) and no other was free: the job goes back to the
+// queue, so that no more jobs run at once than the limit allows.
+var errRunSlotLost = errors.New("run slot lost: another worker took the job's fleet-wide run slot")
+
 // errLeaseLost is the cause a job's context carries when a lease renewal
 // found the claim gone (swept or cancelled): its result will be refused.
 var errLeaseLost = errors.New("lease lost: the job was swept or cancelled")

@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -104,11 +105,33 @@ func (c *Client) AcquireRunSlots(ctx context.Context, worker string, limit, want
 	return got, nil
 }
 
+// ErrRunSlotLost is a run slot's renewal that found the slot taken by
+// another holder (its lease ran out while the holder could not renew it).
+var ErrRunSlotLost = errors.New("run slot taken by another holder")
+
 // RenewRunSlot extends a held slot's lease (for job, when it runs one).
+// ErrRunSlotLost when another holder has taken it.
 func (c *Client) RenewRunSlot(ctx context.Context, s *RunSlot, job string, lease time.Duration) error {
 	next := *s
 	next.Job, next.LeaseUntil = job, ToUnix(c.now())+lease.Seconds()
 	rev, err := c.db.Put(ctx, next.ID, &next, c.writeOpts()...)
+	if isStatus(err, http.StatusConflict) {
+		var stored RunSlot
+		if gerr := c.db.Get(ctx, s.ID, c.readOpts()...).ScanDoc(&stored); gerr != nil {
+			return fmt.Errorf("renewing run slot %s: %w (and reading it: %w)", s.ID, err, gerr)
+		}
+		if stored.Holder != s.Holder || stored.Job != job {
+			holder := stored.Holder
+			if stored.Job != "" {
+				holder += " for job " + stored.Job
+			}
+			return fmt.Errorf("renewing run slot %s: %w: %s holds it", s.ID, ErrRunSlotLost, holder)
+		}
+		// An earlier renewal of ours, applied although its answer was
+		// lost: renew over it.
+		next.Rev = stored.Rev
+		rev, err = c.db.Put(ctx, next.ID, &next, c.writeOpts()...)
+	}
 	if err != nil {
 		return fmt.Errorf("renewing run slot %s: %w", s.ID, err)
 	}
