@@ -263,7 +263,31 @@ func TestHistoryBoundedUnderManyRetries(t *testing.T) {
 // purge still reaches the jobs after them.
 func TestPurgeLeavesWhatWaitingJobsAwait(t *testing.T) {
 	tb := setup(t, protocol.Config{})
-	const members, others = 550, 120
+	testPurgeLeavesWhatWaitingJobsAwait(t, tb.ctx, tb.client, tb.client, 550, 120)
+	// The batch's last job runs; the callback is then released, once.
+	var callbacks atomic.Int32
+	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+		"p":  worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
+		"cb": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { callbacks.Add(1); return nil }),
+	}))
+	waitStatus(t, tb, protocol.BatchCallbackID("b1"), protocol.StatusDone, 30*time.Second)
+	if n := callbacks.Load(); n != 1 {
+		t.Fatalf("the callback ran %d times", n)
+	}
+}
+
+// On a cluster, written through one node, purged through another.
+func TestClusterPurgeLeavesWhatWaitingJobsAwait(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	testPurgeLeavesWhatWaitingJobsAwait(t, cb.ctx, cb.clients[0], cb.clients[1], 520, 30)
+}
+
+// testPurgeLeavesWhatWaitingJobsAwait writes, through writer, a batch of
+// members+1 jobs (members done, one queued) whose callback waits, a
+// failed job a waiting one names in after, and others done jobs no one
+// waits for, finished after the rest; purger's purges delete only those.
+func testPurgeLeavesWhatWaitingJobsAwait(t *testing.T, ctx context.Context, writer, purger *protocol.Client, members, others int) {
+	t.Helper()
 	var docs []any
 	for i := range members {
 		docs = append(docs, map[string]any{"_id": fmt.Sprintf("member-%04d", i), "type": "WorkItem", "worker": "p",
@@ -280,7 +304,7 @@ func TestPurgeLeavesWhatWaitingJobsAwait(t *testing.T) {
 			"status": "done", "finished_at": 5000 + i})
 	}
 	for start := 0; start < len(docs); start += 1000 {
-		results, err := tb.db.BulkDocs(tb.ctx, docs[start:min(start+1000, len(docs))])
+		results, err := writer.DB().BulkDocs(ctx, docs[start:min(start+1000, len(docs))])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,28 +316,18 @@ func TestPurgeLeavesWhatWaitingJobsAwait(t *testing.T) {
 	}
 	for _, status := range []protocol.Status{protocol.StatusDone, protocol.StatusFailed} {
 		want := map[protocol.Status]int{protocol.StatusDone: others, protocol.StatusFailed: 0}[status]
-		n, err := tb.client.Purge(tb.ctx, protocol.PurgeOptions{Status: status, Worker: "p"})
+		n, err := purger.Purge(ctx, protocol.PurgeOptions{Status: status, Worker: "p"})
 		if err != nil || n != want {
 			t.Fatalf("purging %s jobs: deleted %d, %v; want %d", status, n, err, want)
 		}
 	}
-	for _, id := range []string{"member-0000", "member-0549", "dependency"} {
-		if _, err := tb.client.Get(tb.ctx, id); err != nil {
+	for _, id := range []string{"member-0000", fmt.Sprintf("member-%04d", members-1), "dependency"} {
+		if _, err := writer.Get(ctx, id); err != nil {
 			t.Errorf("%s, which a waiting job counts on, after the purge: %v", id, err)
 		}
 	}
-	if _, err := tb.client.Get(tb.ctx, "other-0119"); !errors.Is(err, protocol.ErrNotFound) {
+	if _, err := writer.Get(ctx, fmt.Sprintf("other-%04d", others-1)); !errors.Is(err, protocol.ErrNotFound) {
 		t.Errorf("a done job no one waits for, after the purge: %v, want it deleted", err)
-	}
-	// The batch's last job runs; the callback is then released, once.
-	var callbacks atomic.Int32
-	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
-		"p":  worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { return nil }),
-		"cb": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error { callbacks.Add(1); return nil }),
-	}))
-	waitStatus(t, tb, protocol.BatchCallbackID("b1"), protocol.StatusDone, 30*time.Second)
-	if n := callbacks.Load(); n != 1 {
-		t.Fatalf("the callback ran %d times", n)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,4 +195,24 @@ func TestClusterBatchCallbackWithoutSweepers(t *testing.T) {
 		b, err := cb.clients[0].Batch(cb.ctx, id)
 		t.Fatalf("the callback did not run; the batch: %+v (%v)", b, err)
 	}
+}
+
+// On a cluster, the job at the child's id written through one node, the
+// parent run by a worker on another.
+func TestClusterFanOutRefusesAJobAtAChildsIDThatIsNotItsChild(t *testing.T) {
+	cb := setupCluster(t, protocol.Config{})
+	var leafRuns atomic.Int32
+	runWorker(t, cb.ctx, cb.clients[1], clusterWorker(cb.log, squatterHandlers(&leafRuns)))
+	testFanOutRefusesASquatter(t, cb.ctx, cb.clients[0], &leafRuns, func(id string) *protocol.WorkItem {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			it, err := cb.clients[2].Get(cb.ctx, id)
+			if err == nil && it.Status == protocol.StatusFailed {
+				return it
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s did not fail within 30 s: %+v %v", id, it, err)
+			}
+		}
+	})
 }

@@ -723,7 +723,17 @@ func TestFanOutChildrenAreIdempotent(t *testing.T) {
 func TestFanOutRefusesAJobAtAChildsIDThatIsNotItsChild(t *testing.T) {
 	tb := setup(t, protocol.Config{})
 	var leafRuns atomic.Int32
-	startWorker(t, tb, fastWorker(tb, map[string]worker.Handler{
+	startWorker(t, tb, fastWorker(tb, squatterHandlers(&leafRuns)))
+	testFanOutRefusesASquatter(t, tb.ctx, tb.client, &leafRuns, func(id string) *protocol.WorkItem {
+		return waitStatus(t, tb, id, protocol.StatusFailed, 20*time.Second)
+	})
+}
+
+// squatterHandlers are a parent type "fan" that enqueues child "0" and
+// waits for it, failing for good if it cannot, and its child type "leaf",
+// counted in leafRuns.
+func squatterHandlers(leafRuns *atomic.Int32) map[string]worker.Handler {
+	return map[string]worker.Handler{
 		"fan": worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 			if _, err := job.EnqueueChild(ctx, "0", protocol.NewJob{Worker: "leaf"}); err != nil {
 				return worker.JobFail(err)
@@ -734,15 +744,28 @@ func TestFanOutRefusesAJobAtAChildsIDThatIsNotItsChild(t *testing.T) {
 			leafRuns.Add(1)
 			return job.SetResult("planted")
 		}),
-	}))
+	}
+}
+
+// testFanOutRefusesASquatter enqueues through c a job at a child's id,
+// then its parent, which a worker of squatterHandlers runs: the parent
+// fails (waitFailed waits for that), and the job at the child's id is
+// left as it was, never run.
+func testFanOutRefusesASquatter(t *testing.T, ctx context.Context, c *protocol.Client, leafRuns *atomic.Int32, waitFailed func(id string) *protocol.WorkItem) {
+	t.Helper()
 	const parentID = "job:fan-with-a-squatter"
-	squatter := mustEnqueue(t, tb, protocol.NewJob{Worker: "leaf", ID: protocol.ChildID(parentID, "0"), At: time.Now().Add(time.Hour)})
-	parent := mustEnqueue(t, tb, protocol.NewJob{Worker: "fan", ID: parentID})
-	failed := waitStatus(t, tb, parent.ID, protocol.StatusFailed, 20*time.Second)
+	squatter, err := c.Enqueue(ctx, protocol.NewJob{Worker: "leaf", ID: protocol.ChildID(parentID, "0"), At: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, protocol.NewJob{Worker: "fan", ID: parentID}); err != nil {
+		t.Fatal(err)
+	}
+	failed := waitFailed(parentID)
 	if !strings.Contains(failed.LastError, "is not one: it was enqueued by someone else") || failed.Continuation {
 		t.Fatalf("the parent: continuation %v, last_error %q", failed.Continuation, failed.LastError)
 	}
-	it, err := tb.client.Get(tb.ctx, squatter.ID)
+	it, err := c.Get(ctx, squatter.ID)
 	if err != nil || it.Rev != squatter.Rev || it.ChildOf != "" {
 		t.Fatalf("the job at the child's id: %+v %v; want it untouched", it, err)
 	}
