@@ -996,15 +996,24 @@ func (r *runner) releaseUsedSlot(ctx context.Context, res *protocol.Reservation)
 		if attempt%30 == 0 {
 			r.w.log.Warn().Err(err).Str("slot", res.Slot).Dur("retry_in", backoff).Int("tries", attempt+1).Msg("recording the job's slot as used failed; retrying")
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-rctx.Done():
-			t.Stop()
+		if !waitToRetry(rctx, &backoff) {
 			return err
-		case <-t.C:
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
+}
+
+// waitToRetry waits backoff before a write is tried again, and doubles it
+// up to 2 s; false when ctx ended first.
+func waitToRetry(ctx context.Context, backoff *time.Duration) bool {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*backoff = min(*backoff*2, 2*time.Second)
+	return true
 }
 
 // finish records the handler's outcome, steered by its error.
@@ -1090,14 +1099,9 @@ func (r *runner) persist(ctx context.Context, item *protocol.WorkItem, deletes b
 		if attempt%30 == 0 { // the first, then about every minute of a long outage
 			r.w.log.Warn().Err(err).Str("job", item.ID).Dur("retry_in", backoff).Int("tries", attempt+1).Msg("recording the job's outcome failed; retrying")
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !waitToRetry(ctx, &backoff) {
 			return err
-		case <-t.C:
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 
