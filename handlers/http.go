@@ -83,8 +83,10 @@ func parseRetryAfter(value string, now time.Time) time.Duration {
 	if value == "" {
 		return 0
 	}
-	if secs, err := strconv.ParseUint(value, 10, 32); err == nil {
-		return time.Duration(secs) * time.Second
+	if secs, err := strconv.ParseUint(value, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		// A wait of more than 30 years is taken as 30 years (a worker
+		// waits a day at most), not multiplied past what a Duration holds.
+		return time.Duration(min(secs, 30*365*24*3600)) * time.Second
 	}
 	if at, err := http.ParseTime(value); err == nil && at.After(now) {
 		return at.Sub(now)

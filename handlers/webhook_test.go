@@ -149,6 +149,7 @@ func TestWebhookReportsRetryAfter(t *testing.T) {
 		{http.StatusServiceUnavailable, "Wed, 21 Oct 2015 07:28:00 GMT", 0, 0}, // past
 		{http.StatusTooManyRequests, "soon", 0, 0},
 		{http.StatusTooManyRequests, "-5", 0, 0},
+		{http.StatusTooManyRequests, "99999999999999999999", 30 * 365 * 24 * time.Hour, 30 * 365 * 24 * time.Hour},
 		{http.StatusTooManyRequests, "", 0, 0},
 		{http.StatusInternalServerError, "120", 0, 0},
 	} {

@@ -314,6 +314,17 @@ func testPurgeLeavesWhatWaitingJobsAwait(t *testing.T, ctx context.Context, writ
 			}
 		}
 	}
+	// The purger's views have the waiting jobs (on a cluster, another
+	// node's copies catch up a moment after the write).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		counts, err := purger.Counts(ctx)
+		if err == nil && counts["cb"][protocol.StatusWaiting] == 1 && counts["d"][protocol.StatusWaiting] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the purger's views do not show the waiting jobs: %v %v", counts, err)
+		}
+	}
 	for _, status := range []protocol.Status{protocol.StatusDone, protocol.StatusFailed} {
 		want := map[protocol.Status]int{protocol.StatusDone: others, protocol.StatusFailed: 0}[status]
 		n, err := purger.Purge(ctx, protocol.PurgeOptions{Status: status, Worker: "p"})

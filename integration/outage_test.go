@@ -87,7 +87,7 @@ func TestRunSlotTakenWhileCutOffReturnsTheJob(t *testing.T) {
 	long := worker.HandlerFunc(func(ctx context.Context, job *worker.Job) error {
 		started <- job.ID
 		select {
-		case <-time.After(30 * time.Second):
+		case <-time.After(2 * time.Minute): // longer than the test: stopped at its end
 			return nil
 		case <-ctx.Done():
 			cancelled <- job.ID

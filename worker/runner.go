@@ -841,13 +841,14 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	log.Debug().Msg("job started")
 	began := time.Now()
 	var err error
+	var usedSlot *protocol.Reservation
 	if attempt > most {
 		// Written with its attempts used up (by hand, or max_attempts
 		// lowered while it waited): no attempt is left to run.
 		err = JobFail(fmt.Errorf("no attempts left: this would be attempt %d of %d", attempt, most))
 		log.Warn().Int("max_attempts", most).Msg("job claimed with no attempts left: failed without running")
 	} else {
-		err = r.invokeBounded(ctx, job, log)
+		usedSlot, err = r.invokeBounded(ctx, job, log)
 	}
 	w.cfg.Metrics.handlerRan(r.typ, time.Since(began))
 	close(hbDone)
@@ -855,6 +856,10 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 	handlerDone()
 
 	rj.outcome.Store(true) // before mu: releaseStuck must not wait for the write
+	if usedSlot != nil {
+		// Whatever becomes of the outcome: the handler used the slot.
+		r.recordUsedSlot(ctx, usedSlot, log)
+	}
 	rj.mu.Lock()
 	defer rj.mu.Unlock()
 	if rj.finished {
@@ -924,7 +929,7 @@ func (r *runner) run(ctx context.Context, rj *runningJob, handlerDone func()) {
 // JobTimeout, if it has one. The job's own context (heartbeat, shutdown,
 // a lost lease) is not bounded: the lease is renewed until the handler
 // returns.
-func (r *runner) invokeBounded(ctx context.Context, job *Job, log zerolog.Logger) error {
+func (r *runner) invokeBounded(ctx context.Context, job *Job, log zerolog.Logger) (*protocol.Reservation, error) {
 	limit := r.w.cfg.JobTimeout
 	if limit <= 0 {
 		return r.invokeWithSlot(ctx, job, log)
@@ -937,46 +942,53 @@ func (r *runner) invokeBounded(ctx context.Context, job *Job, log zerolog.Logger
 		}
 	})
 	defer stop()
-	err := r.invokeWithSlot(hctx, job, log)
+	used, err := r.invokeWithSlot(hctx, job, log)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(hctx), errJobTimeout) {
-		return fmt.Errorf("job timed out after %s: %w", limit, err)
+		return used, fmt.Errorf("job timed out after %s: %w", limit, err)
 	}
-	return err
+	return used, err
 }
 
 // invokeWithSlot calls the handler, with a slot of the type's sequence
-// reserved for it when it has one: released as used when the handler
-// succeeds, abandoned (free for the next job) otherwise.
-func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logger) error {
+// reserved for it when it has one: returned when the handler succeeds,
+// to be recorded used (recordUsedSlot), abandoned (free for the next job)
+// otherwise.
+func (r *runner) invokeWithSlot(ctx context.Context, job *Job, log zerolog.Logger) (*protocol.Reservation, error) {
 	seq, ok := r.w.cfg.Sequences[r.typ]
 	if !ok {
-		return r.invoke(ctx, job)
+		return nil, r.invoke(ctx, job)
 	}
 	c := r.w.client
 	res, err := c.Reserve(ctx, seq, r.w.ClaimantID()+"/"+job.ID)
 	if err != nil {
-		return fmt.Errorf("reserving a slot of sequence %s: %w", seq.Name, err)
+		return nil, fmt.Errorf("reserving a slot of sequence %s: %w", seq.Name, err)
 	}
 	job.Slot = res.Slot
-	herr := r.invoke(ctx, job)
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	if herr != nil {
+	if herr := r.invoke(ctx, job); herr != nil {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		defer cancel()
 		if aerr := c.AbandonSlot(fctx, res); aerr != nil {
 			log.Warn().Err(aerr).Str("slot", res.Slot).Msg("could not abandon the slot; it is free again when its TTL runs out")
 		}
-		return herr
+		return nil, herr
 	}
-	if rerr := r.releaseUsedSlot(ctx, res); rerr != nil {
-		if errors.Is(rerr, protocol.ErrReservationLost) {
-			log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
-				Msg("the job used its slot, which another holder took when its TTL ran out: make the sequence's TTL longer than the handler runs")
-		} else {
-			log.Error().Err(rerr).Str("slot", res.Slot).Dur("ttl", seq.TTL).
-				Msg("the job used its slot but could not record it: once its TTL has run out, another job may take the same slot")
-		}
+	return res, nil
+}
+
+// recordUsedSlot records the slot a job's handler used, before the job's
+// outcome is written (and after the worker has said that it is writing
+// it, so that a stopping worker does not release the job meanwhile).
+func (r *runner) recordUsedSlot(ctx context.Context, res *protocol.Reservation, log zerolog.Logger) {
+	err := r.releaseUsedSlot(ctx, res)
+	ttl := r.w.cfg.Sequences[r.typ].TTL
+	switch {
+	case errors.Is(err, protocol.ErrReservationLost):
+		log.Error().Err(err).Str("slot", res.Slot).Dur("ttl", ttl).
+			Msg("the job used its slot, which another holder took when its TTL ran out: make the sequence's TTL longer than the handler runs")
+	case err != nil:
+		log.Error().Err(err).Str("slot", res.Slot).Dur("ttl", ttl).
+			Msg("the job used its slot but could not record it: once its TTL has run out, another job may take the same slot")
 	}
-	return nil
 }
 
 // releaseUsedSlot marks the slot a job's handler used, trying again while
@@ -1533,12 +1545,17 @@ func (r *runner) replaceRunSlot(ctx context.Context, rj *runningJob, lost error)
 	log := r.w.log.With().Str("job", rj.item.ID).Str("type", r.typ).Logger()
 	k := r.w.cfg.FleetConcurrency[r.typ]
 	slots, err := r.w.client.AcquireRunSlots(ctx, r.typ, k, 1, r.w.by, r.w.cfg.LeaseDuration)
-	if err == nil && len(slots) == 1 {
+	if err != nil {
+		// Not known that none is free: the next beat finds the loss again.
+		log.Warn().AnErr("lost", lost).Err(err).Msg("the job's run slot was taken by another worker, and taking another failed; trying again at the next beat")
+		return
+	}
+	if len(slots) == 1 {
 		rj.slot = slots[0]
 		log.Warn().AnErr("lost", lost).Str("slot", rj.slot.ID).Msg("the job's run slot was taken by another worker; it runs on in another that was free")
 		return
 	}
-	log.Warn().AnErr("lost", lost).AnErr("acquire_err", err).Msg("the job's run slot was taken by another worker and none is free: cancelling the handler and returning the job to the queue")
+	log.Warn().AnErr("lost", lost).Msg("the job's run slot was taken by another worker and none is free: cancelling the handler and returning the job to the queue")
 	rj.slot = nil // another's now: neither renewed nor released
 	rj.cancel(errRunSlotLost)
 }

@@ -118,7 +118,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
       throw ({forbidden: who + ' may not write a job at ' + JSON.stringify(newDoc._id) + ': ids starting so are couchq\'s ' + reserved + ' documents\''});
     }
     if (!allowed) {
-      throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones that never ran, ' +
+      throw ({forbidden: who + ' is a couchq producer: producers may create jobs and edit ones that never ran (but not children, with child_of), ' +
         'but claiming, finishing, cancelling, deleting or editing a job that ran, and the queue\'s other documents, ' +
         'need the worker role (couchq init --workers)'});
     }

@@ -332,9 +332,9 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 	}
 	deleted := 0
 	for _, typ := range types {
-		// kept counts the rows of typ's range left in place (awaited,
-		// conflicted, changed meanwhile): they stay at its start, so the
-		// next page skips them.
+		// kept counts the rows of typ's range left in place on purpose
+		// (awaited, conflicted): they stay at its start, so the next page
+		// skips them.
 		kept := 0
 		for {
 			docs, err := c.finishedBefore(ctx, opts.Status, typ, cutoff, kept)
@@ -360,9 +360,9 @@ func (c *Client) Purge(ctx context.Context, opts PurgeOptions) (int, error) {
 					return deleted, err
 				}
 			}
-			kept += listed - n
-			if listed < purgeBatch {
-				break
+			kept += listed - len(docs)
+			if listed < purgeBatch || (len(docs) > 0 && n == 0) {
+				break // the last page, or every one changed under us: left for next time
 			}
 		}
 	}

@@ -336,8 +336,12 @@ func (c *Client) finishReservation(ctx context.Context, r *Reservation, used boo
 		// A release tried again after an answer that never came may find
 		// its own write stored: the slot used, by this holder.
 		var stored Reservation
-		if gerr := c.db.Get(ctx, r.ID, c.readOpts()...).ScanDoc(&stored); gerr == nil &&
-			stored.State == SlotUsed && stored.Holder == r.Holder && stored.Ordinal == r.Ordinal {
+		gerr := c.db.Get(ctx, r.ID, c.readOpts()...).ScanDoc(&stored)
+		switch {
+		case gerr != nil && !isStatus(gerr, http.StatusNotFound):
+			// Not known to be lost: the caller may try again.
+			return fmt.Errorf("%s slot %s of %s: a conflict, and reading the slot: %w", what, r.Slot, r.Sequence, gerr)
+		case gerr == nil && stored.State == SlotUsed && stored.Holder == r.Holder && stored.Ordinal == r.Ordinal:
 			ok, rev, next = true, stored.Rev, stored
 		}
 	}
